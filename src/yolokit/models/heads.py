@@ -1,0 +1,144 @@
+"""Detection heads: convolutions that produce raw maps, plus ``decode``. No loss inside.
+
+- ``DFLHead`` (YOLOv8): per level a box branch predicting a distribution over ``reg_max``
+  bins for each side and a class branch; Tensor[B, 4 * reg_max + C, H, W] per level.
+- ``AnchorHead`` (YOLOv3): one 1x1 conv per level; Tensor[B, A * (5 + C), H, W] per level,
+  per anchor ``(tx, ty, tw, th, obj, cls...)`` as Darknet lays it out.
+
+``decode`` turns a list of raw maps into Tensor[B, P, 4 + C]: xyxy boxes in input pixels
+and class scores in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from yolokit.models.layers import V8_STYLE, Conv
+from yolokit.ops.anchors import dist_to_box, grid_points
+
+
+class DFL(nn.Module):
+    """Fixed projection of a distribution over ``reg_max`` bins onto its expectation.
+
+    Holds a frozen 1x1 conv whose weights are the bin indices 0 .. reg_max - 1, so the
+    expectation of softmax(logits) is a dot product with ``conv.weight``.
+    """
+
+    def __init__(self, reg_max: int = 16):
+        super().__init__()
+        self.reg_max = reg_max
+        self.conv = nn.Conv2d(reg_max, 1, 1, bias=False).requires_grad_(False)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.arange(reg_max, dtype=torch.float32).view(1, reg_max, 1, 1))
+
+    def forward(self, logits: Tensor) -> Tensor:
+        """Tensor[B, 4 * reg_max, P] -> expected distances Tensor[B, P, 4] in bin (stride) units."""
+        b, _, p = logits.shape
+        probs = logits.view(b, 4, self.reg_max, p).softmax(2)
+        return torch.einsum("bsrp,r->bps", probs, self.conv.weight.view(-1).to(probs.dtype))
+
+
+class DFLHead(nn.Module):
+    """YOLOv8's anchor-free, decoupled head.
+
+    Args:
+        in_channels: channels of each input level.
+        strides: stride of each level in input pixels.
+        num_classes: number of classes C.
+        reg_max: bins of each side's distance distribution.
+    """
+
+    def __init__(self, in_channels: Sequence[int], strides: Sequence[int], *, num_classes: int, reg_max: int = 16):
+        super().__init__()
+        self.num_classes, self.reg_max, self.strides = num_classes, reg_max, tuple(strides)
+        c_box = max(16, in_channels[0] // 4, 4 * reg_max)
+        c_cls = max(in_channels[0], min(num_classes, 100))
+        self.box = nn.ModuleList(
+            nn.Sequential(Conv(c, c_box, 3, style=V8_STYLE), Conv(c_box, c_box, 3, style=V8_STYLE),
+                          nn.Conv2d(c_box, 4 * reg_max, 1))
+            for c in in_channels
+        )
+        self.cls = nn.ModuleList(
+            nn.Sequential(Conv(c, c_cls, 3, style=V8_STYLE), Conv(c_cls, c_cls, 3, style=V8_STYLE),
+                          nn.Conv2d(c_cls, num_classes, 1))
+            for c in in_channels
+        )
+        self.dfl = DFL(reg_max)
+        self.reset_bias()
+
+    @torch.no_grad()
+    def reset_bias(self) -> None:
+        """Box logits 1.0; class logits log(5 / C / (640 / stride)^2): about 5 objects per 640 image."""
+        for box, cls, s in zip(self.box, self.cls, self.strides):
+            box[-1].bias.fill_(1.0)
+            cls[-1].bias.fill_(math.log(5 / self.num_classes / (640 / s) ** 2))
+
+    def forward(self, features: list[Tensor]) -> list[Tensor]:
+        return [torch.cat((box(x), cls(x)), dim=1) for x, box, cls in zip(features, self.box, self.cls)]
+
+    def decode(self, maps: list[Tensor]) -> Tensor:
+        """Raw maps -> Tensor[B, P, 4 + C]: xyxy pixels and sigmoid class scores."""
+        shapes = [tuple(m.shape[-2:]) for m in maps]
+        flat = torch.cat([m.flatten(2) for m in maps], dim=2)  # [B, 4R + C, P]
+        points, strides = grid_points(shapes, self.strides, dtype=flat.dtype, device=flat.device)
+        dist = self.dfl(flat[:, : 4 * self.reg_max]) * strides[:, None]
+        boxes = dist_to_box(dist, points)
+        scores = flat[:, 4 * self.reg_max :].sigmoid().transpose(1, 2)
+        return torch.cat((boxes, scores), dim=2)
+
+
+class AnchorHead(nn.Module):
+    """YOLOv3's anchor-based head: a 1x1 conv (with bias) per level.
+
+    Args:
+        in_channels: channels of each input level.
+        strides: stride of each level in input pixels.
+        anchors: per level, the (w, h) of its anchors in input pixels.
+        num_classes: number of classes C.
+    """
+
+    def __init__(self, in_channels: Sequence[int], strides: Sequence[int],
+                 anchors: Sequence[Sequence[tuple[int, int]]], *, num_classes: int):
+        super().__init__()
+        if len(anchors) != len(strides):
+            raise ValueError(f"{len(anchors)} anchor groups for {len(strides)} levels")
+        self.num_classes, self.strides = num_classes, tuple(strides)
+        self.anchors = tuple(tuple((int(w), int(h)) for w, h in level) for level in anchors)
+        self.preds = nn.ModuleList(
+            nn.Conv2d(c, len(a) * (5 + num_classes), 1) for c, a in zip(in_channels, self.anchors)
+        )
+        self.reset_bias()
+
+    @torch.no_grad()
+    def reset_bias(self) -> None:
+        """Objectness prior of about 8 objects per 640 image, class prior 0.6 / (C - 0.99)."""
+        for conv, s, a in zip(self.preds, self.strides, self.anchors):
+            bias = conv.bias.view(len(a), 5 + self.num_classes)
+            bias[:, :4] = 0.0
+            bias[:, 4] = math.log(8 / (640 / s) ** 2)
+            bias[:, 5:] = math.log(0.6 / max(self.num_classes - 0.99, 0.01))
+
+    def forward(self, features: list[Tensor]) -> list[Tensor]:
+        return [conv(x) for x, conv in zip(features, self.preds)]
+
+    def decode(self, maps: list[Tensor]) -> Tensor:
+        """Raw maps -> Tensor[B, P, 4 + C], P = sum of A * H * W (anchor, row, column order).
+
+        Darknet's decoding: centre = (sigmoid(t_xy) + cell) * stride, size = exp(t_wh) * anchor,
+        class score = sigmoid(obj) * sigmoid(cls).
+        """
+        out = []
+        for m, s, a in zip(maps, self.strides, self.anchors):
+            b, _, h, w = m.shape
+            p = m.view(b, len(a), 5 + self.num_classes, h * w).transpose(2, 3)  # [B, A, HW, 5 + C]
+            cells, _ = grid_points([(h, w)], [1], offset=0.0, dtype=p.dtype, device=p.device)
+            wh_anchor = torch.tensor(a, dtype=p.dtype, device=p.device).view(1, len(a), 1, 2)
+            xy = (p[..., :2].sigmoid() + cells) * s
+            wh = p[..., 2:4].exp() * wh_anchor
+            scores = p[..., 4:5].sigmoid() * p[..., 5:].sigmoid()
+            out.append(torch.cat((xy - wh / 2, xy + wh / 2, scores), dim=-1).flatten(1, 2))
+        return torch.cat(out, dim=1)

@@ -1,0 +1,184 @@
+"""Building blocks shared by backbones, necks and heads.
+
+Every block is made of ``Conv`` (convolution + batch norm + activation). Submodule names
+follow the common YOLO naming (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``) so that state
+dicts of other implementations map onto these one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ConvStyle:
+    """How a family builds its ``Conv``: activation and batch-norm settings.
+
+    Attributes:
+        act: "silu" (YOLOv8) or "leaky" (Darknet, slope 0.1).
+        bn_eps: BatchNorm epsilon.
+        bn_momentum: BatchNorm momentum (PyTorch convention: weight of the new batch).
+    """
+
+    act: str = "silu"
+    bn_eps: float = 1e-3
+    bn_momentum: float = 0.03
+
+
+V8_STYLE = ConvStyle("silu", 1e-3, 0.03)
+DARKNET_STYLE = ConvStyle("leaky", 1e-5, 0.01)  # Darknet: eps 1e-5 (cuDNN), rolling average 0.99
+
+
+def _activation(name: str) -> nn.Module:
+    if name == "silu":
+        return nn.SiLU(inplace=True)
+    if name == "leaky":
+        return nn.LeakyReLU(0.1, inplace=True)
+    raise ValueError(f"unknown activation {name!r}; expected 'silu' or 'leaky'")
+
+
+class Conv(nn.Module):
+    """Convolution (no bias) + BatchNorm + activation, 'same' padding for odd kernels.
+
+    ``fuse()`` folds the batch norm into the convolution for inference: afterwards
+    ``conv`` has a bias, ``bn`` is an Identity, and outputs are unchanged.
+    """
+
+    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, *, style: ConvStyle = V8_STYLE, g: int = 1):
+        super().__init__()
+        self.conv = nn.Conv2d(c1, c2, k, s, k // 2, groups=g, bias=False)
+        self.bn: nn.Module = nn.BatchNorm2d(c2, eps=style.bn_eps, momentum=style.bn_momentum)
+        self.act = _activation(style.act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Folds ``bn`` into ``conv`` in place (idempotent)."""
+        if not isinstance(self.bn, nn.BatchNorm2d):
+            return
+        conv, bn = self.conv, self.bn
+        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                          conv.dilation, conv.groups, bias=True).to(conv.weight.device, conv.weight.dtype)
+        fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
+        bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+        fused.bias.copy_(bn.bias + (bias - bn.running_mean) * scale)
+        self.conv, self.bn = fused, nn.Identity()
+
+
+class Bottleneck(nn.Module):
+    """Two convolutions with an optional residual: ``x + cv2(cv1(x))``.
+
+    Args:
+        c1: input channels.
+        c2: output channels.
+        shortcut: add the input (only when ``c1 == c2``).
+        kernels: kernel sizes of ``cv1`` and ``cv2``.
+        expansion: hidden channels = ``int(c2 * expansion)``.
+    """
+
+    def __init__(self, c1: int, c2: int, *, shortcut: bool = True, kernels: tuple[int, int] = (3, 3),
+                 expansion: float = 0.5, style: ConvStyle = V8_STYLE):
+        super().__init__()
+        hidden = int(c2 * expansion)
+        self.cv1 = Conv(c1, hidden, kernels[0], style=style)
+        self.cv2 = Conv(hidden, c2, kernels[1], style=style)
+        self.add = shortcut and c1 == c2
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class C2f(nn.Module):
+    """CSP block with two convolutions and ``n`` bottlenecks whose outputs all feed ``cv2``.
+
+    ``cv1`` makes 2 * hidden channels, split in two halves; each bottleneck takes the last
+    piece and appends its output; ``cv2`` fuses the (2 + n) pieces.
+    """
+
+    def __init__(self, c1: int, c2: int, n: int = 1, *, shortcut: bool = False, style: ConvStyle = V8_STYLE):
+        super().__init__()
+        self.hidden = int(c2 * 0.5)
+        self.cv1 = Conv(c1, 2 * self.hidden, 1, style=style)
+        self.cv2 = Conv((2 + n) * self.hidden, c2, 1, style=style)
+        self.m = nn.ModuleList(
+            Bottleneck(self.hidden, self.hidden, shortcut=shortcut, expansion=1.0, style=style) for _ in range(n)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        pieces = list(self.cv1(x).chunk(2, dim=1))
+        for block in self.m:
+            pieces.append(block(pieces[-1]))
+        return self.cv2(torch.cat(pieces, dim=1))
+
+
+class SPPF(nn.Module):
+    """Spatial pyramid pooling, fast: three chained k x k max-pools (YOLOv8).
+
+    ``cv2(cat(x', p(x'), p(p(x')), p(p(p(x')))))`` with ``x' = cv1(x)``, equal to pooling
+    at k, 2k - 1 and 3k - 2 in parallel.
+    """
+
+    def __init__(self, c1: int, c2: int, k: int = 5, *, style: ConvStyle = V8_STYLE):
+        super().__init__()
+        hidden = c1 // 2
+        self.cv1 = Conv(c1, hidden, 1, style=style)
+        self.cv2 = Conv(hidden * 4, c2, 1, style=style)
+        self.m = nn.MaxPool2d(k, 1, k // 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        pieces = [self.cv1(x)]
+        for _ in range(3):
+            pieces.append(self.m(pieces[-1]))
+        return self.cv2(torch.cat(pieces, dim=1))
+
+
+class SPP(nn.Module):
+    """Darknet's spatial pyramid pooling: parallel stride-1 max-pools, concatenated.
+
+    Channels are concatenated in Darknet's route order: the largest pool first and the
+    input last (``route -1,-3,-5,-6`` of yolov3-spp.cfg). No parameters.
+    """
+
+    def __init__(self, kernels: tuple[int, ...] = (5, 9, 13)):
+        super().__init__()
+        self.kernels = tuple(kernels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        pools = [F.max_pool2d(x, k, 1, k // 2) for k in reversed(self.kernels)]
+        return torch.cat([*pools, x], dim=1)
+
+
+class DarknetResidual(nn.Module):
+    """Darknet-53 residual unit: ``x + cv2(cv1(x))`` with a 1x1 halving and a 3x3 restoring."""
+
+    def __init__(self, c: int, *, style: ConvStyle = DARKNET_STYLE):
+        super().__init__()
+        self.cv1 = Conv(c, c // 2, 1, style=style)
+        self.cv2 = Conv(c // 2, c, 3, style=style)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.cv2(self.cv1(x))
+
+
+class MaxPoolSame(nn.Module):
+    """Darknet's max-pool of size k, stride 1: output keeps the input size.
+
+    The window at (i, j) covers rows i .. i + k - 1 (columns likewise) and takes the max
+    over the part of it inside the image, as Darknet does; nothing is zero-padded.
+    """
+
+    def __init__(self, k: int = 2):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.pad(x, (0, self.k - 1, 0, self.k - 1), value=float("-inf"))
+        return F.max_pool2d(x, self.k, 1)

@@ -1,0 +1,35 @@
+"""Pure tensor functions: boxes, IoU, NMS, grid points, inference image handling."""
+
+from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
+from yolokit.ops.boxes import (
+    box_area,
+    box_convert,
+    box_iou,
+    ciou,
+    clip_boxes,
+    diou,
+    giou,
+    iou,
+    unletterbox_boxes,
+)
+from yolokit.ops.images import letterbox, load_images
+from yolokit.ops.nms import Detections, non_max_suppression
+
+__all__ = [
+    "Detections",
+    "box_area",
+    "box_convert",
+    "box_iou",
+    "box_to_dist",
+    "ciou",
+    "clip_boxes",
+    "diou",
+    "dist_to_box",
+    "giou",
+    "grid_points",
+    "iou",
+    "letterbox",
+    "load_images",
+    "non_max_suppression",
+    "unletterbox_boxes",
+]

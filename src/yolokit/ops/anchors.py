@@ -1,0 +1,84 @@
+"""Grid points with their strides over all levels, and distance <-> box conversion.
+
+Anchor-free (DFL) heads predict, at each grid point, the distances from the point to the
+four sides of a box: ``(left, top, right, bottom)``, written ``ltrb``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def grid_points(
+    shapes: Sequence[tuple[int, int]],
+    strides: Sequence[int],
+    *,
+    offset: float = 0.5,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Centres of every grid cell of every level, in input pixels, level after level.
+
+    Within a level the points run row by row (y outer, x inner), matching a feature map
+    flattened with ``map.flatten(2)``.
+
+    Args:
+        shapes: (height, width) of each level's feature map.
+        strides: stride of each level in input pixels.
+        offset: position of the point inside its cell, 0.5 for the centre.
+        dtype: dtype of the outputs.
+        device: device of the outputs.
+
+    Returns:
+        ``(points, point_strides)``: Tensor[P, 2] of (x, y) in input pixels and
+        Tensor[P] of each point's stride, P = sum of h * w over the levels.
+
+    Example:
+        >>> points, s = grid_points([(2, 2)], [8])
+        >>> points.tolist(), s.tolist()
+        ([[4.0, 4.0], [12.0, 4.0], [4.0, 12.0], [12.0, 12.0]], [8.0, 8.0, 8.0, 8.0])
+    """
+    if len(shapes) != len(strides):
+        raise ValueError(f"got {len(shapes)} level shapes but {len(strides)} strides")
+    points, point_strides = [], []
+    for (h, w), s in zip(shapes, strides):
+        ys = (torch.arange(h, dtype=dtype, device=device) + offset) * s
+        xs = (torch.arange(w, dtype=dtype, device=device) + offset) * s
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        points.append(torch.stack((gx, gy), dim=-1).reshape(-1, 2))
+        point_strides.append(torch.full((h * w,), float(s), dtype=dtype, device=device))
+    return torch.cat(points), torch.cat(point_strides)
+
+
+def dist_to_box(distances: Tensor, points: Tensor) -> Tensor:
+    """Boxes from ``ltrb`` distances to points.
+
+    Args:
+        distances: Tensor[..., P, 4] (left, top, right, bottom), same units as ``points``.
+        points: Tensor[P, 2] (x, y).
+
+    Returns:
+        Tensor[..., P, 4] xyxy.
+    """
+    lt, rb = distances.chunk(2, dim=-1)
+    return torch.cat((points - lt, points + rb), dim=-1)
+
+
+def box_to_dist(boxes: Tensor, points: Tensor, max_dist: float | None = None) -> Tensor:
+    """``ltrb`` distances from points to the sides of ``xyxy`` boxes.
+
+    Args:
+        boxes: Tensor[..., P, 4] xyxy.
+        points: Tensor[P, 2] (x, y), same units as ``boxes``.
+        max_dist: if given, distances are clamped to [0, max_dist].
+
+    Returns:
+        Tensor[..., P, 4] (left, top, right, bottom).
+    """
+    dist = torch.cat((points - boxes[..., :2], boxes[..., 2:] - points), dim=-1)
+    if max_dist is not None:
+        dist = dist.clamp(0, max_dist)
+    return dist

@@ -1,0 +1,107 @@
+"""Non-maximum suppression over decoded predictions, and the per-image ``Detections``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchvision.ops import batched_nms
+
+
+@dataclass(frozen=True)
+class Detections:
+    """Detections of one image.
+
+    Attributes:
+        boxes: Tensor[K, 4] (or ndarray) xyxy in pixels.
+        scores: Tensor[K] confidence in [0, 1].
+        labels: Tensor[K] int64 class indices.
+    """
+
+    boxes: Any
+    scores: Any
+    labels: Any
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def numpy(self) -> Detections:
+        """The same detections as numpy arrays (float32 boxes and scores, int64 labels)."""
+        if not isinstance(self.scores, Tensor):
+            return self
+        return Detections(
+            self.boxes.detach().cpu().float().numpy(),
+            self.scores.detach().cpu().float().numpy(),
+            self.labels.detach().cpu().long().numpy(),
+        )
+
+    def to(self, device: torch.device | str) -> Detections:
+        """The same detections on ``device`` (tensors only)."""
+        return Detections(self.boxes.to(device), self.scores.to(device), self.labels.to(device))
+
+    def __repr__(self) -> str:
+        rows = []
+        for box, score, label in zip(self.boxes[:10].tolist(), self.scores[:10].tolist(), self.labels[:10].tolist()):
+            coords = ", ".join(f"{v:.1f}" for v in box)
+            shown = f"{score:.3f}" if score >= 1e-3 or score == 0 else f"{score:.1e}"
+            rows.append(f"  label={int(label)} score={shown} box=[{coords}]")
+        more = [f"  ... {len(self) - 10} more"] if len(self) > 10 else []
+        return "\n".join([f"Detections(n={len(self)})", *rows, *more])
+
+
+def non_max_suppression(
+    predictions: Tensor,
+    *,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    classes: Sequence[int] | None = None,
+    agnostic: bool = False,
+    multi_label: bool = False,
+    max_det: int = 300,
+    max_candidates: int = 30000,
+) -> list[Detections]:
+    """Per-image NMS of decoded predictions.
+
+    Args:
+        predictions: Tensor[B, P, 4 + C]: xyxy boxes in pixels, then class scores in [0, 1]
+            (``Detector.decode`` output).
+        conf: keep candidates whose score is strictly above this.
+        iou: suppress boxes overlapping a higher-scoring one by more than this IoU.
+        classes: keep only these class indices.
+        agnostic: suppress across classes (one box per place whatever its class).
+        multi_label: a point may yield one candidate per class above ``conf``; otherwise
+            only its best class.
+        max_det: at most this many detections per image, highest scores first.
+        max_candidates: at most this many candidates per image enter NMS.
+
+    Returns:
+        A list of B ``Detections`` with float32 boxes and scores, int64 labels.
+    """
+    if predictions.ndim != 3 or predictions.shape[-1] < 5:
+        raise ValueError(f"predictions must be Tensor[B, P, 4 + C], got shape {tuple(predictions.shape)}")
+    if not 0.0 <= iou <= 1.0:
+        raise ValueError(f"iou threshold must be in [0, 1], got {iou}")
+    allowed = None if classes is None else torch.as_tensor(list(classes), device=predictions.device)
+    results = []
+    for pred in predictions.float():
+        boxes, scores = pred[:, :4], pred[:, 4:]
+        if multi_label:
+            point, label = (scores > conf).nonzero(as_tuple=True)
+            boxes, score = boxes[point], scores[point, label]
+        else:
+            score, label = scores.max(dim=1)
+            keep = score > conf
+            boxes, score, label = boxes[keep], score[keep], label[keep]
+        if allowed is not None:
+            keep = torch.isin(label, allowed)
+            boxes, score, label = boxes[keep], score[keep], label[keep]
+        if score.numel() > max_candidates:
+            top = score.topk(max_candidates).indices
+            boxes, score, label = boxes[top], score[top], label[top]
+        groups = torch.zeros_like(label) if agnostic else label
+        keep = batched_nms(boxes, score, groups, iou)[:max_det]
+        results.append(Detections(boxes[keep], score[keep], label[keep].long()))
+    return results

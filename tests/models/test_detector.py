@@ -1,0 +1,117 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import yolokit
+from yolokit.ops.nms import Detections
+
+
+def test_v8_decode_hand_case():
+    model = yolokit.create_model("yolov8n", num_classes=2)
+    maps = [torch.full((1, 66, 64 // s, 64 // s), -30.0) for s in (8, 16, 32)]  # a 64x64 input
+    # at level 0, cell (x=2, y=1): put each side's mass on bin 3 (l), 1 (t), 2 (r), 0 (b)
+    for side, b in enumerate((3, 1, 2, 0)):
+        maps[0][0, side * 16 + b, 1, 2] = 30.0
+    maps[0][0, 64 + 1, 1, 2] = math.log(0.8 / 0.2)  # class 1 score 0.8
+    out = model.decode(maps)
+    assert out.shape == (1, 64 + 16 + 4, 6)
+    point = (2 + 0.5) * 8, (1 + 0.5) * 8
+    expected = [point[0] - 3 * 8, point[1] - 1 * 8, point[0] + 2 * 8, point[1] + 0 * 8]
+    torch.testing.assert_close(out[0, 1 * 8 + 2, :4], torch.tensor(expected), atol=1e-3, rtol=0)
+    assert out[0, 1 * 8 + 2, 5].item() == pytest.approx(0.8, abs=1e-6)
+
+
+def test_v3_decode_hand_case():
+    model = yolokit.create_model("yolov3-tiny", num_classes=1)
+    maps = [torch.zeros(1, 18, 64 // s, 64 // s) for s in (16, 32)]
+    # level 1 (stride 32), anchor 2 (344x319), cell (x=1, y=0): tx = ty = 0 -> centre of the cell
+    a, c = 2, 6
+    maps[1][0, a * c + 2, 0, 1] = math.log(0.5)  # w = 0.5 * 344
+    maps[1][0, a * c + 4, 0, 1] = 10.0  # objectness ~1
+    maps[1][0, a * c + 5, 0, 1] = math.log(0.25 / 0.75)  # class probability 0.25
+    out = model.decode(maps)
+    assert out.shape == (1, 3 * 16 + 3 * 4, 5)
+    row = out[0, 3 * 16 + a * 4 + 0 * 2 + 1]
+    cx, cy, w, h = 1.5 * 32, 0.5 * 32, 172.0, 319.0
+    torch.testing.assert_close(row[:4], torch.tensor([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]))
+    assert row[4].item() == pytest.approx(0.25 / (1 + math.exp(-10)), abs=1e-5)
+
+
+def write_image(path, array):
+    Image.fromarray(array).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return yolokit.create_model("yolov8n", num_classes=3).eval()
+
+
+def test_predict_accepts_every_input_kind_alike(model, tmp_path):
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 255, (72, 100, 3), dtype=np.uint8)
+    write_image(tmp_path / "img.png", image)
+    kwargs = dict(conf=0.0, max_det=20, imgsz=64)
+    ref = model.predict(image, **kwargs)[0]
+    assert 0 < len(ref) <= 20 and ref.boxes.shape == (len(ref), 4)
+    same = [
+        model.predict(str(tmp_path / "img.png"), **kwargs)[0],
+        model.predict(tmp_path, **kwargs)[0],
+        model.predict(Image.fromarray(image), **kwargs)[0],
+        model.predict(torch.from_numpy(image).permute(2, 0, 1), **kwargs)[0],
+        model.predict(torch.from_numpy(image).permute(2, 0, 1).float() / 255, **kwargs)[0],
+        model.predict([image, image], **kwargs)[1],
+    ]
+    for det in same:
+        torch.testing.assert_close(det.boxes, ref.boxes, atol=1e-3, rtol=0)
+        torch.testing.assert_close(det.scores, ref.scores)
+        assert torch.equal(det.labels, ref.labels)
+    assert (ref.boxes[:, 0::2] >= 0).all() and (ref.boxes[:, 0::2] <= 100).all()
+    assert (ref.boxes[:, 1::2] >= 0).all() and (ref.boxes[:, 1::2] <= 72).all()
+    assert model.training is False
+
+
+def test_predict_maps_boxes_back_to_original_pixels(model, monkeypatch):
+    # 90x200 image at imgsz 64: ratio 0.32 -> 29x64 content, padded to 32x64 (1 px top)
+    def fake_decode(maps):
+        out = torch.zeros(1, 1, 7)
+        out[0, 0, :4] = torch.tensor([0.0, 1.0, 32.0, 30.0])
+        out[0, 0, 4] = 0.9
+        return out
+
+    monkeypatch.setattr(model, "decode", fake_decode)
+    (det,) = model.predict(np.zeros((90, 200, 3), dtype=np.uint8), imgsz=64)
+    torch.testing.assert_close(det.boxes, torch.tensor([[0.0, 0.0, 100.0, 90.0]]), atol=0.5, rtol=0)
+
+
+def test_predict_on_a_ready_batch_uses_metadata(model, monkeypatch):
+    def fake_decode(maps):
+        out = torch.zeros(2, 1, 7)
+        out[:, 0, :4] = torch.tensor([20.0, 20.0, 40.0, 40.0])
+        out[:, 0, 4] = 0.9
+        return out
+
+    monkeypatch.setattr(model, "decode", fake_decode)
+    batch = torch.rand(2, 3, 64, 64)
+    dets = model.predict(batch, orig_shapes=[(128, 128), (64, 64)],
+                         ratio_pad=[((0.5, 0.5), (0.0, 0.0)), ((1.0, 1.0), (10.0, 0.0))])
+    assert dets[0].boxes.tolist() == [[40, 40, 80, 80]]
+    assert dets[1].boxes.tolist() == [[10, 20, 30, 40]]
+
+
+def test_predict_mixed_sizes_and_device_dtype(model):
+    dets = model.predict([np.zeros((40, 60, 3), np.uint8), np.zeros((64, 30, 3), np.uint8)], conf=0.0, imgsz=64,
+                         max_det=5)
+    assert [len(d) for d in dets] == [5, 5]
+    assert all(isinstance(d, Detections) and d.labels.dtype == torch.int64 for d in dets)
+    assert (dets[1].boxes[:, 0::2] <= 30).all() and (dets[1].boxes[:, 1::2] <= 64).all()
+
+
+def test_train_mode_is_restored_after_predict():
+    model = yolokit.create_model("yolov3-tiny", num_classes=2).train()
+    model.predict(np.zeros((32, 32, 3), np.uint8), imgsz=64)
+    assert model.training

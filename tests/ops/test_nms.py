@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+import torch
+
+from yolokit.ops.nms import Detections, non_max_suppression
+
+
+def make_preds(boxes, scores):
+    return torch.cat((torch.tensor(boxes, dtype=torch.float32), torch.tensor(scores, dtype=torch.float32)), 1)[None]
+
+
+def test_suppresses_overlaps_within_class_only():
+    boxes = [[0, 0, 10, 10], [1, 1, 11, 11], [0, 0, 10, 10], [50, 50, 60, 60]]
+    scores = [[0.9, 0.0], [0.8, 0.0], [0.0, 0.7], [0.6, 0.0]]
+    (det,) = non_max_suppression(make_preds(boxes, scores), conf=0.25, iou=0.5)
+    assert det.scores.tolist() == pytest.approx([0.9, 0.7, 0.6])
+    assert det.labels.tolist() == [0, 1, 0]
+    (agn,) = non_max_suppression(make_preds(boxes, scores), conf=0.25, iou=0.5, agnostic=True)
+    assert agn.scores.tolist() == pytest.approx([0.9, 0.6])
+
+
+def test_conf_classes_and_max_det():
+    boxes = [[i * 20, 0, i * 20 + 10, 10] for i in range(5)]
+    scores = [[0.1 * (i + 1), 0.0] if i % 2 == 0 else [0.0, 0.1 * (i + 1)] for i in range(5)]
+    (det,) = non_max_suppression(make_preds(boxes, scores), conf=0.25, iou=0.5)
+    assert det.scores.tolist() == pytest.approx([0.5, 0.4, 0.3])  # 0.1 and 0.2 fall below conf
+    (only1,) = non_max_suppression(make_preds(boxes, scores), conf=0.0, iou=0.5, classes=[1])
+    assert only1.labels.tolist() == [1, 1]
+    (top2,) = non_max_suppression(make_preds(boxes, scores), conf=0.0, iou=0.5, max_det=2)
+    assert top2.scores.tolist() == pytest.approx([0.5, 0.4])
+
+
+def test_multi_label_keeps_both_classes_of_one_point():
+    (det,) = non_max_suppression(make_preds([[0, 0, 10, 10]], [[0.9, 0.8]]), conf=0.5, multi_label=True)
+    assert sorted(det.labels.tolist()) == [0, 1]
+    (single,) = non_max_suppression(make_preds([[0, 0, 10, 10]], [[0.9, 0.8]]), conf=0.5)
+    assert single.labels.tolist() == [0]
+
+
+def test_matches_reference_greedy_nms_on_random_input():
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(200, 2, generator=g) * 100
+    boxes = torch.cat((xy, xy + torch.rand(200, 2, generator=g) * 30 + 1), 1)
+    scores = torch.rand(200, 3, generator=g)
+    (det,) = non_max_suppression(torch.cat((boxes, scores), 1)[None], conf=0.3, iou=0.45, max_det=1000)
+    best, label = scores.max(1)
+    keep = best > 0.3
+    b, s, lab = boxes[keep], best[keep], label[keep]
+    order = s.argsort(descending=True)
+    kept = []
+    for i in order.tolist():  # plain greedy NMS per class
+        if all(lab[j] != lab[i] or _iou(b[i], b[j]) <= 0.45 for j in kept):
+            kept.append(i)
+    assert det.scores.tolist() == pytest.approx(s[kept].tolist())
+    assert torch.equal(det.labels, lab[kept])
+
+
+def _iou(a, b):
+    lt, rb = torch.maximum(a[:2], b[:2]), torch.minimum(a[2:], b[2:])
+    inter = (rb - lt).clamp(min=0).prod()
+    return inter / ((a[2:] - a[:2]).prod() + (b[2:] - b[:2]).prod() - inter)
+
+
+def test_empty_and_batched_inputs():
+    preds = torch.zeros(3, 10, 6)
+    out = non_max_suppression(preds, conf=0.25)
+    assert len(out) == 3 and all(len(d) == 0 and d.boxes.shape == (0, 4) for d in out)
+    with pytest.raises(ValueError, match="Tensor\\[B, P, 4 \\+ C\\]"):
+        non_max_suppression(torch.zeros(10, 6))
+
+
+def test_detections_numpy_and_repr():
+    det = Detections(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.tensor([0.5]), torch.tensor([2]))
+    arr = det.numpy()
+    assert isinstance(arr.boxes, np.ndarray) and arr.boxes.dtype == np.float32 and arr.labels.dtype == np.int64
+    assert arr.boxes.tolist() == [[1, 2, 3, 4]] and len(arr) == 1
+    text = repr(det)
+    assert "n=1" in text and "label=2" in text and "score=0.500" in text

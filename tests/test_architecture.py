@@ -1,0 +1,82 @@
+"""The import directions of ARCHITECTURE.md, read from the source."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "yolokit"
+
+# Which yolokit subpackages each part may import (besides itself).
+ALLOWED = {
+    "accel": set(),
+    "ops": set(),
+    "models": {"ops"},
+    "losses": {"ops"},
+    "data": {"ops"},
+    "interop": {"ops", "models"},
+    "train": {"ops", "models", "losses", "data", "accel", "interop", "viz"},
+    "viz": {"ops"},
+    "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", ""},
+    "__init__": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz"},
+}
+# Third-party modules each part may import (the standard library is always allowed).
+THIRD_PARTY = {
+    "accel": {"torch", "pynvml"},
+    "ops": {"torch", "torchvision", "numpy", "cv2"},
+}
+
+
+def imports_of(path):
+    rel = path.relative_to(SRC)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(rel.parts[:-1])[: len(rel.parts) - node.level]
+                yield node.lineno, ".".join(["yolokit", *base] + ([node.module] if node.module else []))
+            else:
+                yield node.lineno, node.module or ""
+
+
+def part_of(path):
+    rel = path.relative_to(SRC)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+FILES = sorted(SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_follow_the_architecture(path):
+    home = part_of(path)
+    allowed = ALLOWED.get(home)
+    assert allowed is not None, f"{path.relative_to(SRC)} belongs to no part named in ARCHITECTURE.md"
+    bad = []
+    for line, name in imports_of(path):
+        parts = name.split(".")
+        if parts[0] == "yolokit":
+            target = parts[1] if len(parts) > 1 else ""
+            if target == "cli":
+                bad.append(f"{line}: nothing imports cli")
+            elif target != home and target not in allowed:
+                bad.append(f"{line}: {home} imports yolokit.{target}")
+        elif home in THIRD_PARTY and parts[0] not in sys.stdlib_module_names and parts[0] != "__future__":
+            if parts[0] not in THIRD_PARTY[home]:
+                bad.append(f"{line}: {home} imports {parts[0]}")
+    assert not bad, f"{path.relative_to(SRC)}: " + "; ".join(bad)
+
+
+def test_the_check_sees_a_violation(tmp_path):
+    fake = SRC / "losses" / "_probe_.py"
+    try:
+        fake.write_text("from yolokit.models import create_model\nimport numpy\n")
+        assert ("1", "yolokit.models") in {(str(l), n) for l, n in imports_of(fake)}
+        with pytest.raises(AssertionError, match="losses imports yolokit.models"):
+            test_imports_follow_the_architecture(fake)
+    finally:
+        fake.unlink()
