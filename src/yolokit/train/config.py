@@ -1,0 +1,164 @@
+"""``TrainConfig``: every training knob, with the well-known YOLOv8 defaults.
+
+A config comes from keyword arguments, a YAML file, or command-line flags named like the
+fields (``--lr0 0.02``); later sources override earlier ones. The resolved config is
+printed and saved with the run as ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+@dataclass
+class TrainConfig:
+    """Training settings. Field names are the CLI flags and the YAML keys."""
+
+    # what to train, on what
+    model: str = "yolov8n"
+    data: str = "shapes"
+    weights: str | None = None
+    epochs: int = 100
+    imgsz: int = 640
+    batch: Union[int, str] = 16
+    nbs: int = 64
+    # optimizer and schedule
+    optimizer: str = "auto"
+    lr0: float = 0.01
+    lrf: float = 0.01
+    momentum: float = 0.937
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 3.0
+    warmup_momentum: float = 0.8
+    warmup_bias_lr: float = 0.1
+    cos_lr: bool = False
+    ema: bool = True
+    ema_decay: float = 0.9999
+    ema_tau: float = 2000.0
+    # loss gains
+    box: float = 7.5
+    cls: float = 0.5
+    dfl: float = 1.5
+    # augmentation
+    close_mosaic: int = 10
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    degrees: float = 0.0
+    translate: float = 0.1
+    scale: float = 0.5
+    shear: float = 0.0
+    perspective: float = 0.0
+    flipud: float = 0.0
+    fliplr: float = 0.5
+    mosaic: float = 1.0
+    mixup: float = 0.0
+    # speed
+    precision: str = "auto"
+    checkpointing: str | None = None
+    channels_last: bool = False
+    compile: bool = False
+    device: str = "auto"
+    devices: int = 1
+    workers: int = 2
+    cache: bool = False
+    # reproducibility, output, control
+    seed: int = 0
+    deterministic: bool = True
+    out: str = "runs/train"
+    resume: str | None = None
+    val_interval: int = 1
+    patience: int = 50
+    conf: float = 0.001
+    iou: float = 0.7
+    max_det: int = 300
+    max_bad_steps: int = 10
+    plots: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, str) and self.batch != "auto":
+            try:
+                self.batch = int(self.batch)
+            except ValueError:
+                raise ValueError(f"batch must be an integer or 'auto', got {self.batch!r}") from None
+        checks = [
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.imgsz >= 32 and self.imgsz % 32 == 0, f"imgsz must be a multiple of 32, got {self.imgsz}"),
+            (self.batch == "auto" or self.batch >= 1, f"batch must be >= 1 or 'auto', got {self.batch}"),
+            (self.optimizer.lower() in ("auto", "sgd", "adamw"), f"optimizer must be SGD, AdamW or auto, got {self.optimizer}"),
+            (self.precision in ("auto", "fp32", "fp16", "bf16"), f"precision must be auto/fp32/fp16/bf16, got {self.precision}"),
+            (self.checkpointing in (None, "backbone", "neck", "all"), f"checkpointing must be backbone/neck/all, got {self.checkpointing}"),
+            (self.devices >= 1, f"devices must be >= 1, got {self.devices}"),
+            (self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """A config from a dict; unknown keys are an error that names them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields: {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """A config from a YAML file, with keyword overrides."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a config file must hold a mapping of field names to values")
+        return cls.from_dict({**data, **overrides})
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _flag_type(hint: Any) -> tuple[Any, bool]:
+    """(argparse type, is_bool) for a field's type hint."""
+    args = [a for a in get_args(hint) if a is not type(None)]
+    base = args[0] if get_origin(hint) is Union and len(args) == 1 else hint
+    if base is bool:
+        return None, True
+    if base in (int, float):
+        return base, False
+    return str, False
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds one ``--field`` flag per TrainConfig field (default: unset) and ``--config``."""
+    parser.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
+    hints = get_type_hints(TrainConfig)
+    for f in fields(TrainConfig):
+        kind, is_bool = _flag_type(hints[f.name])
+        flag = f"--{f.name}"
+        if is_bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=f"(default: {f.default})")
+        else:
+            parser.add_argument(flag, type=kind, default=None, help=f"(default: {f.default})")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig a parsed command line asks for: defaults < --config file < flags."""
+    flags = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    if getattr(args, "config", None):
+        return TrainConfig.from_yaml(args.config, **flags)
+    return TrainConfig.from_dict(flags)

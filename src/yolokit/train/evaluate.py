@@ -1,0 +1,124 @@
+"""COCO box metrics through pycocotools: mAP50-95, mAP50, per-class AP, a PR curve.
+
+Predictions and ground truth are given per image in the same (original image) pixel
+frame; they are turned into in-memory COCO structures and scored by ``COCOeval`` with
+its standard settings, so the numbers are exactly pycocotools' numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from yolokit.ops.nms import Detections
+
+
+@dataclass
+class EvalResult:
+    """Box metrics of one evaluation.
+
+    Attributes:
+        map50_95: mean AP over IoU 0.50:0.95 (COCO's AP).
+        map50: mean AP at IoU 0.50.
+        precision: mean precision over classes at the confidence of best mean F1 (IoU 0.5).
+        recall: mean recall at that point.
+        per_class_ap: AP50-95 per class index, NaN for classes absent from the ground truth.
+        pr_recall: the 101 recall points of COCO's PR curve.
+        pr_precision: [C, 101] interpolated precision at IoU 0.5 (-1 where undefined).
+        stats: COCOeval's 12 summary numbers.
+    """
+
+    map50_95: float = 0.0
+    map50: float = 0.0
+    precision: float = 0.0
+    recall: float = 0.0
+    per_class_ap: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    pr_recall: np.ndarray = field(default_factory=lambda: np.linspace(0, 1, 101))
+    pr_precision: np.ndarray = field(default_factory=lambda: np.zeros((0, 101)))
+    stats: np.ndarray = field(default_factory=lambda: np.zeros(12))
+
+    def as_dict(self) -> dict[str, float]:
+        return {"precision": self.precision, "recall": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}
+
+
+def coco_structures(
+    predictions: Sequence[Detections],
+    targets: Sequence[tuple[np.ndarray, np.ndarray]],
+    shapes: Sequence[tuple[int, int]],
+    num_classes: int,
+) -> tuple[dict, list[dict]]:
+    """(ground-truth dataset dict, detection list) in COCO json form; category id = class + 1."""
+    images, annotations, results = [], [], []
+    for image_id, (det, (boxes, labels), (h, w)) in enumerate(zip(predictions, targets, shapes), start=1):
+        images.append({"id": image_id, "height": int(h), "width": int(w)})
+        for box, label in zip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(labels).reshape(-1)):
+            bw, bh = box[2] - box[0], box[3] - box[1]
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(label) + 1,
+                                "bbox": [float(box[0]), float(box[1]), float(bw), float(bh)],
+                                "area": float(bw * bh), "iscrowd": 0})
+        d = det.numpy()
+        for box, score, label in zip(d.boxes.astype(np.float64), d.scores, d.labels):
+            results.append({"image_id": image_id, "category_id": int(label) + 1, "score": float(score),
+                            "bbox": [float(box[0]), float(box[1]), float(box[2] - box[0]), float(box[3] - box[1])]})
+    categories = [{"id": c + 1, "name": str(c)} for c in range(num_classes)]
+    return {"images": images, "annotations": annotations, "categories": categories}, results
+
+
+def coco_evaluate(
+    predictions: Sequence[Detections],
+    targets: Sequence[tuple[np.ndarray, np.ndarray]],
+    shapes: Sequence[tuple[int, int]],
+    num_classes: int,
+) -> EvalResult:
+    """Scores detections against ground truth with pycocotools.
+
+    Args:
+        predictions: per image, ``Detections`` in original pixels.
+        targets: per image, (boxes Tensor/ndarray[G, 4] xyxy original pixels, labels [G]).
+        shapes: per image, (height, width).
+        num_classes: number of classes.
+
+    Returns:
+        ``EvalResult``; all zeros when there is no ground truth or no detection.
+    """
+    if not (len(predictions) == len(targets) == len(shapes)):
+        raise ValueError(f"got {len(predictions)} predictions, {len(targets)} targets, {len(shapes)} shapes")
+    gt_dict, results = coco_structures(predictions, targets, shapes, num_classes)
+    if not gt_dict["annotations"] or not results:
+        return EvalResult(per_class_ap=np.full(num_classes, np.nan), pr_precision=np.zeros((num_classes, 101)))
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO()
+        gt.dataset = gt_dict
+        gt.createIndex()
+        dt = gt.loadRes(results)
+        evaluator = COCOeval(gt, dt, "bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return _result(evaluator, num_classes)
+
+
+def _result(evaluator: COCOeval, num_classes: int) -> EvalResult:
+    precision = evaluator.eval["precision"][:, :, :, 0, -1]  # [T, R, K], area all, most detections
+    per_class = np.full(num_classes, np.nan)
+    for k, cat in enumerate(evaluator.params.catIds):
+        p = precision[:, :, k]
+        if (p > -1).any():  # -1 marks a class without ground truth
+            per_class[cat - 1] = p[p > -1].mean()
+    pr50 = precision[0].T  # [K, R]
+    recall_points = evaluator.params.recThrs
+    valid = pr50 > -1
+    mean_p = np.where(valid, pr50, 0).sum(0) / np.maximum(valid.sum(0), 1)
+    f1 = 2 * mean_p * recall_points / np.maximum(mean_p + recall_points, 1e-9)
+    best = int(f1.argmax())
+    return EvalResult(
+        map50_95=float(evaluator.stats[0]), map50=float(evaluator.stats[1]),
+        precision=float(mean_p[best]), recall=float(recall_points[best]) if f1[best] > 0 else 0.0,
+        per_class_ap=per_class, pr_recall=recall_points.copy(), pr_precision=pr50, stats=evaluator.stats.copy(),
+    )

@@ -1,0 +1,118 @@
+"""Optimizer with parameter groups, and the warmup + linear/cosine learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Three groups: conv/linear weights (decayed), norm weights and biases (no decay).
+
+    The group order is fixed (weights, norm weights, biases) so that warmup can give
+    biases their own learning rate: group 2 is always the biases.
+    """
+    decay, norm, bias = [], [], []
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if name == "bias":
+                bias.append(p)
+            elif isinstance(module, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)):
+                norm.append(p)
+            else:
+                decay.append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "name": "weights"},
+        {"params": norm, "weight_decay": 0.0, "name": "norm"},
+        {"params": bias, "weight_decay": 0.0, "name": "bias"},
+    ]
+
+
+def resolve_optimizer(name: str, lr0: float, momentum: float, *, num_classes: int,
+                      iterations: int) -> tuple[str, float, float]:
+    """(name, lr, momentum) after resolving "auto": SGD for long runs, AdamW with a class-scaled lr otherwise.
+
+    The "auto" rule follows YOLOv8: more than 10,000 iterations -> SGD at 0.01; else AdamW
+    at ``round(0.002 * 5 / (4 + num_classes), 6)`` with beta1 0.9.
+    """
+    key = name.lower()
+    if key == "auto":
+        if iterations > 10_000:
+            return "sgd", 0.01, 0.9
+        return "adamw", round(0.002 * 5 / (4 + num_classes), 6), 0.9
+    if key not in ("sgd", "adamw"):
+        raise ValueError(f"unknown optimizer {name!r}; expected SGD, AdamW or auto")
+    return key, lr0, momentum
+
+
+def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    """SGD (Nesterov) or AdamW over ``parameter_groups``; ``name`` already resolved."""
+    groups = parameter_groups(model, weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+@dataclass
+class LRSchedule:
+    """Per-iteration learning rate and momentum: a warmup ramp, then linear or cosine decay per epoch.
+
+    Attributes:
+        lr0: peak learning rate.
+        lrf: final learning rate as a fraction of lr0.
+        epochs: total epochs.
+        iters_per_epoch: optimizer-independent iterations (batches) per epoch.
+        warmup_epochs: length of the warmup, at least 100 iterations when non-zero.
+        warmup_momentum: momentum at the start of warmup.
+        warmup_bias_lr: bias learning rate at the start of warmup (it falls to the schedule).
+        momentum: momentum after warmup.
+        cosine: cosine instead of linear decay.
+    """
+
+    lr0: float
+    lrf: float
+    epochs: int
+    iters_per_epoch: int
+    warmup_epochs: float = 3.0
+    warmup_momentum: float = 0.8
+    warmup_bias_lr: float = 0.1
+    momentum: float = 0.937
+    cosine: bool = False
+
+    @property
+    def warmup_iters(self) -> int:
+        if self.warmup_epochs <= 0:
+            return 0
+        return max(round(self.warmup_epochs * self.iters_per_epoch), 100)
+
+    def factor(self, epoch: int) -> float:
+        """Decay factor of the learning rate at ``epoch`` (1 at epoch 0, lrf at the end)."""
+        x = epoch / self.epochs
+        if self.cosine:
+            return ((1 - math.cos(x * math.pi)) / 2) * (self.lrf - 1) + 1
+        return (1 - x) * (1.0 - self.lrf) + self.lrf
+
+    def apply(self, optimizer: torch.optim.Optimizer, epoch: int, iteration: int) -> None:
+        """Sets every group's lr (and momentum during warmup) for global ``iteration`` in ``epoch``."""
+        target = self.lr0 * self.factor(epoch)
+        warm = self.warmup_iters
+        for i, group in enumerate(optimizer.param_groups):
+            if iteration < warm:
+                t = iteration / warm
+                start = self.warmup_bias_lr if group.get("name") == "bias" else 0.0
+                group["lr"] = start + (target - start) * t
+                m = self.warmup_momentum + (self.momentum - self.warmup_momentum) * t
+                if "momentum" in group:
+                    group["momentum"] = m
+                elif "betas" in group:
+                    group["betas"] = (m, group["betas"][1])
+            else:
+                group["lr"] = target

@@ -1,0 +1,56 @@
+import argparse
+
+import pytest
+
+from yolokit.train.config import TrainConfig, add_config_flags, config_from_args
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    return config_from_args(parser.parse_args(argv))
+
+
+def test_yolov8_defaults():
+    c = TrainConfig()
+    assert (c.lr0, c.lrf, c.momentum, c.weight_decay) == (0.01, 0.01, 0.937, 5e-4)
+    assert (c.warmup_epochs, c.warmup_momentum, c.warmup_bias_lr, c.nbs) == (3.0, 0.8, 0.1, 64)
+    assert (c.ema_decay, c.ema_tau, c.close_mosaic) == (0.9999, 2000.0, 10)
+    assert (c.hsv_h, c.hsv_s, c.hsv_v, c.translate, c.scale, c.fliplr, c.mosaic) == (0.015, 0.7, 0.4, 0.1, 0.5, 0.5, 1.0)
+
+
+def test_flags_override_yaml_which_overrides_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("epochs: 5\nlr0: 0.02\nbatch: auto\n")
+    c = parse(["--config", str(path), "--lr0", "0.03", "--no-ema", "--batch", "8"])
+    assert c.epochs == 5 and c.lr0 == 0.03 and c.ema is False and c.batch == 8
+    assert parse(["--batch", "auto"]).batch == "auto"
+    again = TrainConfig.from_yaml(_dump(tmp_path, c))
+    assert again == c
+
+
+def _dump(tmp_path, config):
+    out = tmp_path / "resolved.yaml"
+    out.write_text(config.to_yaml())
+    return out
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"imgsz": 100}, "multiple of 32"),
+    ({"batch": "many"}, "batch"),
+    ({"optimizer": "lion"}, "optimizer"),
+    ({"precision": "fp8"}, "precision"),
+    ({"checkpointing": "head"}, "checkpointing"),
+])
+def test_bad_values_are_named(bad, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**bad)
+
+
+def test_unknown_yaml_key_is_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("epoch: 5\n")
+    with pytest.raises(ValueError, match="epoch"):
+        TrainConfig.from_yaml(path)
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        TrainConfig.from_yaml(tmp_path / "nope.yaml")
