@@ -1,0 +1,131 @@
+"""Training callbacks: a tqdm progress bar, a CSV log, TensorBoard, and end-of-run plots.
+
+A callback receives plain values (numbers, dicts, arrays), never the trainer, so each
+one can be tested and reused on its own. The trainer calls, in order:
+``on_train_start``, then per epoch ``on_epoch_start`` / ``on_batch_end`` ... /
+``on_epoch_end`` (with the results row, after validation), and ``on_train_end``.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from yolokit.train.plots import draw_grid, line_plots, pr_curve_plot
+
+
+class Callback:
+    """No-op hooks; subclasses override what they need."""
+
+    def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None: ...
+
+    def on_epoch_start(self, epoch: int, epochs: int, batches: int) -> None: ...
+
+    def on_batch_end(self, losses: dict[str, float], images: int, memory_gb: float) -> None: ...
+
+    def on_epoch_end(self, row: dict[str, float]) -> None: ...
+
+    def on_validation_end(self, result: Any, samples: Sequence[tuple[np.ndarray, Any]], names: Sequence[str]) -> None: ...
+
+    def on_train_end(self) -> None: ...
+
+
+class ProgressBar(Callback):
+    """One tqdm bar per epoch: it/s (tqdm), images/s, running mean losses, device memory."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.bar, self.sums, self.count = enabled, None, {}, 0
+
+    def on_epoch_start(self, epoch: int, epochs: int, batches: int) -> None:
+        self.sums, self.count, self.images, self.start = {}, 0, 0, time.perf_counter()
+        self.bar = tqdm(total=batches, desc=f"epoch {epoch + 1}/{epochs}", disable=not self.enabled,
+                        dynamic_ncols=True, leave=True)
+
+    def on_batch_end(self, losses: dict[str, float], images: int, memory_gb: float) -> None:
+        self.count += 1
+        self.images += images
+        for k, v in losses.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        rate = self.images / max(time.perf_counter() - self.start, 1e-9)
+        shown = {k: f"{v / self.count:.3f}" for k, v in self.sums.items()}
+        self.bar.set_postfix(**shown, img_s=f"{rate:.1f}", mem=f"{memory_gb:.2f}G", refresh=False)
+        self.bar.update(1)
+
+    def on_epoch_end(self, row: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.enabled and "mAP50" in row:
+            tqdm.write(f"  val: P {row['precision']:.3f}  R {row['recall']:.3f}  "
+                       f"mAP50 {row['mAP50']:.3f}  mAP50-95 {row['mAP50-95']:.3f}")
+
+
+class CSVLogger(Callback):
+    """``results.csv``: one row per epoch, header from the first row; appends on resume."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_epoch_end(self, row: dict[str, float]) -> None:
+        new = not self.path.exists()
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(row))
+            if new:
+                writer.writeheader()
+            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+class TensorBoardLogger(Callback):
+    """Scalars of every results row, when the ``tensorboard`` package is installed (else inert)."""
+
+    def __init__(self, log_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except (ImportError, ModuleNotFoundError):
+            self.writer = None
+        else:
+            self.writer = SummaryWriter(str(log_dir))
+
+    def on_epoch_end(self, row: dict[str, float]) -> None:
+        if self.writer is not None:
+            step = int(row["epoch"])
+            for k, v in row.items():
+                if k != "epoch":
+                    self.writer.add_scalar(k.replace("/", "_"), v, step)
+
+    def on_train_end(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Plotter(Callback):
+    """End-of-run PNGs: losses, metrics, the precision-recall curve, labelled validation predictions."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.rows, self.result, self.samples, self.names = run_dir, [], None, [], []
+
+    def on_epoch_end(self, row: dict[str, float]) -> None:
+        self.rows.append(dict(row))
+
+    def on_validation_end(self, result: Any, samples: Sequence[tuple[np.ndarray, Any]], names: Sequence[str]) -> None:
+        self.result, self.samples, self.names = result, list(samples), list(names)
+
+    def on_train_end(self) -> None:
+        if not self.rows:
+            return
+        epochs = [r["epoch"] for r in self.rows]
+        series = lambda keys: {k: [r.get(k, float("nan")) for r in self.rows] for k in keys if k in self.rows[0]}
+        line_plots(epochs, series(["train/box", "train/cls", "train/dfl", "train/obj"]),
+                   self.run_dir / "losses.png", "losses per epoch")
+        line_plots(epochs, series(["precision", "recall", "mAP50", "mAP50-95"]),
+                   self.run_dir / "metrics.png", "validation metrics")
+        if self.result is not None:
+            pr_curve_plot(self.result.pr_recall, self.result.pr_precision, self.names,
+                          self.run_dir / "pr_curve.png")
+        if self.samples:
+            draw_grid(self.samples, self.names, self.run_dir / "val_predictions.jpg")
