@@ -108,3 +108,13 @@ def test_clip_and_unletterbox():
     lb = torch.tensor([[16.0 + 3.2, 6.4, 16.0 + 16.0, 32.0]])
     back = unletterbox_boxes(lb, ((0.32, 0.32), (16.0, 0.0)), (200, 100))
     torch.testing.assert_close(back, torch.tensor([[10.0, 20.0, 50.0, 100.0]]))
+
+
+def test_aligned_family_broadcasts():
+    a = random_boxes(4, 7)
+    b = random_boxes(3, 8)
+    out = ciou(a[:, None], b[None])
+    assert out.shape == (4, 3)
+    torch.testing.assert_close(iou(a[:, None], b[None]), box_iou(a, b))
+    with pytest.raises(ValueError, match="broadcastable"):
+        iou(random_boxes(4), random_boxes(3))

@@ -93,9 +93,11 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
 
 def _aligned(boxes1: Tensor, boxes2: Tensor, eps: float) -> tuple[Tensor, ...]:
     """Shared terms of the matched-pair IoU family: (iou, enclosing x1y1, x2y2, union)."""
-    if boxes1.shape != boxes2.shape:
-        raise ValueError(f"matched-pair IoU needs equal shapes, got {tuple(boxes1.shape)} and {tuple(boxes2.shape)}")
-    boxes1, boxes2 = _upcast(boxes1), _upcast(boxes2)
+    try:
+        boxes1, boxes2 = torch.broadcast_tensors(_upcast(boxes1), _upcast(boxes2))
+    except RuntimeError:
+        raise ValueError(f"matched-pair IoU needs broadcastable shapes, got {tuple(boxes1.shape)} "
+                         f"and {tuple(boxes2.shape)}") from None
     lt = torch.maximum(boxes1[..., :2], boxes2[..., :2])
     rb = torch.minimum(boxes1[..., 2:], boxes2[..., 2:])
     inter = (rb - lt).clamp(min=0).prod(-1)
@@ -110,7 +112,7 @@ def iou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
 
     Args:
         boxes1: Tensor[..., 4].
-        boxes2: Tensor[..., 4], same shape.
+        boxes2: Tensor[..., 4], broadcastable with ``boxes1``.
         eps: added to the union.
 
     Returns:

@@ -1,0 +1,31 @@
+"""Detection losses built from a head's facts (classes, strides, reg_max or anchors).
+
+A loss takes the raw maps of ``Detector.forward`` and the batch targets Tensor[N, 6]
+rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels, and returns
+``(total, parts)`` with ``parts`` a dict of detached named components.
+"""
+
+from yolokit.losses.assigners import (
+    AnchorMatch,
+    AnchorMatcher,
+    PaddedTargets,
+    TaskAlignedAssigner,
+    TaskAlignment,
+    pad_targets,
+    wh_iou,
+)
+from yolokit.losses.yolov3 import YOLOv3Loss
+from yolokit.losses.yolov8 import YOLOv8Loss, distribution_focal_loss
+
+__all__ = [
+    "AnchorMatch",
+    "AnchorMatcher",
+    "PaddedTargets",
+    "TaskAlignedAssigner",
+    "TaskAlignment",
+    "YOLOv3Loss",
+    "YOLOv8Loss",
+    "distribution_focal_loss",
+    "pad_targets",
+    "wh_iou",
+]

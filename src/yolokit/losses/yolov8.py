@@ -1,0 +1,163 @@
+"""YOLOv8's detection loss: task-aligned assignment, then BCE + CIoU + distribution focal loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from yolokit.losses.assigners import TaskAlignedAssigner, pad_targets
+from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
+from yolokit.ops.boxes import ciou
+
+
+class YOLOv8Loss(nn.Module):
+    """Loss of an anchor-free DFL head (YOLOv8) on its raw maps.
+
+    Each level map is Tensor[B, 4 * reg_max + C, H_l, W_l]: per side (left, top, right,
+    bottom) ``reg_max`` logits of a distribution over distances 0 .. reg_max - 1 in
+    stride units (side-major channels), then C class logits. The predicted distance is
+    the distribution's expectation; the box is ``(point - lt * stride, point + rb * stride)``
+    with the point at the cell centre.
+
+    With the ``TaskAlignedAssigner``'s soft targets, S = max(sum of target scores, 1) and
+    w = a foreground point's summed target score:
+
+    - ``cls`` = BCE-with-logits summed over every point and class, / S;
+    - ``box`` = sum over foreground of (1 - CIoU(pred, target)) * w, / S;
+    - ``dfl`` = over foreground, each side's target distance (stride units, clamped to
+      [0, reg_max - 1.01]) is split between its two neighbouring bins; the two
+      cross-entropies are weighted by proximity, averaged over the sides, times w,
+      summed, / S.
+
+    ``total = box * box_term + cls * cls_term + dfl * dfl_term`` (gains 7.5, 0.5, 1.5 by
+    default). The total is normalized per batch (by S): unlike Ultralytics it is **not**
+    multiplied by the batch size. With plain SGD, an Ultralytics learning rate ``lr``
+    therefore matches ours at ``lr * batch_size``; Adam(W) hardly notices the scale.
+
+    A GT box that holds no grid point (a tiny one between cell centres) gets no positives and
+    only shapes the class loss as background, as in Ultralytics. All loss arithmetic runs
+    in float32 with autocast disabled, whatever the maps' dtype.
+
+    Args:
+        num_classes: number of classes C.
+        strides: stride of each level in input pixels, in the maps' order.
+        reg_max: bins per side.
+        box: gain of the CIoU term.
+        cls: gain of the classification term.
+        dfl: gain of the distribution focal term.
+        topk: candidates kept per GT by the assigner.
+        alpha: assigner's score exponent.
+        beta: assigner's IoU exponent.
+
+    Example:
+        >>> loss_fn = YOLOv8Loss(num_classes=3, strides=(8, 16, 32))
+        >>> maps = [torch.randn(2, 67, s, s) for s in (8, 4, 2)]
+        >>> targets = torch.tensor([[0, 1, 8.0, 8.0, 40.0, 30.0]])
+        >>> total, parts = loss_fn(maps, targets)
+        >>> sorted(parts)
+        ['box', 'cls', 'dfl']
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        strides: Sequence[int],
+        reg_max: int = 16,
+        box: float = 7.5,
+        cls: float = 0.5,
+        dfl: float = 1.5,
+        topk: int = 10,
+        alpha: float = 0.5,
+        beta: float = 6.0,
+    ):
+        super().__init__()
+        if reg_max < 2:
+            raise ValueError(f"reg_max must be >= 2, got {reg_max}")
+        self.num_classes, self.strides, self.reg_max = num_classes, tuple(int(s) for s in strides), reg_max
+        self.gains = {"box": box, "cls": cls, "dfl": dfl}
+        self.assigner = TaskAlignedAssigner(topk=topk, alpha=alpha, beta=beta)
+
+    def extra_repr(self) -> str:
+        gains = ", ".join(f"{k}={v}" for k, v in self.gains.items())
+        return f"num_classes={self.num_classes}, strides={self.strides}, reg_max={self.reg_max}, {gains}"
+
+    def forward(self, maps: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss of one batch.
+
+        Args:
+            maps: per level Tensor[B, 4 * reg_max + C, H_l, W_l], levels in ``strides`` order.
+            targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels.
+
+        Returns:
+            ``(total, parts)``: total a float32 scalar with gradient; parts maps "box",
+            "cls", "dfl" to detached float32 scalars, gains applied (they sum to total).
+        """
+        self._check(maps)
+        with torch.autocast(maps[0].device.type, enabled=False):
+            return self._loss([m.float() for m in maps], targets.float())
+
+    def _check(self, maps: Sequence[Tensor]) -> None:
+        if len(maps) != len(self.strides):
+            raise ValueError(f"got {len(maps)} maps for {len(self.strides)} strides")
+        want = 4 * self.reg_max + self.num_classes
+        for m in maps:
+            if m.ndim != 4 or m.shape[1] != want:
+                raise ValueError(f"each map must be Tensor[B, {want}, H, W] (4 * reg_max + C), got {tuple(m.shape)}")
+
+    def _loss(self, maps: list[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        b, r, c = maps[0].shape[0], self.reg_max, self.num_classes
+        device = maps[0].device
+        box_parts, cls_parts = zip(*(m.flatten(2).split((4 * r, c), dim=1) for m in maps))
+        p = sum(x.shape[-1] for x in box_parts)
+        box_logits = torch.cat(box_parts, dim=2).view(b, 4, r, p)  # [B, side, bin, P]
+        cls_logits = torch.cat(cls_parts, dim=2)  # [B, C, P]
+        points, point_strides = grid_points([tuple(m.shape[-2:]) for m in maps], self.strides, device=device)
+        bins = torch.arange(r, dtype=torch.float32, device=device)
+
+        with torch.no_grad():  # the assigner sees every point; gradients flow only where it assigns
+            dist = (box_logits.softmax(2) * bins[:, None]).sum(2).transpose(1, 2)  # [B, P, 4] strides
+            pred_boxes = dist_to_box(dist * point_strides[:, None], points)
+            gt = pad_targets(targets.to(device), b)
+            assigned = self.assigner(cls_logits.sigmoid().transpose(1, 2), pred_boxes, points, *gt)
+        score_sum = assigned.scores.sum().clamp(min=1.0)
+        cls = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores.transpose(1, 2), reduction="sum")
+        cls = cls / score_sum
+
+        fg_image, fg_point = assigned.foreground.nonzero(as_tuple=True)
+        fg_logits = box_logits[fg_image, :, :, fg_point]  # [N, 4, R]
+        fg_stride = point_strides[fg_point, None]
+        fg_points = points[fg_point]
+        pred = dist_to_box((fg_logits.softmax(-1) @ bins) * fg_stride, fg_points)  # [N, 4] pixels
+        target = assigned.boxes[fg_image, fg_point]
+        weight = assigned.scores[fg_image, fg_point].sum(-1)  # [N]
+        box = ((1.0 - ciou(pred, target)) * weight).sum() / score_sum
+        target_dist = box_to_dist(target / fg_stride, fg_points / fg_stride, max_dist=r - 1 - 0.01)
+        dfl = (distribution_focal_loss(fg_logits, target_dist) * weight).sum() / score_sum
+
+        parts = {"box": box * self.gains["box"], "cls": cls * self.gains["cls"], "dfl": dfl * self.gains["dfl"]}
+        total = parts["box"] + parts["cls"] + parts["dfl"]
+        return total, {k: v.detach() for k, v in parts.items()}
+
+
+def distribution_focal_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """Distribution focal loss (Li et al., GFL 2020) per box, averaged over its sides.
+
+    A target distance t between bins i = floor(t) and i + 1 is the mix
+    ``(i + 1 - t) * CE(logits, i) + (t - i) * CE(logits, i + 1)``.
+
+    Args:
+        logits: Tensor[N, 4, R] per side bin logits.
+        target: Tensor[N, 4] distances in bin units, within [0, R - 1).
+
+    Returns:
+        Tensor[N].
+    """
+    log_probs = logits.float().log_softmax(-1)
+    left = target.floor().long()
+    w_left = (left + 1).float() - target
+    lp_left = log_probs.gather(-1, left[..., None]).squeeze(-1)
+    lp_right = log_probs.gather(-1, (left + 1)[..., None]).squeeze(-1)
+    return -(lp_left * w_left + lp_right * (1.0 - w_left)).mean(-1)

@@ -1,0 +1,181 @@
+"""Tests of losses/yolov8.py: hand-computed values, edge cases, gradients, autocast."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from yolokit.losses import YOLOv8Loss, distribution_focal_loss
+from yolokit.ops.anchors import dist_to_box, grid_points
+
+C, R = 2, 4  # classes, bins in the small hand cases
+STRIDES = (8, 16, 32)
+
+
+def _ciou_py(a, b, eps=1e-7):
+    """CIoU of two xyxy boxes in plain Python floats (independent of yolokit.ops)."""
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    iou = inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter + eps)
+    diag2 = (max(a[2], b[2]) - min(a[0], b[0])) ** 2 + (max(a[3], b[3]) - min(a[1], b[1])) ** 2
+    rho2 = ((a[0] + a[2] - b[0] - b[2]) ** 2 + (a[1] + a[3] - b[1] - b[3]) ** 2) / 4
+    v = 4 / math.pi**2 * (math.atan((b[2] - b[0]) / (b[3] - b[1])) - math.atan((a[2] - a[0]) / (a[3] - a[1]))) ** 2
+    return iou - rho2 / diag2 - v / (v - iou + 1) * v
+
+
+def _random_maps(gen, b=2, size=64, c=3, reg_max=16, requires_grad=False):
+    maps = [torch.randn(b, 4 * reg_max + c, size // s, size // s, generator=gen) for s in STRIDES]
+    return [m.requires_grad_(requires_grad) for m in maps]
+
+
+def _random_targets(gen, batch, per_image, size, classes, min_wh=4.0, max_wh=None):
+    n = batch * per_image
+    max_wh = max_wh or size / 2
+    wh = min_wh + torch.rand(n, 2, generator=gen) * (max_wh - min_wh)
+    xy = torch.rand(n, 2, generator=gen) * (size - wh)
+    image = torch.arange(batch).repeat_interleave(per_image).float()
+    cls = torch.randint(0, classes, (n,), generator=gen).float()
+    return torch.cat([image[:, None], cls[:, None], xy, xy + wh], dim=1)
+
+
+def _one_level_case():
+    """One 2x2 level at stride 8, R=4 bins, C=2, all logits 0 except the first point's
+    box distributions, which are [0, ln 2, 0, 0] on every side (probabilities 1/5, 2/5,
+    1/5, 1/5; expected distance 1.4 strides = 11.2 px)."""
+    maps = torch.zeros(1, 4 * R + C, 2, 2)
+    maps[0, [s * R + 1 for s in range(4)], 0, 0] = math.log(2)
+    targets = torch.tensor([[0, 1, 1.0, 1.0, 9.0, 9.0]])  # only point (4, 4) is inside
+    return maps, targets
+
+
+def test_one_gt_hand_computed():
+    maps, targets = _one_level_case()
+    total, parts = YOLOv8Loss(C, (8,), reg_max=R)([maps], targets)
+    pred = [4 - 11.2, 4 - 11.2, 4 + 11.2, 4 + 11.2]
+    u = _ciou_py(pred, [1.0, 1.0, 9.0, 9.0])
+    assert 0 < u < 1
+    t = 0.5**0.5 * u**6  # class logit 0: score 0.5
+    w = t * u / (t + 1e-9)  # a lone positive: t * max u / (max t + eps); S = max(w, 1) = 1
+    cls = 4 * C * math.log(2) / 1  # every class logit is 0, so BCE = ln 2 whatever the target
+    box = (1 - u) * w
+    # target distances in strides: l = t = (4 - 1) / 8, r = b = (9 - 4) / 8; bins 0 and 1
+    p0, p1 = 1 / 5, 2 / 5
+    side = lambda d: -((1 - d) * math.log(p0) + d * math.log(p1))  # noqa: E731
+    dfl = (2 * side(3 / 8) + 2 * side(5 / 8)) / 4 * w
+    assert parts["cls"].item() == pytest.approx(0.5 * cls, rel=1e-5)
+    assert parts["box"].item() == pytest.approx(7.5 * box, rel=1e-4)
+    assert parts["dfl"].item() == pytest.approx(1.5 * dfl, rel=1e-5)
+    assert total.item() == pytest.approx(sum(p.item() for p in parts.values()), rel=1e-6)
+
+
+def test_distribution_focal_loss_splits_between_neighbour_bins():
+    logits = torch.tensor([[[0.0, math.log(2), 0.0, 0.0]] * 4])
+    target = torch.tensor([[0.25, 1.0, 1.5, 2.99]])
+    lp = [math.log(v) for v in (0.2, 0.4, 0.2, 0.2)]
+    sides = [0.75 * lp[0] + 0.25 * lp[1], lp[1], 0.5 * lp[1] + 0.5 * lp[2], 0.01 * lp[2] + 0.99 * lp[3]]
+    expected = -sum(sides) / 4
+    assert distribution_focal_loss(logits, target).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_empty_gt_gives_zero_box_and_dfl():
+    gen = torch.Generator().manual_seed(0)
+    maps = _random_maps(gen, requires_grad=True)
+    total, parts = YOLOv8Loss(3, STRIDES)(maps, torch.zeros(0, 6))
+    assert parts["box"].item() == 0.0 and parts["dfl"].item() == 0.0
+    assert parts["cls"].item() > 0 and torch.isfinite(total)
+    total.backward()
+    for m in maps:
+        assert m.grad[:, :64].abs().sum() == 0 and m.grad[:, 64:].abs().min() > 0
+
+
+def test_invariant_to_gt_order():
+    gen = torch.Generator().manual_seed(1)
+    maps = _random_maps(gen, b=3, size=96)
+    targets = _random_targets(gen, 3, 6, 96, 3, min_wh=16)
+    loss = YOLOv8Loss(3, STRIDES)
+    total, parts = loss(maps, targets)
+    perm = torch.randperm(len(targets), generator=gen)
+    total2, parts2 = loss(maps, targets[perm])
+    assert parts["box"] > 0
+    torch.testing.assert_close(total2, total)
+    for k in parts:
+        torch.testing.assert_close(parts2[k], parts[k])
+
+
+def test_gradients_reach_box_channels_only_at_positive_points():
+    gen = torch.Generator().manual_seed(2)
+    maps = _random_maps(gen, b=2, size=64, requires_grad=True)
+    targets = torch.tensor([[1, 2, 10.0, 14.0, 50.0, 44.0]])
+    loss = YOLOv8Loss(3, STRIDES)
+    total, _ = loss(maps, targets)
+    total.backward()
+
+    # the assignment the loss saw, rebuilt from the same maps
+    with torch.no_grad():
+        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
+        points, strides = grid_points([m.shape[-2:] for m in maps], STRIDES)
+        dist = flat[..., :64].reshape(2, -1, 4, 16).softmax(-1) @ torch.arange(16.0)
+        boxes = dist_to_box(dist * strides[:, None], points)
+        gt = (torch.tensor([[0], [2]]), torch.tensor([[[0.0] * 4], [[10.0, 14.0, 50.0, 44.0]]]),
+              torch.tensor([[False], [True]]))
+        fg = loss.assigner(flat[..., 64:].sigmoid(), boxes, points, *gt).foreground
+    grads = torch.cat([m.grad.flatten(2) for m in maps], 2).transpose(1, 2)  # [B, P, 67]
+    box_grad = grads[..., :64].abs().sum(-1) > 0
+    assert fg.sum() >= 3 and not fg[0].any()
+    assert torch.equal(box_grad, fg)
+    assert (grads[..., 64:].abs() > 0).all()
+
+
+def test_bf16_autocast_runs_in_float32():
+    gen = torch.Generator().manual_seed(3)
+    maps = [m.bfloat16().requires_grad_() for m in _random_maps(gen)]
+    targets = _random_targets(gen, 2, 3, 64, 3, min_wh=12)
+    loss = YOLOv8Loss(3, STRIDES)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total, parts = loss(maps, targets)
+    assert total.dtype == torch.float32 and all(p.dtype == torch.float32 for p in parts.values())
+    ref, _ = loss([m.detach().float() for m in maps], targets)
+    torch.testing.assert_close(total.detach(), ref)
+    total.backward()
+    assert maps[0].grad.dtype == torch.bfloat16 and all(torch.isfinite(m.grad.float()).all() for m in maps)
+
+
+@pytest.mark.parametrize("case", ["no_gt", "some_empty_images", "tiny", "border", "many"])
+def test_edge_cases_are_finite(case):
+    gen = torch.Generator().manual_seed(4)
+    size = 128 if case == "many" else 64
+    maps = _random_maps(gen, b=3, size=size, requires_grad=True)
+    if case == "no_gt":
+        targets = torch.zeros(0, 6)
+    elif case == "some_empty_images":
+        targets = _random_targets(gen, 1, 4, size, 3, min_wh=10)  # only image 0 has boxes
+    elif case == "tiny":
+        targets = torch.tensor([[0, 0, 10, 10, 10.4, 10.6], [1, 1, 12, 12, 12.0, 12.5], [2, 2, 3, 4, 4, 4.9]])
+    elif case == "border":
+        targets = torch.tensor([[0, 0, 0, 0, 64, 64], [1, 1, 0, 30, 20, 64], [2, 2, 50, 0, 64, 10.0]])
+    else:
+        targets = _random_targets(gen, 3, 250, size, 3, min_wh=2, max_wh=40)
+    total, parts = YOLOv8Loss(3, STRIDES)(maps, targets)
+    assert torch.isfinite(total) and all(torch.isfinite(p) for p in parts.values())
+    total.backward()
+    assert all(torch.isfinite(m.grad).all() for m in maps)
+    if case in ("border", "many"):
+        assert parts["box"] > 0 and parts["dfl"] > 0
+
+
+def test_rejects_wrong_channels():
+    with pytest.raises(ValueError, match="4 \\* reg_max"):
+        YOLOv8Loss(3, (8,))([torch.zeros(1, 60, 4, 4)], torch.zeros(0, 6))
+
+
+def test_channels_last_maps_give_the_same_loss():
+    gen = torch.Generator().manual_seed(5)
+    maps = _random_maps(gen)
+    targets = _random_targets(gen, 2, 3, 64, 3, min_wh=12)
+    loss = YOLOv8Loss(3, STRIDES)
+    ref, _ = loss(maps, targets)
+    total, _ = loss([m.to(memory_format=torch.channels_last) for m in maps], targets)
+    torch.testing.assert_close(total, ref)
