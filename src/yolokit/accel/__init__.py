@@ -1,0 +1,57 @@
+"""accel: tools that make training fast, each usable on its own in a plain PyTorch loop.
+
+Imports torch only. Modules: :mod:`~yolokit.accel.amp` (mixed precision),
+:mod:`~yolokit.accel.checkpointing` (activation checkpointing),
+:mod:`~yolokit.accel.distributed` (process group, DDP, reductions),
+:mod:`~yolokit.accel.launch` (start processes), :mod:`~yolokit.accel.accumulation`
+(gradient accumulation), :mod:`~yolokit.accel.batch_size` (batch-size finder, OOM
+recovery), :mod:`~yolokit.accel.perf` (speed switches), :mod:`~yolokit.accel.monitor`
+(device readings).
+"""
+
+from yolokit.accel import distributed
+from yolokit.accel.accumulation import Accumulator
+from yolokit.accel.amp import NonFiniteGradientsError, Precision, check_precision, prediction_error, resolve_precision
+from yolokit.accel.batch_size import (
+    MemoryModel,
+    OOMGuard,
+    find_batch_size,
+    fit_memory_model,
+    predict_batch_size,
+    split_batch,
+)
+from yolokit.accel.checkpointing import (
+    checkpointed_modules,
+    disable_activation_checkpointing,
+    enable_activation_checkpointing,
+)
+from yolokit.accel.launch import LaunchError, launch
+from yolokit.accel.monitor import DeviceMonitor, DeviceStats, read_device_stats
+from yolokit.accel.perf import configure, describe, prepare_model
+
+__all__ = [
+    "Accumulator",
+    "DeviceMonitor",
+    "DeviceStats",
+    "LaunchError",
+    "MemoryModel",
+    "NonFiniteGradientsError",
+    "OOMGuard",
+    "Precision",
+    "check_precision",
+    "checkpointed_modules",
+    "configure",
+    "describe",
+    "disable_activation_checkpointing",
+    "distributed",
+    "enable_activation_checkpointing",
+    "find_batch_size",
+    "fit_memory_model",
+    "launch",
+    "predict_batch_size",
+    "prediction_error",
+    "prepare_model",
+    "read_device_stats",
+    "resolve_precision",
+    "split_batch",
+]

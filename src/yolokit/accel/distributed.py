@@ -1,0 +1,234 @@
+"""Process-group setup, DDP wrap/unwrap, rank helpers and reductions.
+
+Every helper works with or without an initialised process group, so the same loop runs
+as one plain process, under :func:`yolokit.accel.launch.launch`, or under ``torchrun``::
+
+    device = setup()                       # reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
+    model = wrap_ddp(model.to(device))     # returns the model unchanged when world_size()==1
+    ...
+    loss_mean = all_reduce_mean(loss.detach())
+    if is_main():
+        torch.save(unwrap(model).state_dict(), "last.pt")
+    teardown()
+
+Failure handling: the launcher (``launch`` or torchrun) terminates the other ranks when
+one raises, and ``setup`` gives every collective a timeout, so no rank waits forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import warnings
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+T = TypeVar("T")
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def rank() -> int:
+    """Global rank of this process (``RANK`` before setup; 0 when not distributed)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else _env_int("RANK", 0)
+
+
+def world_size() -> int:
+    """Number of processes (``WORLD_SIZE`` before setup; 1 when not distributed)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return _env_int("WORLD_SIZE", 1)
+
+
+def local_rank() -> int:
+    """Rank of this process on its machine (``LOCAL_RANK``; 0 when not distributed)."""
+    return _env_int("LOCAL_RANK", 0)
+
+
+def is_main() -> bool:
+    """True on global rank 0, the process that logs and saves."""
+    return rank() == 0
+
+
+def is_initialized() -> bool:
+    """Whether a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def setup(
+    backend: str | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    timeout: float | datetime.timedelta = 1800.0,
+) -> torch.device:
+    """Initialise the default process group and pick this rank's device.
+
+    Arguments left ``None`` are read from torchrun's environment (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``). With a world size
+    of 1 no group is created and the helpers in this module act as no-ops.
+
+    Args:
+        backend: ``"nccl"`` or ``"gloo"``; ``None`` picks nccl when CUDA is available,
+            else gloo.
+        rank: Global rank.
+        world_size: Number of processes.
+        local_rank: Rank on this machine; selects the CUDA device.
+        master_addr: Address of rank 0 (default ``127.0.0.1``).
+        master_port: Port of rank 0 (default ``29500``).
+        timeout: Seconds (or a timedelta) any collective may wait before failing.
+
+    Returns:
+        ``cuda:<local_rank>`` when CUDA is available, else ``cpu``.
+    """
+    rank_ = _env_int("RANK", 0) if rank is None else rank
+    world = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+    local = _env_int("LOCAL_RANK", rank_) if local_rank is None else local_rank
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = backend or ("nccl" if cuda else "gloo")
+    if world == 1 or is_initialized():
+        return device
+    os.environ.update(RANK=str(rank_), WORLD_SIZE=str(world), LOCAL_RANK=str(local))  # for rank helpers
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=timeout)
+    if master_addr is None and master_port is None and {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ):
+        init_method = "env://"  # torchrun's own path (reuses its agent's store)
+    else:
+        addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        init_method = f"tcp://{addr}:{master_port or _env_int('MASTER_PORT', 29500)}"
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank_,
+        world_size=world,
+        timeout=timeout,
+        device_id=device if backend == "nccl" else None,
+    )
+    return device
+
+
+def teardown() -> None:
+    """Destroy the default process group if one exists (safe to call twice)."""
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_ddp(
+    model: nn.Module,
+    *,
+    sync_bn: bool = False,
+    device: torch.device | str | None = None,
+    find_unused_parameters: bool = False,
+    **ddp_kwargs: Any,
+) -> nn.Module:
+    """Wrap ``model`` in DistributedDataParallel; a no-op without a process group.
+
+    Args:
+        model: Model already on this rank's device.
+        sync_bn: Convert BatchNorm layers to SyncBatchNorm first (batch statistics over
+            all ranks). CUDA only: on CPU a warning is issued and BatchNorm is kept.
+        device: This rank's device; defaults to the device of the model's parameters.
+        find_unused_parameters: Passed to DDP.
+        **ddp_kwargs: Other DDP arguments (``static_graph``, ``bucket_cap_mb``, ...).
+
+    Returns:
+        The DDP-wrapped model, or ``model`` itself when ``world_size() == 1``.
+    """
+    if not is_initialized() or dist.get_world_size() == 1:
+        return model
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if sync_bn and device.type != "cuda":
+        warnings.warn("SyncBatchNorm needs CUDA devices; keeping per-process BatchNorm", RuntimeWarning, stacklevel=2)
+    elif sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    device_ids = [device] if device.type == "cuda" else None
+    return DistributedDataParallel(
+        model, device_ids=device_ids, find_unused_parameters=find_unused_parameters, **ddp_kwargs
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP and/or ``torch.compile`` wrappers (for saving, EMA)."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model
+
+
+def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager:
+    """Skip DDP's gradient all-reduce inside the context (accumulation micro-steps).
+
+    Args:
+        model: Possibly DDP-wrapped model.
+        enabled: When False (the last micro-step) gradients are synchronised as usual.
+
+    Returns:
+        ``model.no_sync()`` for an enabled DDP model, else a null context.
+    """
+    if enabled and isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def barrier() -> None:
+    """Wait for all ranks; a no-op when not distributed."""
+    if is_initialized():
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_mean(x: torch.Tensor | float) -> torch.Tensor | float:
+    """Mean of ``x`` over ranks; returns ``x`` unchanged when not distributed.
+
+    Args:
+        x: Tensor of any shape (same shape on every rank) or a Python number.
+
+    Returns:
+        A new tensor of the same shape and device (float64 for integer tensors), or a
+        float for a number.
+    """
+    if not is_initialized():
+        return x
+    if isinstance(x, torch.Tensor):
+        dtype = x.dtype if x.is_floating_point() else torch.float64
+        y = x.detach().to(_collective_device(), dtype=dtype, copy=True)
+        dist.all_reduce(y, op=dist.ReduceOp.SUM)
+        return (y / dist.get_world_size()).to(x.device)
+    y = torch.tensor(float(x), dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return float(y) / dist.get_world_size()
+
+
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Send a picklable object from rank ``src`` to all ranks (e.g. a run directory name)."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    device = _collective_device() if dist.get_backend() == "nccl" else None
+    dist.broadcast_object_list(box, src=src, device=device)
+    return box[0]

@@ -1,0 +1,142 @@
+"""Start one process per device on this machine, or run in place under torchrun.
+
+The launcher only starts processes: each one gets torchrun's environment (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
+on a free port) and calls ``fn(*args)``; ``fn`` itself calls
+:func:`yolokit.accel.distributed.setup`. So the same ``fn`` runs unchanged under
+``torchrun`` (several machines go through torchrun), where :func:`launch` simply calls
+it once in the current process.
+
+Example (``fn`` must be importable: defined at module level in a file, not in a notebook
+cell, because processes are started with the ``spawn`` method)::
+
+    def train(epochs):
+        device = distributed.setup()
+        ...
+        distributed.teardown()
+        return final_loss
+
+    losses = launch(train, 2, 10)        # [loss of rank 0, loss of rank 1]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+
+from yolokit.accel import distributed
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class LaunchError(RuntimeError):
+    """A launched process raised or died; the others were terminated.
+
+    Attributes:
+        rank: Local rank of the failure noticed first.
+        ranks: Local ranks whose function raised (their tracebacks are in the message).
+    """
+
+    def __init__(self, message: str, rank: int, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.ranks = ranks
+
+
+def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (or another launcher setting its env)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in _TORCHRUN_VARS)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int, results: Any) -> None:
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_WORLD_SIZE=str(nprocs),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    if "OMP_NUM_THREADS" not in os.environ:  # do not oversubscribe the CPU cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
+    try:
+        result = fn(*args)
+    except BaseException:
+        results.put((local_rank, False, traceback.format_exc()))
+        raise  # exit at once; the parent terminates the other processes
+    distributed.teardown()
+    results.put((local_rank, True, result))
+
+
+def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | None = None) -> list[Any]:
+    """Run ``fn(*args)`` in ``nprocs`` processes on this machine and collect the results.
+
+    Under torchrun, or with ``nprocs <= 1``, ``fn`` runs once in this process. When a
+    process raises or dies, the remaining ones are terminated and :class:`LaunchError`
+    is raised here, so no rank is left waiting in a collective.
+
+    Args:
+        fn: Picklable function (module level) that calls ``distributed.setup()``.
+        nprocs: Number of processes, usually one per GPU.
+        *args: Picklable arguments passed to every process.
+        timeout: Seconds after which all processes are terminated and TimeoutError is
+            raised; ``None`` waits for ever.
+
+    Returns:
+        The return values of ``fn`` by local rank (one value when run in place).
+    """
+    if under_torchrun() or nprocs <= 1:
+        return [fn(*args)]
+    results = multiprocessing.get_context("spawn").SimpleQueue()
+    ctx = tmp.start_processes(
+        _entry, args=(fn, args, nprocs, free_port(), results), nprocs=nprocs, join=False, start_method="spawn"
+    )
+    collected: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+
+    def drain() -> None:
+        while not results.empty():
+            r, ok, value = results.get()
+            (collected if ok else errors)[r] = value
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            drain()
+            if ctx.join(timeout=0.1):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                _terminate(ctx.processes)
+                raise TimeoutError(f"launched processes did not finish within {timeout} s")
+    except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as e:
+        drain()
+        details = "".join(f"\n-- rank {r} raised:\n{errors[r]}" for r in sorted(errors)) or f"\n{e}"
+        raise LaunchError(f"launched process {e.error_index} failed{details}", e.error_index, sorted(errors)) from e
+    drain()
+    return [collected.get(r) for r in range(nprocs)]
+
+
+def _terminate(processes: list) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()

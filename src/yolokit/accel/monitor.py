@@ -1,0 +1,191 @@
+"""Device readings: memory allocated / reserved / peak, and NVML utilisation when present.
+
+Memory numbers come from PyTorch's CUDA allocator. Utilisation, temperature and power
+come from NVML through the optional ``nvidia-ml-py`` package (``import pynvml``), which is
+imported only when a reading is taken. Any quantity that cannot be read is ``None``, so a
+reading on CPU is valid and empty::
+
+    read_device_stats("cpu").as_dict()        # {'device': 'cpu'}
+    with DeviceMonitor("cuda", interval=1.0) as mon:
+        train_one_epoch()
+    print(mon.summary())                       # peak memory, mean utilisation
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_NVML: dict[str, Any] = {}  # lazily filled: {"module": pynvml or None}
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """One reading; ``None`` marks a quantity this device or setup cannot report."""
+
+    device: str
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    total_bytes: int | None = None
+    utilization_percent: float | None = None
+    memory_utilization_percent: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The available fields only (for loggers)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def summary(self) -> str:
+        """One short line, e.g. ``cuda:0 mem 3.2/4.0 GiB (peak 5.1) util 97% 64C 250W``."""
+        gib = 2.0**30
+        parts = [self.device]
+        if self.allocated_bytes is not None:
+            parts.append(f"mem {self.allocated_bytes / gib:.2f}/{(self.reserved_bytes or 0) / gib:.2f} GiB")
+        if self.peak_allocated_bytes is not None:
+            parts.append(f"(peak {self.peak_allocated_bytes / gib:.2f})")
+        if self.utilization_percent is not None:
+            parts.append(f"util {self.utilization_percent:.0f}%")
+        if self.temperature_c is not None:
+            parts.append(f"{self.temperature_c:.0f}C")
+        if self.power_w is not None:
+            parts.append(f"{self.power_w:.0f}W")
+        return " ".join(parts)
+
+
+def _pynvml() -> Any:
+    """The initialised pynvml module, or None when absent or NVML cannot start."""
+    if "module" not in _NVML:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _NVML["module"] = pynvml
+        except Exception:  # missing package, no driver, no GPU: all mean "no NVML"
+            _NVML["module"] = None
+    return _NVML["module"]
+
+
+def _nvml_readings(index: int) -> dict[str, float]:
+    nvml = _pynvml()
+    if nvml is None:
+        return {}
+    out: dict[str, float] = {}
+    try:
+        try:  # match by PCI bus id, so CUDA_VISIBLE_DEVICES reordering is respected
+            props = torch.cuda.get_device_properties(index)
+            bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+            handle = nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        except Exception:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+        out["utilization_percent"] = float(rates.gpu)
+        out["memory_utilization_percent"] = float(rates.memory)
+        out["temperature_c"] = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+        out["power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # milliwatts
+    except Exception:  # a reading NVML refuses (permissions, unsupported): keep what we have
+        pass
+    return out
+
+
+def read_device_stats(device: torch.device | str | None = None) -> DeviceStats:
+    """Read memory and, through NVML when present, utilisation, temperature and power.
+
+    Args:
+        device: Device to read; ``None`` means the current CUDA device when available.
+
+    Returns:
+        A :class:`DeviceStats`; only ``device`` is set for CPU (or without CUDA).
+    """
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return DeviceStats(device=str(device))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return DeviceStats(
+        device=f"cuda:{index}",
+        allocated_bytes=torch.cuda.memory_allocated(index),
+        reserved_bytes=torch.cuda.memory_reserved(index),
+        peak_allocated_bytes=torch.cuda.max_memory_allocated(index),
+        total_bytes=torch.cuda.get_device_properties(index).total_memory,
+        **_nvml_readings(index),
+    )
+
+
+class DeviceMonitor:
+    """Collect :class:`DeviceStats` by hand (:meth:`sample`) or from a background thread.
+
+    Args:
+        device: Device to watch (see :func:`read_device_stats`).
+        interval: Seconds between readings of the background thread.
+    """
+
+    def __init__(self, device: torch.device | str | None = None, *, interval: float = 1.0) -> None:
+        self.device = device
+        self.interval = interval
+        self.samples: list[DeviceStats] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> DeviceStats:
+        """Take one reading and keep it."""
+        stats = read_device_stats(self.device)
+        self.samples.append(stats)
+        return stats
+
+    def start(self) -> DeviceMonitor:
+        """Start sampling every ``interval`` seconds in a daemon thread."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="yolokit-device-monitor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread after one last reading."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        self.sample()
+        while not self._stop.wait(self.interval):
+            self.sample()
+        self.sample()
+
+    def __enter__(self) -> DeviceMonitor:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def summary(self) -> dict[str, float]:
+        """Peaks and means over the samples taken (empty on CPU).
+
+        Returns:
+            ``peak_allocated_bytes`` and ``peak_reserved_bytes`` (max), and the mean of
+            ``utilization_percent``, ``temperature_c`` and ``power_w``, where read.
+        """
+        out: dict[str, float] = {}
+        for key, name, reduce in (
+            ("peak_allocated_bytes", "peak_allocated_bytes", max),
+            ("reserved_bytes", "peak_reserved_bytes", max),
+            ("utilization_percent", "mean_utilization_percent", _mean),
+            ("temperature_c", "mean_temperature_c", _mean),
+            ("power_w", "mean_power_w", _mean),
+        ):
+            values = [getattr(s, key) for s in self.samples if getattr(s, key) is not None]
+            if values:
+                out[name] = reduce(values)
+        return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)

@@ -1,0 +1,131 @@
+"""Speed switches: cudnn.benchmark, TF32, channels_last, torch.compile, and what is on.
+
+Global switches go through :func:`configure`; per-model ones through
+:func:`prepare_model`. Both leave a switch alone when given ``None``. :func:`describe`
+reads the actual state back as one line for the log::
+
+    print(configure(cudnn_benchmark=True, tf32=True))
+    model = prepare_model(model, channels_last=True, compile=False)
+    print(describe(model))
+    # cudnn.benchmark=on tf32(matmul)=on tf32(conv)=on channels_last=on compile=off
+
+TF32 uses the ``fp32_precision`` settings (``"tf32"`` / ``"ieee"``) only; PyTorch
+refuses to mix them with the older ``allow_tf32`` flags.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _onoff(flag: bool | None) -> str:
+    return "n/a" if flag is None else ("on" if flag else "off")
+
+
+def _tf32_state() -> tuple[bool | None, bool | None]:
+    """(matmul, conv) TF32 flags; "none" inherits the parent setting or PyTorch's default."""
+
+    def read(getter):
+        try:
+            return getter()
+        except (AttributeError, RuntimeError):
+            return None
+
+    top = read(lambda: torch.backends.fp32_precision)
+    matmul = read(lambda: torch.backends.cuda.matmul.fp32_precision)
+    conv = read(lambda: torch.backends.cudnn.conv.fp32_precision)
+    if conv == "none":
+        conv = read(lambda: torch.backends.cudnn.fp32_precision)
+    if matmul is None or conv is None:
+        return None, None
+    matmul = top if matmul == "none" else matmul
+    conv = top if conv == "none" else conv
+    # "none" all the way up means PyTorch's defaults: IEEE matmuls, TF32 cuDNN convolutions
+    return matmul == "tf32", conv != "ieee"
+
+
+def configure(*, cudnn_benchmark: bool | None = None, tf32: bool | None = None) -> str:
+    """Set the global speed switches; ``None`` leaves a switch as it is.
+
+    Args:
+        cudnn_benchmark: Let cuDNN time convolution algorithms per input shape (fast for
+            fixed image sizes, re-tunes on every new shape).
+        tf32: Allow TensorFloat-32 in float32 matmuls and convolutions on Ampere+ GPUs.
+
+    Returns:
+        One line describing what is on (see :func:`describe`).
+    """
+    if cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    if tf32 is not None:
+        mode = "tf32" if tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+    return describe()
+
+
+def is_channels_last(model: nn.Module) -> bool | None:
+    """Whether the model's 4-d weights are channels_last (None when it has none)."""
+    weights = [p for p in model.parameters() if p.dim() == 4]
+    if not weights:
+        return None
+    return all(p.is_contiguous(memory_format=torch.channels_last) for p in weights)
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` (or something it wraps, e.g. DDP's module) is torch.compile'd."""
+    while model is not None:
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            return True
+        model = getattr(model, "module", None)
+    return False
+
+
+def prepare_model(
+    model: nn.Module,
+    *,
+    channels_last: bool | None = None,
+    compile: bool = False,
+    compile_mode: str | None = None,
+) -> nn.Module:
+    """Apply per-model switches.
+
+    Args:
+        model: The model, on its device. Feed it inputs converted with
+            ``x.to(memory_format=torch.channels_last)`` when channels_last is on.
+        channels_last: Convert 4-d weights to NHWC (faster convolutions under AMP on
+            tensor cores) or back to contiguous; ``None`` leaves them.
+        compile: Return ``torch.compile(model, mode=compile_mode)``.
+        compile_mode: ``None``, ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``.
+
+    Returns:
+        The same model (converted in place) or its compiled wrapper; keep the original
+        reference (or :func:`yolokit.accel.distributed.unwrap`) for saving weights.
+    """
+    if channels_last is not None:
+        model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    if compile:
+        model = torch.compile(model, mode=compile_mode)
+    return model
+
+
+def describe(model: nn.Module | None = None) -> str:
+    """One line saying which speed switches are on.
+
+    Args:
+        model: When given, also report channels_last and compile for it.
+
+    Returns:
+        e.g. ``"cudnn.benchmark=on tf32(matmul)=off tf32(conv)=on"`` (+ model switches).
+    """
+    matmul, conv = _tf32_state()
+    parts = [
+        f"cudnn.benchmark={_onoff(torch.backends.cudnn.benchmark)}",
+        f"tf32(matmul)={_onoff(matmul)}",
+        f"tf32(conv)={_onoff(conv)}",
+    ]
+    if model is not None:
+        parts.append(f"channels_last={_onoff(is_channels_last(model))}")
+        parts.append(f"compile={_onoff(is_compiled(model))}")
+    return " ".join(parts)

@@ -1,0 +1,30 @@
+"""Shared fixtures for tests/accel: one 2-process gloo run reused by several tests."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # spawned children import the workers by name
+import _accel_workers as workers  # noqa: E402
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No torchrun variables, so launch() spawns and setup() sees a single process."""
+    for k in TORCHRUN_VARS + ("TORCHELASTIC_RUN_ID",):
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture(scope="session")
+def gloo_suite():
+    """Results of ``workers.ddp_suite`` on 2 spawned gloo processes (spawning costs seconds)."""
+    from yolokit.accel.launch import launch
+
+    saved = {k: os.environ.pop(k) for k in TORCHRUN_VARS + ("TORCHELASTIC_RUN_ID",) if k in os.environ}
+    try:
+        return launch(workers.ddp_suite, 2, timeout=150)
+    finally:
+        os.environ.update(saved)

@@ -1,0 +1,108 @@
+"""Distributed helpers: no-op without a group; DDP over gloo equals one process."""
+
+import os
+import time
+
+import _accel_workers as workers  # tests/accel is put on sys.path by conftest.py
+import pytest
+import torch
+from torch import nn
+
+from yolokit.accel import distributed
+from yolokit.accel.launch import LaunchError, launch
+
+
+def test_helpers_without_process_group(clean_env):
+    assert distributed.setup() == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert not distributed.is_initialized()
+    assert "RANK" not in os.environ  # a single process leaves the environment alone
+    assert (distributed.rank(), distributed.world_size(), distributed.local_rank()) == (0, 1, 0)
+    assert distributed.is_main()
+    x = torch.tensor([1.0, 3.0])
+    assert distributed.all_reduce_mean(x) is x and distributed.all_reduce_mean(2.5) == 2.5
+    assert distributed.broadcast_object({"a": 1}) == {"a": 1}
+    distributed.barrier()
+    model = nn.Linear(2, 2)
+    assert distributed.wrap_ddp(model, sync_bn=True) is model
+    assert distributed.unwrap(model) is model
+    with distributed.no_sync(model, enabled=True):
+        pass
+    distributed.teardown()
+
+
+def test_rank_helpers_read_torchrun_env(clean_env, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert (distributed.rank(), distributed.world_size(), distributed.local_rank()) == (3, 4, 1)
+    assert not distributed.is_main()
+
+
+def test_setup_arguments(clean_env, monkeypatch):
+    calls = []
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: calls.append((a, k)))
+    distributed.setup("gloo", rank=1, world_size=2, master_addr="10.0.0.7", master_port=1234, timeout=5)
+    (backend,), kwargs = calls[0]
+    assert backend == "gloo" and kwargs["init_method"] == "tcp://10.0.0.7:1234"
+    assert (kwargs["rank"], kwargs["world_size"]) == (1, 2) and kwargs["timeout"].total_seconds() == 5
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("1", "2", "1")
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29400")):
+        monkeypatch.setenv(k, v)
+    distributed.setup()
+    _, kwargs = calls[1]
+    assert kwargs["init_method"] == "env://" and (kwargs["rank"], kwargs["world_size"]) == (0, 4)
+    assert kwargs["timeout"].total_seconds() == 1800
+
+
+def test_unwrap_compiled_module():
+    model = nn.Linear(2, 2)
+
+    class Compiled(nn.Module):  # stands in for torch.compile's wrapper, which holds _orig_mod
+        def __init__(self, m):
+            super().__init__()
+            self._orig_mod = m
+
+    assert distributed.unwrap(Compiled(model)) is model
+
+
+def test_ddp_gloo_two_processes_matches_one_process(gloo_suite):
+    assert [res["ddp"]["rank"] for res in gloo_suite] == [0, 1]
+    for r in (res["ddp"] for res in gloo_suite):
+        assert r["world"] == 2 and r["local_rank"] == r["rank"] and r["is_main"] == (r["rank"] == 0)
+        assert r["wrapped"] == "DistributedDataParallel" and r["unwrapped"] == "Sequential"
+        assert r["grad_diff"] < 1e-6, r  # DDP-averaged grads == grads of the concatenated batch
+        assert r["weight_diff"] < 1e-6, r
+
+
+def test_reductions_broadcast_and_sync_bn(gloo_suite):
+    for r in (res["ddp"] for res in gloo_suite):
+        assert r["mean_tensor"] == [0.5, 1.0]
+        assert r["mean_int"] == 0.5 and r["mean_float"] == 0.5
+        assert r["broadcast"] == {"from": 0, "dir": "runs/exp0"}
+        layer, messages = r["sync_bn"]  # SyncBatchNorm is CUDA-only: on CPU it warns and keeps BN
+        assert layer == "BatchNorm2d" and any("SyncBatchNorm needs CUDA" in m for m in messages)
+
+
+def test_accumulation_with_no_sync_matches_big_batch(gloo_suite):
+    for r in (res["accumulation"] for res in gloo_suite):
+        assert r["steps"] == 4 and r["stepped_at"] == [3]
+        assert r["first_grad_rank_spread"] > 1e-4  # no_sync really skipped the all-reduce
+        assert r["grad_diff"] < 1e-6, r
+        assert r["weight_diff"] < 1e-6, r
+
+
+def test_oom_guard_under_ddp_recovers_on_one_rank(gloo_suite):
+    rank0, rank1 = (res["oom_guard"] for res in gloo_suite)
+    assert rank0["splits"] == 2 and rank0["seen"] == [4, 2, 2]  # failed at 4, retried as 2 + 2
+    assert rank1["splits"] == 1 and rank1["seen"] == [4]
+    for r in (rank0, rank1):
+        assert r["grad_diff"] < 1e-6, r  # the all-reduce still met: one synced backward per rank
+
+
+def test_a_rank_that_raises_does_not_hang_the_others(clean_env):
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(workers.rank_one_raises, 2, timeout=90)
+    assert 1 in err.value.ranks and err.value.rank in (0, 1)
+    assert "ValueError: boom on rank 1" in str(err.value)  # the cause travels to the parent
+    assert time.monotonic() - start < 60  # rank 0 was stopped, not left waiting in barrier

@@ -1,0 +1,46 @@
+"""launch: in place for one process or under torchrun; spawned ranks get torchrun's env."""
+
+import os
+import time
+
+import _accel_workers as workers  # tests/accel is put on sys.path by conftest.py
+import pytest
+
+from yolokit.accel.launch import free_port, launch, under_torchrun
+
+
+def test_free_port():
+    assert 0 < free_port() < 65536
+
+
+def test_one_process_runs_in_place(clean_env):
+    [result] = launch(workers.report_env, 1, "solo")
+    assert result["pid"] == os.getpid() and result["tag"] == "solo" and result["RANK"] is None
+
+
+def test_under_torchrun_runs_in_place(clean_env, monkeypatch):
+    assert not under_torchrun()
+    for k, v in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(k, v)
+    assert under_torchrun()
+    [result] = launch(workers.report_env, 2, "torchrun")
+    assert result["pid"] == os.getpid() and result["RANK"] == "1"
+
+
+def test_spawned_ranks_get_torchrun_env(gloo_suite):
+    envs = [r["env"] for r in gloo_suite]  # launch(workers.ddp_suite, 2), shared via conftest
+    assert [e["RANK"] for e in envs] == ["0", "1"] and [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"2"} and {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1 and envs[0]["MASTER_ADDR"] == "127.0.0.1"
+    assert len({e["pid"] for e in envs} | {os.getpid()}) == 3 and {e["tag"] for e in envs} == {"suite"}
+
+
+def test_launched_processes_share_the_cores(gloo_suite):
+    assert {r["torch_threads"] for r in gloo_suite} == {max(1, (os.cpu_count() or 1) // 2)}
+
+
+def test_timeout_terminates_the_processes(clean_env):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        launch(workers.sleep_forever, 2, timeout=2)
+    assert time.monotonic() - start < 20
