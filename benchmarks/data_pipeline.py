@@ -1,0 +1,152 @@
+"""Images per second of the full training data pipeline, yolokit vs Ultralytics.
+
+Decode, Mosaic, random affine, HSV, flip and collate at 640 px with the YOLOv8 default
+augmentation, on the built-in shapes set generated at 640 px. Not a test: run it by
+hand, ideally on an otherwise idle machine.
+
+    python benchmarks/data_pipeline.py                      # yolokit only
+    /path/to/venv-with-ultralytics/bin/python benchmarks/data_pipeline.py --ultralytics
+
+Ultralytics is imported only here and only with --ultralytics, from whatever
+interpreter runs the script (keep it out of yolokit's environment). Its batches are
+uint8 (it converts to float on the GPU later); yolokit's are float32 in [0, 1] by the
+batch contract, converted in the workers. `--uint8` also times yolokit with
+`uint8_images=True` (uint8 batches, converted on the device by `to_device`, as Ultralytics does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+
+
+def _versions(extra: dict[str, str]) -> str:
+    import cv2
+
+    parts = {"python": platform.python_version(), "torch": torch.__version__,
+             "numpy": np.__version__, "opencv": cv2.__version__, **extra}
+    return ", ".join(f"{k} {v}" for k, v in parts.items())
+
+
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its children (the loader workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = ["self"]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            pass
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _time(loader, batches: int, warmup: int) -> tuple[float, float]:
+    """(images per second, CPU milliseconds per image) over `batches` batches after
+    `warmup` batches; epochs repeat as needed."""
+    done, images, start, cpu = 0, 0, None, 0.0
+    while done < warmup + batches:
+        for batch in loader:
+            if done == warmup:
+                start, cpu, images = time.perf_counter(), _cpu_seconds(), 0
+            imgs = next(batch[k] for k in ("images", "images_uint8", "img") if k in batch)
+            images += imgs.shape[0]
+            done += 1
+            if done >= warmup + batches:
+                break
+    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    return images / wall, cpu / images * 1000
+
+
+def yolokit_loader(yaml, args, *, uint8: bool = False):
+    from yolokit.data import DetectionDataset, build_dataloader
+
+    ds = DetectionDataset(yaml, "train", imgsz=args.imgsz, augment=True)
+    return build_dataloader(ds, args.batch, workers=args.workers, seed=0, uint8_images=uint8)
+
+
+def ultralytics_loader(yaml, args):
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.build import build_dataloader, build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    cfg = get_cfg(overrides={"imgsz": args.imgsz, "batch": args.batch, "workers": args.workers,
+                             "data": str(yaml)})
+    data = check_det_dataset(str(yaml))
+    ds = build_yolo_dataset(cfg, data["train"], args.batch, data, mode="train")
+    return build_dataloader(ds, args.batch, args.workers, shuffle=True, rank=-1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--images", type=int, default=256, help="training images in the set")
+    p.add_argument("--batches", type=int, default=40, help="timed batches per run")
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3, help="runs per loader, interleaved")
+    p.add_argument("--ultralytics", action="store_true", help="also time Ultralytics' loader")
+    p.add_argument("--uint8", action="store_true", help="also time yolokit with uint8_images=True")
+    args = p.parse_args()
+
+    from yolokit.data import make_shapes
+
+    yaml = make_shapes(n_train=args.images, n_val=16, imgsz=args.imgsz, seed=0)
+    extra = {}
+    runs = {"yolokit": lambda: yolokit_loader(yaml, args)}
+    if args.uint8:
+        runs["yolokit uint8_images"] = lambda: yolokit_loader(yaml, args, uint8=True)
+    if args.ultralytics:
+        import ultralytics
+
+        extra["ultralytics"] = ultralytics.__version__
+        runs["ultralytics"] = lambda: ultralytics_loader(yaml, args)
+    loaders = {name: make() for name, make in runs.items()}
+    results = {name: [] for name in loaders}
+    for _ in range(args.repeats):  # interleave, so load from elsewhere hits all alike
+        for name, loader in loaders.items():
+            results[name].append(_time(loader, args.batches, args.warmup))
+
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(f"machine: {_machine()}")
+    print(f"versions: {_versions(extra)}")
+    print(f"data: {yaml.parent} ({args.images} train images, long side {args.imgsz})")
+    print(f"setting: imgsz {args.imgsz}, batch {args.batch}, workers {args.workers}, "
+          f"YOLOv8 default augmentation (Mosaic 1.0, translate 0.1, scale 0.5, HSV, fliplr 0.5)")
+    print(f"{'loader':<24}{'img/s (median)':>16}{'CPU ms/img (median)':>21}   runs img/s")
+    for name, vals in results.items():
+        rates, cpu = [v[0] for v in vals], [v[1] for v in vals]
+        runs_text = " ".join(f"{v:.1f}" for v in rates)
+        print(f"{name:<24}{np.median(rates):>16.1f}{np.median(cpu):>21.2f}   {runs_text}")
+    print("CPU ms/img: user+system time of the main process and its workers per image; "
+          "less sensitive than img/s to other load on the machine.")
+
+
+if __name__ == "__main__":
+    main()

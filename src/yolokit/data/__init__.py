@@ -1,0 +1,51 @@
+"""Data: sources (YOLO, COCO, shapes), transforms, Mosaic, albumentations adapter, loader.
+
+Typical use:
+    >>> from yolokit.data import DetectionDataset, build_dataloader  # doctest: +SKIP
+    >>> train = DetectionDataset("shapes", "train", imgsz=320, augment=True)  # doctest: +SKIP
+    >>> loader = build_dataloader(train, 16, workers=2, seed=0)  # doctest: +SKIP
+"""
+
+from yolokit.data.albu import Albumentations
+from yolokit.data.dataset import DetectionDataset
+from yolokit.data.images import ImageError, read_image, verify_image
+from yolokit.data.labels import Problem, SplitIndex
+from yolokit.data.loader import (
+    AspectRatioBatchSampler,
+    DetectionLoader,
+    build_dataloader,
+    collate,
+    collate_uint8,
+    to_device,
+)
+from yolokit.data.mosaic import mixup, mosaic4
+from yolokit.data.shapes import SHAPE_NAMES, make_shapes
+from yolokit.data.sources import (
+    DatasetError,
+    coco_index,
+    label_path,
+    load_split,
+    read_data_yaml,
+    yolo_index,
+)
+from yolokit.data.transforms import (
+    AugmentConfig,
+    augment_hsv,
+    flip_lr,
+    flip_ud,
+    letterbox,
+    random_affine,
+    random_flip,
+    scale_boxes,
+    transform_boxes,
+)
+
+__all__ = [
+    "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "DatasetError",
+    "DetectionDataset", "DetectionLoader", "ImageError", "Problem", "SHAPE_NAMES", "SplitIndex",
+    "augment_hsv", "build_dataloader", "coco_index", "collate", "collate_uint8", "flip_lr",
+    "flip_ud",
+    "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4",
+    "random_affine", "random_flip", "read_data_yaml", "read_image", "scale_boxes", "to_device",
+    "transform_boxes", "verify_image", "yolo_index",
+]

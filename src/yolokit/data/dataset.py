@@ -1,0 +1,322 @@
+"""DetectionDataset: one split of a source, loaded, augmented and ready to collate.
+
+An item is a dict:
+    image       uint8 Tensor[3, H, W], RGB
+    boxes       float32 Tensor[G, 4], xyxy in pixels of `image`
+    classes     int64 Tensor[G]
+    path        str, the image file
+    orig_shape  (h, w) of the original (upright) image
+    ratio_pad   ((ratio_w, ratio_h), (pad_w, pad_h)): image = original * ratio + pad.
+                Exact without augmentation; with it, the load scaling before Mosaic/affine.
+    index       int, the dataset index actually returned (a different one when the
+                requested image could not be read at run time: reported once)
+
+Randomness comes from one numpy Generator per worker process, seeded from
+(seed, rank, worker id, epoch). `seed`, `rank`, `epoch` and the Mosaic switch live in
+a small shared-memory array, so changing them in the main process reaches
+persistent DataLoader workers too.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.context import get_spawning_popen
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from yolokit.data.albu import Albumentations
+from yolokit.data.images import ImageError, read_image
+from yolokit.data.mosaic import mixup, mosaic4
+from yolokit.data.sources import DatasetError, load_split
+from yolokit.data.transforms import (
+    AugmentConfig,
+    augment_hsv,
+    letterbox,
+    random_affine,
+    random_flip,
+    scale_boxes,
+)
+
+logger = logging.getLogger("yolokit.data")
+
+_EPOCH, _MOSAIC, _SEED, _RANK, _PASS = range(5)
+
+
+class _SharedState:
+    """Five int64 values in shared memory: epoch, mosaic switch, seed, rank, pass.
+
+    Inherited by forked workers and passed to spawned ones; pickled at any other
+    time (e.g. a deepcopy) it becomes an independent copy.
+    """
+
+    def __init__(self, values: list[int]) -> None:
+        self.array = mp.RawArray("q", values)
+
+    def __getstate__(self) -> dict:
+        if get_spawning_popen() is not None:
+            return {"array": self.array}
+        return {"values": list(self.array)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.array = state["array"] if "array" in state else mp.RawArray("q", state["values"])
+
+
+class DetectionDataset(Dataset):
+    """One split of a detection dataset.
+
+    Args:
+        source: a data.yaml path, a COCO instances json path, or "shapes".
+        split: "train", "val", "test" (yaml sources); ignored for a json.
+        imgsz: training/inference size; images are resized so the long side is imgsz.
+        augment: training augmentation (Mosaic, affine, HSV, flips, optional MixUp and
+            albumentations); otherwise letterbox only.
+        hyp: augmentation strengths (YOLOv8 defaults).
+        rect: no augmentation, each image letterboxed to its own stride-aligned
+            shape; pair with build_dataloader, which groups images by aspect ratio.
+        stride: the model's largest stride (for `rect`).
+        cache_images: decode and resize every image once, into RAM (before the workers
+            start, so forked workers share it).
+        buffer_size: when augmenting, each process keeps its last `buffer_size` decoded
+            images and draws Mosaic partners among them, so a Mosaic decodes about one
+            new image instead of four (0: partners drawn from the whole set, all decoded).
+            The buffer is emptied at every pass, so passes stay reproducible.
+        albumentations: an albumentations Compose / list (or an `Albumentations`),
+            run after the affine step when augmenting.
+        image_dir: COCO only, the image folder (guessed when None).
+        label_cache: read/write the label cache.
+
+    Example:
+        >>> ds = DetectionDataset("shapes", "val", imgsz=320)  # doctest: +SKIP
+        >>> item = ds[0]; item["image"].shape, item["boxes"].shape  # doctest: +SKIP
+        (torch.Size([3, 320, 320]), torch.Size([3, 4]))
+    """
+
+    def __init__(self, source: str | os.PathLike, split: str = "train", *, imgsz: int = 640,
+                 augment: bool = False, hyp: AugmentConfig | None = None, rect: bool = False,
+                 stride: int = 32, cache_images: bool = False, albumentations: Any = None,
+                 image_dir: str | os.PathLike | None = None, label_cache: bool = True,
+                 buffer_size: int = 64) -> None:
+        if rect and augment:
+            raise ValueError("rect batches are for evaluation: use augment=False with rect=True")
+        self.index = load_split(source, split, image_dir=image_dir, cache=label_cache)
+        self.names = self.index.names
+        self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
+        self.hyp = hyp or AugmentConfig()
+        if albumentations is not None and not isinstance(albumentations, Albumentations):
+            albumentations = Albumentations(albumentations)
+        self.albumentations = albumentations
+        self._state = _SharedState([0, 1, 0, 0, 0])
+        self._rng: np.random.Generator | None = None
+        self._rng_key: tuple | None = None
+        self._warned: set[str] = set()
+        self._images: list[np.ndarray | None] | None = None
+        self.buffer_size = buffer_size if augment and not cache_images else 0
+        self._buffer: dict[int, np.ndarray] = {}
+        if cache_images:
+            with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+                self._images = list(pool.map(self._read_or_none, range(len(self))))
+
+    # ------------------------------------------------------------------ shared knobs
+
+    @property
+    def mosaic(self) -> bool:
+        """Mosaic on/off (shared with workers); off also when hyp.mosaic is 0."""
+        return bool(self._state.array[_MOSAIC])
+
+    @mosaic.setter
+    def mosaic(self, on: bool) -> None:
+        self._state.array[_MOSAIC] = int(bool(on))
+
+    @property
+    def epoch(self) -> int:
+        return int(self._state.array[_EPOCH])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start a pass over the data: every process reseeds its generator from
+        (seed, rank, worker id, epoch) at its next item (shared with workers).
+
+        Called by DetectionLoader at each `iter(loader)`, so a pass never depends on
+        what was drawn before it.
+        """
+        self._state.array[_EPOCH] = int(epoch)
+        self._state.array[_PASS] += 1
+
+    def set_seed(self, seed: int, rank: int = 0) -> None:
+        """Base seed and process rank of the per-worker generators (shared with workers)."""
+        if seed < 0 or rank < 0:
+            raise ValueError("seed and rank must be non-negative")
+        self._state.array[_SEED], self._state.array[_RANK] = int(seed), int(rank)
+
+    @property
+    def category_ids(self) -> list[int] | None:
+        """COCO: json category id of each class index (for evaluation)."""
+        return self.index.category_ids
+
+    @property
+    def image_ids(self) -> list[int] | None:
+        """COCO: json image id of each dataset index."""
+        return self.index.image_ids
+
+    @property
+    def shapes(self) -> np.ndarray:
+        """int32 [n, 2] original `(h, w)` of every image."""
+        return self.index.shapes
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def generator(self) -> np.random.Generator:
+        """This process's Generator, seeded from (seed, rank, worker id, epoch)."""
+        info = get_worker_info()
+        a = self._state.array
+        seed = [a[_SEED], a[_RANK], info.id if info is not None else 0, a[_EPOCH]]
+        key = (*seed, a[_PASS])
+        if key != self._rng_key:
+            self._rng, self._rng_key = np.random.default_rng(seed), key
+            self._buffer.clear()
+        return self._rng
+
+    # ------------------------------------------------------------------ loading
+
+    def _warn_once(self, path: str, reason: str) -> None:
+        if path not in self._warned:
+            self._warned.add(path)
+            logger.warning("excluded at run time: %s: %s (another image is used instead)",
+                           path, reason)
+
+    def _read_resized(self, i: int) -> np.ndarray:
+        image = read_image(self.index.paths[i])
+        h, w = image.shape[:2]
+        r = self.imgsz / max(h, w)
+        if r != 1:
+            interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            image = cv2.resize(image, (max(1, round(w * r)), max(1, round(h * r))),
+                               interpolation=interp)
+        return image
+
+    def _read_or_none(self, i: int) -> np.ndarray | None:
+        try:
+            return self._read_resized(i)
+        except ImageError as err:
+            self._warn_once(self.index.paths[i], str(err))
+            return None
+
+    def load(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
+        """Image i resized to long side imgsz, with its labels.
+
+        Returns:
+            image [h, w, 3] BGR, boxes float32 [G, 4] in its pixels, classes int64 [G],
+            and the ratio `(ratio_w, ratio_h)` from the original.
+
+        Raises:
+            ImageError: the file cannot be read now.
+        """
+        if self._images is not None:
+            image = self._images[i]
+            if image is None:
+                raise ImageError("could not be read when caching")
+        elif i in self._buffer:
+            image = self._buffer[i]
+        else:
+            image = self._read_resized(i)
+            if self.buffer_size:
+                self._buffer[i] = image
+                if len(self._buffer) > self.buffer_size:
+                    del self._buffer[next(iter(self._buffer))]  # oldest first
+        h0, w0 = (int(v) for v in self.index.shapes[i])
+        h, w = image.shape[:2]
+        if abs(h / w - h0 / w0) > 0.02 * h0 / w0:
+            self._warn_shape(i, (h0, w0), image.shape[:2])
+        ratio = (w / w0, h / h0)
+        labels = self.index.labels[i]
+        boxes = scale_boxes(labels[:, 1:5], ratio, (0, 0))
+        return image, boxes, labels[:, 0].astype(np.int64), ratio
+
+    def _warn_shape(self, i: int, recorded: tuple, got: tuple) -> None:
+        path = self.index.paths[i]
+        if path + "#shape" not in self._warned:
+            self._warned.add(path + "#shape")
+            logger.warning("%s: decoded size %s differs in aspect from the indexed %s; "
+                           "boxes scaled per axis", path, got, recorded)
+
+    def _load_any(
+        self, i: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, float], int]:
+        """`load(i)`, or the next readable image when i cannot be read (reported once)."""
+        n = len(self)
+        for k in range(n):
+            j = (i + k) % n
+            try:
+                return (*self.load(j), j)
+            except ImageError as err:
+                self._warn_once(self.index.paths[j], str(err))
+        raise DatasetError("no image of the dataset can be read any more")
+
+    # ------------------------------------------------------------------ items
+
+    def __getitem__(self, i: int) -> dict:
+        rng = self.generator()
+        if self.augment:
+            image, boxes, classes, ratio_pad, i = self._train_sample(i, rng)
+        else:
+            image, boxes, classes, ratio, i = self._load_any(i)
+            image, r2, pad = letterbox(image, self.imgsz, stride=self.stride, auto=self.rect)
+            boxes = scale_boxes(boxes, r2, pad)
+            ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), (float(pad[0]), float(pad[1])))
+        chw = np.stack(cv2.split(image)[::-1])  # BGR HWC -> RGB CHW (faster than a transpose)
+        return {
+            "image": torch.from_numpy(chw),
+            "boxes": torch.from_numpy(np.ascontiguousarray(boxes, np.float32).reshape(-1, 4)),
+            "classes": torch.from_numpy(np.ascontiguousarray(classes, np.int64).reshape(-1)),
+            "path": self.index.paths[i],
+            "orig_shape": tuple(int(v) for v in self.index.shapes[i]),
+            "ratio_pad": ratio_pad,
+            "index": i,
+        }
+
+    def _train_sample(self, i: int, rng: np.random.Generator):
+        hyp = self.hyp
+        image, boxes, classes, ratio_pad, i = self._geometric_view(i, rng)
+        if hyp.mixup > 0 and rng.random() < hyp.mixup:
+            other = self._geometric_view(int(rng.integers(len(self))), rng)
+            image, boxes, classes = mixup((image, boxes, classes), other[:3], rng)
+        if self.albumentations is not None:
+            image, boxes, classes = self.albumentations(image, boxes, classes, rng)
+        image = augment_hsv(image, rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+        image, boxes = random_flip(image, boxes, rng, fliplr=hyp.fliplr, flipud=hyp.flipud)
+        return image, boxes, classes, ratio_pad, i
+
+    def _partners(self, rng: np.random.Generator) -> list[int]:
+        """Three Mosaic partners: from the buffer once it is a quarter full, else anywhere."""
+        if self.buffer_size and len(self._buffer) >= min(self.buffer_size, len(self)) // 4:
+            keys = list(self._buffer)
+            return [keys[k] for k in rng.integers(0, len(keys), 3)]
+        return [int(j) for j in rng.integers(0, len(self), 3)]
+
+    def _geometric_view(self, i: int, rng: np.random.Generator):
+        """Mosaic + affine, or letterbox + affine; output imgsz square."""
+        hyp, s = self.hyp, self.imgsz
+        affine = dict(degrees=hyp.degrees, translate=hyp.translate, scale=hyp.scale,
+                      shear=hyp.shear, perspective=hyp.perspective)
+        if self.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
+            image, boxes, classes, ratio, i = self._load_any(i)
+            samples = [(image, boxes, classes)]
+            for j in self._partners(rng):
+                samples.append(self._load_any(j)[:3])
+            canvas, boxes, classes = mosaic4(samples, s, rng)
+            image, boxes, classes = random_affine(canvas, boxes, classes, rng,
+                                                  out_shape=(s, s), **affine)
+            return image, boxes, classes, (ratio, (0.0, 0.0)), i
+        image, boxes, classes, ratio, i = self._load_any(i)
+        image, r2, pad = letterbox(image, s)
+        boxes = scale_boxes(boxes, r2, pad)
+        image, boxes, classes = random_affine(image, boxes, classes, rng, **affine)
+        return image, boxes, classes, ((ratio[0] * r2[0], ratio[1] * r2[1]),
+                                       (float(pad[0]), float(pad[1]))), i

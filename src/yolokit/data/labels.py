@@ -1,0 +1,281 @@
+"""The index of one split: usable images, their labels, and every problem found.
+
+Labels are kept as float32 rows `(class, x1, y1, x2, y2)` in absolute pixels of
+the upright original image. A split index is built once, checked file by file,
+and stored in a label cache (a `.npz` read with `allow_pickle=False`, so loading
+it never runs code) keyed by a hash of the file names, sizes and mtimes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger("yolokit.data")
+
+CACHE_VERSION = 1
+CACHE_SUFFIX = ".yolokit.cache"
+
+EXCLUDED, FIXED, BACKGROUND = "excluded", "fixed", "background"
+_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One file that needed attention.
+
+    Attributes:
+        path: the image (or label) file concerned.
+        reason: what was wrong and what was done, in words.
+        action: "excluded" (image not used), "fixed" (rows dropped or clipped, image
+            kept) or "background" (no labels: image kept as a background image).
+    """
+
+    path: str
+    reason: str
+    action: str
+
+
+@dataclass
+class SplitIndex:
+    """Usable images of one split with their labels.
+
+    Attributes:
+        paths: image files, length n.
+        shapes: int32 [n, 2] upright `(height, width)` of each original image.
+        labels: n float32 arrays [G, 5] of `(class, x1, y1, x2, y2)` in original pixels.
+        names: class names; index = class id.
+        problems: every file that was excluded, fixed or used as a background.
+        category_ids: COCO only: the json category id of each class index.
+        image_ids: COCO only: the json image id of each image.
+    """
+
+    paths: list[str]
+    shapes: np.ndarray
+    labels: list[np.ndarray]
+    names: list[str]
+    problems: list[Problem] = field(default_factory=list)
+    category_ids: list[int] | None = None
+    image_ids: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def empty_labels() -> np.ndarray:
+    """float32 [0, 5]."""
+    return np.zeros((0, 5), np.float32)
+
+
+def parse_yolo_labels(
+    text: str, shape: tuple[int, int], num_classes: int
+) -> tuple[np.ndarray, list[str]]:
+    """Parse and repair the rows of one YOLO label file.
+
+    Rows are `class cx cy w h` normalized to [0, 1]; a row `class x1 y1 x2 y2 ...` with
+    three or more points (a segmentation polygon) is turned into its bounding box.
+
+    Args:
+        text: the file's content.
+        shape: upright image `(height, width)` in pixels.
+        num_classes: valid class ids are 0..num_classes-1.
+
+    Returns:
+        labels: float32 [G, 5] `(class, x1, y1, x2, y2)` in pixels, unique rows.
+        fixes: what was repaired or dropped, one phrase per kind of problem.
+    """
+    rows, bad_text = [], 0
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            vals = [float(v) for v in parts]
+        except ValueError:
+            bad_text += 1
+            continue
+        if len(vals) == 5:
+            c, cx, cy, w, h = vals
+            if w < 0 or h < 0:  # kept as NaN so the finite check below drops it
+                rows.append((c, np.nan, np.nan, np.nan, np.nan, 1.0))
+            else:
+                rows.append((c, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2, 0.0))
+        elif len(vals) >= 7 and len(vals) % 2 == 1:
+            xs, ys = np.array(vals[1::2]), np.array(vals[2::2])
+            rows.append((vals[0], xs.min(), ys.min(), xs.max(), ys.max(), 0.0))
+        else:
+            bad_text += 1
+    fixes = []
+    if bad_text:
+        fixes.append(f"{bad_text} malformed row(s) dropped")
+    if not rows:
+        return empty_labels(), fixes
+    arr = np.array(rows, np.float64)
+    negative = arr[:, 5] > 0
+    arr = arr[:, :5]
+    if negative.any():
+        fixes.append(f"{int(negative.sum())} row(s) with negative size dropped")
+    finite = np.isfinite(arr).all(1)
+    if (~finite & ~negative).any():
+        fixes.append(f"{int((~finite & ~negative).sum())} row(s) with NaN/inf dropped")
+    arr = arr[finite]
+    cls = arr[:, 0]
+    good_cls = (cls == np.round(cls)) & (cls >= 0) & (cls < num_classes)
+    if (~good_cls).any():
+        bad = sorted({float(c) for c in cls[~good_cls]})
+        shown = ", ".join(f"{c:g}" for c in bad[:5])
+        fixes.append(f"{int((~good_cls).sum())} row(s) with class id outside "
+                     f"0..{num_classes - 1} ({shown}) dropped")
+    arr = arr[good_cls]
+    # beyond rounding noise of 6-decimal label files counts as outside
+    outside = ((arr[:, 1:] < -_TOL) | (arr[:, 1:] > 1 + _TOL)).any(1)
+    if outside.any():
+        fixes.append(f"{int(outside.sum())} row(s) outside [0, 1] clipped")
+    arr[:, 1:] = arr[:, 1:].clip(0, 1)
+    h, w = shape
+    arr[:, [1, 3]] *= w
+    arr[:, [2, 4]] *= h
+    return _drop_degenerate_and_duplicates(arr, fixes), fixes
+
+
+def _drop_degenerate_and_duplicates(arr: np.ndarray, fixes: list[str]) -> np.ndarray:
+    """Drop boxes under 1 px wide or high and exact duplicate rows (first one kept)."""
+    ok = ((arr[:, 3] - arr[:, 1]) >= 1) & ((arr[:, 4] - arr[:, 2]) >= 1)
+    if (~ok).any():
+        fixes.append(f"{int((~ok).sum())} degenerate box(es) under 1 px dropped")
+    arr = arr[ok].astype(np.float32)
+    _, first = np.unique(arr, axis=0, return_index=True)
+    if len(first) < len(arr):
+        fixes.append(f"{len(arr) - len(first)} duplicate row(s) removed")
+        arr = arr[np.sort(first)]
+    return arr.reshape(-1, 5)
+
+
+def clean_pixel_boxes(arr: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, list[str]]:
+    """Clip pixel rows `(class, x1, y1, x2, y2)` to the image, drop degenerate and duplicates.
+
+    Args:
+        arr: float [G, 5] in pixels (class ids assumed valid).
+        shape: `(height, width)`.
+
+    Returns:
+        float32 [G', 5] and the list of fixes applied.
+    """
+    fixes = []
+    arr = np.asarray(arr, np.float64).reshape(-1, 5)
+    finite = np.isfinite(arr).all(1)
+    if (~finite).any():
+        fixes.append(f"{int((~finite).sum())} box(es) with NaN/inf dropped")
+    arr = arr[finite]
+    h, w = shape
+    lim = np.array([w, h, w, h], np.float64)
+    outside = ((arr[:, 1:] < 0) | (arr[:, 1:] > lim)).any(1)
+    if outside.any():
+        fixes.append(f"{int(outside.sum())} box(es) outside the image clipped")
+    arr[:, 1:] = np.clip(arr[:, 1:], 0, lim)
+    return _drop_degenerate_and_duplicates(arr, fixes), fixes
+
+
+# ---------------------------------------------------------------------------- cache
+
+
+def files_key(paths: list[str], *, extra: str = "") -> str:
+    """Hash of file names, sizes and mtimes (missing files hash as missing).
+
+    Args:
+        paths: files whose change should invalidate the cache.
+        extra: anything else the cached result depends on (class count, version).
+
+    Returns:
+        hex digest.
+    """
+    h = hashlib.sha256(f"v{CACHE_VERSION}|{extra}".encode())
+    for p in paths:
+        try:
+            st = os.stat(p)
+            h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{p}|missing\n".encode())
+    return h.hexdigest()
+
+
+def save_index(path: Path, key: str, index: SplitIndex) -> bool:
+    """Write the index atomically; returns False when the folder is not writable."""
+    counts = np.array([len(x) for x in index.labels], np.int64)
+    labels = np.concatenate(index.labels) if index.labels else empty_labels()
+    problems = json.dumps([[p.path, p.reason, p.action] for p in index.problems])
+    meta = json.dumps({"version": CACHE_VERSION, "key": key, "names": index.names,
+                       "category_ids": index.category_ids,
+                       "image_ids": index.image_ids})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=np.array(meta), problems=np.array(problems),
+                     paths=np.array(index.paths, dtype=str),
+                     shapes=np.asarray(index.shapes, np.int32).reshape(-1, 2),
+                     counts=counts, labels=labels.astype(np.float32))
+        os.replace(tmp, path)
+    except OSError:
+        return False
+    return True
+
+
+def load_index(path: Path, key: str) -> SplitIndex | None:
+    """Read a cached index; None when absent, stale (other key) or unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if meta.get("version") != CACHE_VERSION or meta.get("key") != key:
+                return None
+            counts = z["counts"]
+            labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
+            index = SplitIndex(
+                paths=[str(p) for p in z["paths"]],
+                shapes=z["shapes"].astype(np.int32).reshape(-1, 2),
+                labels=[np.ascontiguousarray(x, np.float32).reshape(-1, 5) for x in labels],
+                names=list(meta["names"]),
+                problems=[Problem(*p) for p in json.loads(str(z["problems"]))],
+                category_ids=meta.get("category_ids"),
+                image_ids=meta.get("image_ids"),
+            )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return index
+
+
+def cache_home() -> Path:
+    """yolokit's cache folder: $YOLOKIT_CACHE, else ~/.cache/yolokit."""
+    env = os.environ.get("YOLOKIT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "yolokit"
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def report(index: SplitIndex, where: str) -> str:
+    """Log each problem file once and return the summary line (also logged).
+
+    Excluded and fixed files are logged as warnings; background images (missing or
+    empty label files) at info level. The summary is a warning when anything was
+    excluded or fixed.
+    """
+    counts = {EXCLUDED: 0, FIXED: 0, BACKGROUND: 0}
+    for p in index.problems:
+        counts[p.action] = counts.get(p.action, 0) + 1
+        level = logging.INFO if p.action == BACKGROUND else logging.WARNING
+        logger.log(level, "%s: %s: %s", p.action, p.path, p.reason)
+    n_boxes = sum(len(x) for x in index.labels)
+    summary = (f"{where}: {len(index)} images, {n_boxes} boxes, "
+               f"{counts[BACKGROUND]} backgrounds, {counts[FIXED]} label files fixed, "
+               f"{counts[EXCLUDED]} images excluded")
+    bad = counts[EXCLUDED] + counts[FIXED]
+    logger.log(logging.WARNING if bad else logging.INFO, "%s", summary)
+    return summary

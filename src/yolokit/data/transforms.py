@@ -1,0 +1,307 @@
+"""Image-and-box transforms on numpy arrays, with randomness from an explicit Generator.
+
+Images are uint8 `[H, W, 3]` (BGR inside the pipeline; nothing here depends on the
+channel order). Boxes are float32 `[G, 4]` xyxy in pixel-edge coordinates (the box
+`[0, 0, W, H]` is the whole image), classes `[G]`. Every random transform takes a
+`numpy.random.Generator` and nothing else random.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+PAD_VALUE = 114
+
+
+@dataclass
+class AugmentConfig:
+    """Training augmentation strengths; defaults are YOLOv8's well-known ones.
+
+    Attributes:
+        hsv_h: hue gain range (fraction), hsv_s: saturation gain, hsv_v: value gain.
+        degrees: rotation range (+- degrees). translate: shift range (fraction of size).
+        scale: zoom range (1 +- scale). shear: shear range (+- degrees).
+        perspective: perspective range (fraction, typically 0..0.001).
+        flipud, fliplr: flip probabilities.
+        mosaic: probability of a Mosaic of 4 images. mixup: probability of MixUp.
+    """
+
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    degrees: float = 0.0
+    translate: float = 0.1
+    scale: float = 0.5
+    shear: float = 0.0
+    perspective: float = 0.0
+    flipud: float = 0.0
+    fliplr: float = 0.5
+    mosaic: float = 1.0
+    mixup: float = 0.0
+
+
+def letterbox(
+    image: np.ndarray,
+    new_shape: int | tuple[int, int],
+    *,
+    stride: int = 32,
+    auto: bool = False,
+    scaleup: bool = True,
+    pad_value: int = PAD_VALUE,
+) -> tuple[np.ndarray, tuple[float, float], tuple[int, int]]:
+    """Resize keeping the aspect ratio, then pad (centred) to the new shape.
+
+    Args:
+        image: [h, w, 3].
+        new_shape: output `(H, W)` or one int for a square.
+        stride: with `auto`, the output is padded only up to the next multiple of it.
+        auto: minimal stride-aligned padding instead of the full `new_shape`.
+        scaleup: when False, small images are not enlarged.
+        pad_value: grey level of the border.
+
+    Returns:
+        image: [H, W, 3] (with `auto`, each side is a multiple of `stride`).
+        ratio: `(ratio_w, ratio_h)`, exact per axis (resized size / original size).
+        pad: `(pad_w, pad_h)` pixels added on the left and the top; so
+            letterboxed = original * ratio + pad.
+
+    Example:
+        >>> out, ratio, pad = letterbox(np.zeros((480, 640, 3), np.uint8), 320)
+        >>> out.shape, ratio, pad
+        ((320, 320, 3), (0.5, 0.5), (0, 40))
+    """
+    if isinstance(new_shape, int):
+        new_shape = (new_shape, new_shape)
+    h, w = image.shape[:2]
+    r = min(new_shape[0] / h, new_shape[1] / w)
+    if not scaleup:
+        r = min(r, 1.0)
+    nw, nh = max(1, round(w * r)), max(1, round(h * r))
+    if auto:
+        out_h, out_w = math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride
+    else:
+        out_h, out_w = new_shape
+    if (nw, nh) != (w, h):
+        image = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    left, top = (out_w - nw) // 2, (out_h - nh) // 2
+    if (out_h, out_w) != (nh, nw):
+        image = cv2.copyMakeBorder(image, top, out_h - nh - top, left, out_w - nw - left,
+                                   cv2.BORDER_CONSTANT, value=(pad_value,) * 3)
+    return image, (nw / w, nh / h), (left, top)
+
+
+def scale_boxes(boxes: np.ndarray, ratio: tuple[float, float],
+                pad: tuple[float, float]) -> np.ndarray:
+    """Map xyxy boxes [G, 4] by `box * ratio + pad` (what `letterbox` did to the image)."""
+    rw, rh = ratio
+    return (boxes * np.array([rw, rh, rw, rh], np.float32)
+            + np.array([pad[0], pad[1], pad[0], pad[1]], np.float32)).astype(np.float32)
+
+
+def affine_matrix(
+    rng: np.random.Generator,
+    in_shape: tuple[int, int],
+    out_shape: tuple[int, int],
+    *,
+    degrees: float = 0.0,
+    translate: float = 0.1,
+    scale: float = 0.5,
+    shear: float = 0.0,
+    perspective: float = 0.0,
+) -> tuple[np.ndarray, float]:
+    """Draw a random 3x3 transform from input to output pixel centres.
+
+    The input centre goes to the output centre, then perspective, rotation and
+    scale, shear, and a translation of up to `translate` of the output size.
+
+    Returns:
+        M: float64 [3, 3], and the drawn scale factor.
+    """
+    centre = np.eye(3)
+    centre[0, 2], centre[1, 2] = -in_shape[1] / 2, -in_shape[0] / 2
+    persp = np.eye(3)
+    persp[2, 0], persp[2, 1] = rng.uniform(-perspective, perspective, 2)
+    angle, s = rng.uniform(-degrees, degrees), rng.uniform(1 - scale, 1 + scale)
+    rot = np.eye(3)
+    rot[:2] = cv2.getRotationMatrix2D((0, 0), angle, s)
+    sh = np.eye(3)
+    sh[0, 1], sh[1, 0] = np.tan(np.radians(rng.uniform(-shear, shear, 2)))
+    move = np.eye(3)
+    move[0, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * out_shape[1]
+    move[1, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * out_shape[0]
+    return move @ sh @ rot @ persp @ centre, s
+
+
+def transform_boxes(boxes: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Transform xyxy boxes [G, 4] through their four corners; returns their bounding boxes.
+
+    `m` maps pixel centres (OpenCV's convention); boxes use pixel edges, so the
+    half-pixel shift is applied around it.
+    """
+    if len(boxes) == 0:
+        return np.zeros((0, 4), np.float32)
+    x1, y1, x2, y2 = (boxes[:, i].astype(np.float64) - 0.5 for i in range(4))
+    xs = np.stack([x1, x2, x2, x1], 1)
+    ys = np.stack([y1, y1, y2, y2], 1)
+    pts = np.stack([xs, ys, np.ones_like(xs)], -1) @ m.T  # [G, 4, 3]
+    xy = pts[..., :2] / pts[..., 2:3]
+    out = np.concatenate([xy.min(1), xy.max(1)], 1) + 0.5
+    return out.astype(np.float32)
+
+
+def box_candidates(before: np.ndarray, after: np.ndarray, *, scale: float = 1.0,
+                   min_size: float = 2.0, area_thr: float = 0.1,
+                   ar_thr: float = 100.0) -> np.ndarray:
+    """Which transformed boxes to keep.
+
+    Args:
+        before: [G, 4] boxes before the transform.
+        after: [G, 4] the same boxes after it (clipped).
+        scale: the transform's zoom, so areas are compared at the same scale.
+        min_size: least width and height in pixels.
+        area_thr: least kept share of the (scaled) original area.
+        ar_thr: largest aspect ratio.
+
+    Returns:
+        bool [G].
+    """
+    w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
+    w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
+    ar = np.maximum(w2 / np.maximum(h2, 1e-9), h2 / np.maximum(w2, 1e-9))
+    return ((w2 > min_size) & (h2 > min_size)
+            & (w2 * h2 / np.maximum(w1 * h1 * scale * scale, 1e-9) > area_thr) & (ar < ar_thr))
+
+
+def random_affine(
+    image: np.ndarray,
+    boxes: np.ndarray,
+    classes: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    out_shape: tuple[int, int] | None = None,
+    degrees: float = 0.0,
+    translate: float = 0.1,
+    scale: float = 0.5,
+    shear: float = 0.0,
+    perspective: float = 0.0,
+    pad_value: int = PAD_VALUE,
+    area_thr: float = 0.1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random rotation, scale, shear, translation and perspective.
+
+    Args:
+        image: [h, w, 3].
+        boxes: [G, 4] xyxy pixels; classes: [G].
+        rng: source of randomness.
+        out_shape: output `(H, W)`; default the input size (Mosaic passes half its canvas).
+        degrees, translate, scale, shear, perspective: ranges, as in AugmentConfig.
+        pad_value: fill for uncovered pixels.
+        area_thr: boxes keeping less than this share of their area are dropped.
+
+    Returns:
+        image [H, W, 3], boxes [G', 4] (clipped to the image), classes [G'].
+    """
+    out_shape = tuple(out_shape or image.shape[:2])
+    m, s = affine_matrix(rng, image.shape[:2], out_shape, degrees=degrees, translate=translate,
+                         scale=scale, shear=shear, perspective=perspective)
+    dsize = (out_shape[1], out_shape[0])
+    border = (pad_value,) * 3
+    if m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0:
+        image, m = _resize_and_paste(image, m, out_shape, pad_value)  # 3x faster than a warp
+    elif perspective:
+        image = cv2.warpPerspective(image, m, dsize, borderValue=border)
+    else:
+        image = cv2.warpAffine(image, m[:2], dsize, borderValue=border)
+    new = transform_boxes(boxes, m)
+    new[:, [0, 2]] = new[:, [0, 2]].clip(0, out_shape[1])
+    new[:, [1, 3]] = new[:, [1, 3]].clip(0, out_shape[0])
+    keep = box_candidates(boxes, new, scale=s, area_thr=area_thr)
+    return image, new[keep], classes[keep]
+
+
+def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, int],
+                      pad_value: int) -> tuple[np.ndarray, np.ndarray]:
+    """Apply a pure scale + translation by resizing only the visible part of the image and
+    pasting it at a whole-pixel offset.
+
+    Returns:
+        the image [H, W, 3] and the matrix actually realised (the scale adjusted by under a
+        pixel over the span, the offset rounded to whole pixels), for the boxes.
+    """
+    exact, spans = np.eye(3), []
+    for axis, n_in, n_out in ((0, image.shape[1], out_shape[1]), (1, image.shape[0], out_shape[0])):
+        s = m[axis, axis]
+        t = m[axis, 2] + 0.5 - 0.5 * s  # in pixel-edge coordinates: out = s * in + t
+        a, b = max(0, math.floor(-t / s)), min(n_in, math.ceil((n_out - t) / s))
+        if b <= a:  # nothing visible
+            return np.full((*out_shape, 3), pad_value, np.uint8), m
+        lo, hi = round(a * s + t), round(b * s + t)
+        hi = max(hi, lo + 1)
+        r = (hi - lo) / (b - a)
+        exact[axis, axis], exact[axis, 2] = r, lo - a * r + 0.5 * r - 0.5
+        spans.append((a, b, lo, hi))
+    (a, b, x_lo, x_hi), (c, d, y_lo, y_hi) = spans
+    x0, y0 = max(x_lo, 0), max(y_lo, 0)
+    x1, y1 = min(x_hi, out_shape[1]), min(y_hi, out_shape[0])
+    size = (x_hi - x_lo, y_hi - y_lo)
+    covered = (x0, y0, x1, y1) == (0, 0, out_shape[1], out_shape[0])
+    out = np.empty((*out_shape, 3), np.uint8) if covered else np.full(
+        (*out_shape, 3), pad_value, np.uint8)
+    if (x0, y0, x1, y1) == (x_lo, y_lo, x_hi, y_hi):  # fits: resize straight into place
+        cv2.resize(image[c:d, a:b], size, dst=out[y0:y1, x0:x1], interpolation=cv2.INTER_LINEAR)
+    else:
+        patch = cv2.resize(image[c:d, a:b], size, interpolation=cv2.INTER_LINEAR)
+        out[y0:y1, x0:x1] = patch[y0 - y_lo:y1 - y_lo, x0 - x_lo:x1 - x_lo]
+    return out, exact
+
+
+def augment_hsv(image: np.ndarray, rng: np.random.Generator, *, h: float = 0.015,
+                s: float = 0.7, v: float = 0.4) -> np.ndarray:
+    """Random hue, saturation and value gains, through one lookup table.
+
+    Args:
+        image: [H, W, 3] uint8 BGR (RGB works the same: the gains are symmetric).
+        rng: source of randomness.
+        h, s, v: gain ranges; each gain is 1 + uniform(-range, range).
+
+    Returns:
+        a new image [H, W, 3] (the input when all ranges are 0).
+    """
+    if not (h or s or v):
+        return image
+    gain = rng.uniform(-1, 1, 3) * (h, s, v) + 1
+    x = np.arange(256, dtype=np.float32)
+    lut = np.stack([(x * gain[0]) % 180, np.clip(x * gain[1], 0, 255),
+                    np.clip(x * gain[2], 0, 255)], -1).astype(np.uint8).reshape(1, 256, 3)
+    hsv = cv2.cvtColor(image, cv2.COLOR_BGR2HSV)
+    return cv2.cvtColor(cv2.LUT(hsv, lut), cv2.COLOR_HSV2BGR)
+
+
+def flip_lr(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mirror left-right: image [H, W, 3], boxes [G, 4] -> the same, mirrored."""
+    w = image.shape[1]
+    out = boxes.copy()
+    out[:, 0], out[:, 2] = w - boxes[:, 2], w - boxes[:, 0]
+    return cv2.flip(image, 1), out
+
+
+def flip_ud(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mirror top-bottom: image [H, W, 3], boxes [G, 4] -> the same, mirrored."""
+    h = image.shape[0]
+    out = boxes.copy()
+    out[:, 1], out[:, 3] = h - boxes[:, 3], h - boxes[:, 1]
+    return cv2.flip(image, 0), out
+
+
+def random_flip(image: np.ndarray, boxes: np.ndarray, rng: np.random.Generator, *,
+                fliplr: float = 0.5, flipud: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Flip left-right with probability `fliplr`, then top-bottom with `flipud`."""
+    if rng.random() < fliplr:
+        image, boxes = flip_lr(image, boxes)
+    if rng.random() < flipud:
+        image, boxes = flip_ud(image, boxes)
+    return image, boxes
