@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import yolokit
+from yolokit.interop.darknet import darknet_order
 from yolokit.models.layers import SPP, SPPF, C2f, Conv, DarknetResidual, MaxPoolSame
 
 DARKNET_CONVS = json.loads((Path(__file__).parent / "fixtures" / "darknet_convs.json").read_text())
@@ -71,23 +72,6 @@ def test_v8_conv_settings():
     conv = yolokit.create_model("yolov8n").backbone.stem
     assert conv.conv.bias is None and conv.bn.eps == 1e-3 and conv.bn.momentum == 0.03
     assert isinstance(conv.act, nn.SiLU)
-
-
-def darknet_order(model):
-    """The model's convolutions in the order Darknet's cfg lists its [convolutional] layers."""
-    def flat(m):
-        return [c for c in m.modules() if isinstance(c, Conv)]
-
-    neck, head = model.neck, model.head.preds
-    order = flat(model.backbone)
-    if model.config.form == "tiny":
-        order += flat(neck.block5) + flat(neck.out5) + [head[1]] + flat(neck.lateral5) + flat(neck.out4) + [head[0]]
-    else:
-        for level, pred in ((5, head[2]), (4, head[1]), (3, head[0])):
-            order += flat(getattr(neck, f"block{level}")) + flat(getattr(neck, f"out{level}")) + [pred]
-            if level > 3:
-                order += flat(getattr(neck, f"lateral{level}"))
-    return order
 
 
 @pytest.mark.parametrize("name", ["yolov3", "yolov3-spp", "yolov3-tiny"])

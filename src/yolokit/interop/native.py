@@ -1,0 +1,163 @@
+"""yolokit's own files: safetensors with the model config, or a ``torch.save``-d dict.
+
+- ``.safetensors``: the state dict, and in the header metadata ``format`` = "yolokit",
+  ``format_version`` and ``config`` = the JSON of ``asdict(model.config)``.
+- ``.pt`` / ``.pth``: ``{"format": "yolokit", "format_version": 1, "config":
+  asdict(config), "state_dict": {...}}``, read back with ``torch.load(weights_only=True)``.
+
+Plain state dicts in yolokit's naming (either container) load too: the variant and
+class count are then read from the tensor shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from yolokit.interop.safe_load import load_pickled
+from yolokit.interop.state import blank_model, build_from_state_dict, is_fused, load_checked
+from yolokit.models import Detector, config_from_dict
+
+FORMAT = "yolokit"
+FORMAT_VERSION = 1
+TORCH_SUFFIXES = (".pt", ".pth")
+
+
+def save_native(model: Detector, path: str | Path) -> Path:
+    """Writes ``model``'s weights and config: safetensors for ``.safetensors``, else ``torch.save``.
+
+    The file is written next to ``path`` and moved into place, so a crash never leaves
+    half a file under the final name.
+
+    Example:
+        >>> save_native(create_model("yolov8n", num_classes=3), "tiny.safetensors")
+        PosixPath('tiny.safetensors')
+    """
+    path = Path(path)
+    if model.config is None:
+        raise ValueError(f"{path}: {model.name} has no config to store; build it with create_model or build_model")
+    if path.suffix not in (".safetensors", *TORCH_SUFFIXES):
+        raise ValueError(f"{path}: unknown suffix {path.suffix!r}; use .safetensors, .pt or .pth")
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    config = asdict(model.config)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(config)}
+        save_file(state, str(tmp), metadata=metadata)
+    else:
+        torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "config": config, "state_dict": state}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """All tensors of a safetensors file (on the CPU) and its header metadata."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = dict(f.metadata() or {})
+            return {k: f.get_tensor(k) for k in f.keys()}, metadata
+    except SafetensorError as exc:
+        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
+
+
+def is_native(obj: Any) -> bool:
+    """True for the dict ``save_native`` writes through ``torch.save``."""
+    return isinstance(obj, Mapping) and obj.get("format") == FORMAT
+
+
+def state_dict_in(obj: Any) -> dict[str, Tensor] | None:
+    """The state dict inside a torch-loaded object: the object itself, or under "state_dict" / "model"."""
+    for candidate in (obj, *(obj.get(k) for k in ("state_dict", "model") if isinstance(obj, Mapping))):
+        if isinstance(candidate, Mapping) and candidate and all(
+                isinstance(k, str) and isinstance(v, Tensor) for k, v in candidate.items()):
+            return dict(candidate)
+    return None
+
+
+def from_contents(state: Mapping[str, Tensor], config: Mapping[str, Any] | None, *,
+                  model: str | Detector | None, source: str) -> Detector:
+    """A ready Detector from a state dict and (when the file has one) its stored config."""
+    if config is None:
+        return build_from_state_dict(state, model=model, source=source)
+    try:
+        stored = config_from_dict(dict(config))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: stored model config is not valid ({exc})") from exc
+    if isinstance(model, Detector):
+        return load_checked(model, state, source=source)
+    if model is not None and model != stored.name:
+        raise ValueError(f"{source}: holds a {stored.name} but model={model!r} was asked for")
+    return load_checked(blank_model(stored, fused=is_fused(state), covered=state.keys()), state, source=source)
+
+
+def native_config(obj_or_metadata: Mapping[str, Any], *, source: str) -> dict[str, Any] | None:
+    """The stored config of a native torch dict or safetensors metadata (None when absent)."""
+    if obj_or_metadata.get("format") != FORMAT:
+        return None
+    try:
+        version = int(obj_or_metadata.get("format_version", FORMAT_VERSION))
+        config = obj_or_metadata.get("config")
+        config = json.loads(config) if isinstance(config, str) else config
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: damaged yolokit header ({exc})") from exc
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{source}: yolokit format version {version} is newer than this yolokit reads "
+                         f"({FORMAT_VERSION}); upgrade yolokit")
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{source}: yolokit file without a model config")
+    return dict(config)
+
+
+def from_native_object(obj: Mapping[str, Any], *, model: str | Detector | None, source: str) -> Detector:
+    """A ready Detector from the dict ``save_native`` writes through ``torch.save``."""
+    config = native_config(obj, source=source)
+    state = state_dict_in(obj)
+    if state is None:
+        raise ValueError(f"{source}: yolokit file without a state_dict")
+    return from_contents(state, config, model=model, source=source)
+
+
+def load_native(path: str | Path, *, model: str | Detector | None = None) -> Detector:
+    """A ready Detector (eval mode) from a yolokit file or a plain state dict in yolokit's naming.
+
+    Args:
+        path: ``.safetensors`` or a ``torch.save`` file (read with ``weights_only=True``).
+        model: None (use the stored config, or infer it from the shapes), a variant name
+            (checked against the stored config), or a Detector to load into.
+
+    Raises:
+        UnsafeFileError: a pickle that refers to anything beyond tensors and containers.
+        ValueError: not a yolokit file, or tensors that do not fit (the message names the file).
+    """
+    path, source = Path(path), str(path)
+    if path.suffix == ".safetensors" or is_safetensors_file(path):
+        state, metadata = read_safetensors(path)
+        return from_contents(state, native_config(metadata, source=source), model=model, source=source)
+    obj = load_pickled(path)
+    if is_native(obj):
+        return from_native_object(obj, model=model, source=source)
+    state = state_dict_in(obj)
+    if state is None:
+        raise ValueError(f"{source}: neither a yolokit file nor a state dict of tensors (an Ultralytics "
+                         "checkpoint? yolokit.load and load_ultralytics read those)")
+    return build_from_state_dict(state, model=model, source=source)
+
+
+def is_safetensors_file(path: str | Path) -> bool:
+    """A safetensors file starts with a little-endian u64 header length, then '{'."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    return int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8

@@ -1,0 +1,185 @@
+"""ONNX export: the network plus decode, and optionally NMS, as one graph.
+
+The graph takes ``images`` float32 [B, 3, H, W] in [0, 1] (B dynamic, H and W fixed at
+export) and returns either
+
+- ``predictions`` [B, P, 4 + C]: ``Detector.decode`` output, xyxy boxes in input pixels
+  and class scores in [0, 1]; or, with ``nms=True``,
+- ``detections`` [K, 7]: rows ``(image_index, x1, y1, x2, y2, score, label)``, from the
+  standard ONNX ``NonMaxSuppression`` op (no torchvision, no custom ops).
+
+With ``nms=True`` each point keeps only its best class (as ``Detector.predict`` does) and
+NMS runs per class; ONNX's op caps ``max_det`` per class and image, not per image.
+Batch norms are folded into the convolutions by the exporter (eval mode); a model in
+another dtype or on another device is exported from a float32 CPU copy. The export uses
+``torch.onnx.export(dynamo=True)``; it needs ``onnx`` and ``onnxscript``
+(``pip install 'yolokit[export]'``, which adds ``onnxruntime`` to run the result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from yolokit.models import Detector
+
+_PROTOBUF_LIMIT = 2**31 - 2**26  # leave room below protobuf's 2 GiB for the graph itself
+
+
+class DecodedDetector(nn.Module):
+    """``images -> Detector.decode(Detector(images))``: the graph that gets exported.
+
+    Args:
+        model: the detector (used as is: pass a fused copy for deployment).
+        best_class_only: zero every score but each point's highest, so that per-class
+            NMS gives ``Detector.predict``'s single-label result.
+    """
+
+    def __init__(self, model: Detector, *, best_class_only: bool = False):
+        super().__init__()
+        self.model, self.best_class_only = model, best_class_only
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Tensor[B, 3, H, W] -> Tensor[B, P, 4 + C]."""
+        preds = self.model.decode(self.model(images))
+        if self.best_class_only:
+            boxes, scores = preds[..., :4], preds[..., 4:]
+            scores = scores * (scores == scores.amax(dim=-1, keepdim=True)).to(scores.dtype)
+            preds = torch.cat((boxes, scores), dim=-1)
+        return preds
+
+
+def _require(*modules: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"ONNX export needs {', '.join(missing)}: pip install 'yolokit[export]'")
+
+
+def export_onnx(
+    model: Detector,
+    path: str | Path,
+    *,
+    imgsz: int | tuple[int, int] = 640,
+    nms: bool = False,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    opset: int | None = None,
+) -> Path:
+    """Exports ``model`` (network + decode, optionally NMS) to an ONNX file.
+
+    Args:
+        model: any yolokit Detector; left as it was (its train/eval mode is restored).
+        path: destination ``.onnx`` file.
+        imgsz: input size, one int or (height, width); multiples of the largest stride.
+        nms: append ONNX NonMaxSuppression; the output becomes ``detections`` [K, 7].
+        conf: NMS score threshold (scores strictly above it are kept).
+        iou: NMS IoU threshold.
+        max_det: most boxes per class and image.
+        opset: ONNX opset (default: the exporter's).
+
+    Returns:
+        ``path``. The model config, strides, input size and output layout are stored in the
+        file's metadata (``yolokit_config``, ``strides``, ``imgsz``, ``output``).
+
+    Example:
+        >>> export_onnx(create_model("yolov8n"), "yolov8n.onnx", imgsz=320)
+        PosixPath('yolov8n.onnx')
+        >>> onnxruntime.InferenceSession("yolov8n.onnx").run(None, {"images": x})[0].shape
+        (1, 2100, 84)
+    """
+    _require("onnx", "onnxscript")
+    import onnx
+
+    path = Path(path)
+    h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
+    stride = max(model.strides)
+    if h % stride or w % stride:
+        raise ValueError(f"imgsz {h}x{w} must be a multiple of {model.name}'s largest stride {stride}")
+    param = next(model.parameters())
+    net = model if (param.dtype, param.device.type) == (torch.float32, "cpu") else (
+        copy.deepcopy(model).to("cpu", torch.float32))
+    was_training = net.training
+    wrapper = DecodedDetector(net, best_class_only=nms).eval()
+    example = torch.zeros(2, 3, h, w)  # batch 2: a batch of 1 would be baked in as a constant
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    try:
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            program = torch.onnx.export(wrapper, (example,), dynamo=True, input_names=["images"],
+                                        output_names=["predictions"], dynamic_shapes={"images": {0: batch}},
+                                        opset_version=opset, verbose=False)
+    finally:
+        net.train(was_training)
+    proto = program.model_proto
+    if nms:
+        add_nms(proto, conf=conf, iou=iou, max_det=max_det)
+    info: dict[str, Any] = {
+        "yolokit_config": json.dumps(asdict(model.config)) if model.config is not None else "",
+        "strides": json.dumps(list(model.strides)),
+        "imgsz": json.dumps([h, w]),
+        "output": "detections [K, 7]: image_index, x1, y1, x2, y2, score, label" if nms
+        else "predictions [B, P, 4 + C]: x1, y1, x2, y2, class scores",
+    }
+    onnx.helper.set_model_props(proto, info)
+    large = proto.ByteSize() > _PROTOBUF_LIMIT
+    if not large:
+        onnx.checker.check_model(proto)
+    onnx.save_model(proto, str(path), save_as_external_data=large, location=f"{path.name}.data")
+    return path
+
+
+def add_nms(proto: Any, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300) -> None:
+    """Replaces a graph's ``predictions`` output [B, P, 4 + C] by ``detections`` [K, 7], in place.
+
+    Uses the standard ONNX ops (NonMaxSuppression, GatherND, ...): per image and class,
+    boxes scoring above ``conf`` are kept greedily unless they overlap a kept one by more
+    than ``iou``; at most ``max_det`` per class and image. Rows are ``(image_index, x1,
+    y1, x2, y2, score, label)``.
+
+    Args:
+        proto: an ``onnx.ModelProto`` with an output named ``predictions``.
+    """
+    from onnx import TensorProto, helper
+
+    graph = proto.graph
+    (pred_output,) = [o for o in graph.output if o.name == "predictions"]
+    graph.output.remove(pred_output)
+
+    def const(name: str, values: list, dtype: int) -> str:
+        graph.initializer.append(helper.make_tensor(name, dtype, [len(values)], values))
+        return name
+
+    i64 = TensorProto.INT64
+    zero, one, two, three, four = (const(f"nms_c{v}", [v], i64) for v in (0, 1, 2, 3, 4))
+    end, axis1, axis2 = const("nms_end", [2**62], i64), const("nms_axis1", [1], i64), const("nms_axis2", [2], i64)
+    max_out = const("nms_max_det", [int(max_det)], i64)
+    iou_thr = const("nms_iou", [float(iou)], TensorProto.FLOAT)
+    score_thr = const("nms_conf", [float(conf)], TensorProto.FLOAT)
+    graph.node.extend([
+        helper.make_node("Slice", ["predictions", zero, four, axis2], ["nms_boxes"]),  # [B, P, 4]
+        helper.make_node("Slice", ["predictions", four, end, axis2], ["nms_scores"]),  # [B, P, C]
+        helper.make_node("Transpose", ["nms_scores"], ["nms_scores_t"], perm=[0, 2, 1]),  # [B, C, P]
+        helper.make_node("NonMaxSuppression", ["nms_boxes", "nms_scores_t", max_out, iou_thr, score_thr],
+                         ["nms_selected"]),  # [K, 3]: image, class, point
+        helper.make_node("Slice", ["nms_selected", zero, one, axis1], ["nms_image"]),
+        helper.make_node("Slice", ["nms_selected", one, two, axis1], ["nms_class"]),
+        helper.make_node("Slice", ["nms_selected", two, three, axis1], ["nms_point"]),
+        helper.make_node("Concat", ["nms_image", "nms_point"], ["nms_image_point"], axis=1),
+        helper.make_node("GatherND", ["nms_boxes", "nms_image_point"], ["nms_sel_boxes"]),  # [K, 4]
+        helper.make_node("GatherND", ["nms_scores_t", "nms_selected"], ["nms_sel_scores"]),  # [K]
+        helper.make_node("Unsqueeze", ["nms_sel_scores", axis1], ["nms_sel_scores_1"]),
+        helper.make_node("Cast", ["nms_image"], ["nms_image_f"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["nms_class"], ["nms_class_f"], to=TensorProto.FLOAT),
+        helper.make_node("Concat", ["nms_image_f", "nms_sel_boxes", "nms_sel_scores_1", "nms_class_f"],
+                         ["detections"], axis=1),
+    ])
+    graph.output.append(helper.make_tensor_value_info("detections", TensorProto.FLOAT, ["num_detections", 7]))

@@ -1,0 +1,188 @@
+"""Ultralytics YOLOv8 detection checkpoints, read without ultralytics and without running code.
+
+Their trainer writes a dict whose ``"model"`` (finished run, usually float16) or ``"ema"``
+(during training) holds a pickled ``DetectionModel``. ``read_ultralytics`` unpickles it
+through ``load_pickled`` (each of their classes becomes an inert stand-in) and keeps only
+the tensors; a plain state dict in their naming is accepted too. The names then map onto
+yolokit's YOLOv8 by layer index (``LAYER_NAMES``): inside each layer both use the same
+names (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from yolokit.interop.native import is_safetensors_file, read_safetensors
+from yolokit.interop.safe_load import StandIn, load_pickled, module_state_dict
+from yolokit.interop.state import build_from_state_dict
+from yolokit.models import Detector
+
+# Ultralytics yolov8.yaml layer index -> yolokit module. 10, 13 (Upsample) and 11, 14, 17,
+# 20 (Concat) hold no tensors.
+LAYER_NAMES: dict[int, str] = {
+    0: "backbone.stem",
+    1: "backbone.stages.0.0",  # stride-2 Conv
+    2: "backbone.stages.0.1",  # C2f
+    3: "backbone.stages.1.0",
+    4: "backbone.stages.1.1",
+    5: "backbone.stages.2.0",
+    6: "backbone.stages.2.1",
+    7: "backbone.stages.3.0",
+    8: "backbone.stages.3.1",
+    9: "backbone.stages.3.2",  # SPPF
+    12: "neck.top_down4",  # C2f after upsample(P5) + P4
+    15: "neck.top_down3",  # C2f after upsample + P3 -> output stride 8
+    16: "neck.down3",  # stride-2 Conv
+    18: "neck.bottom_up4",  # C2f -> output stride 16
+    19: "neck.down4",
+    21: "neck.bottom_up5",  # C2f -> output stride 32
+}
+# The Detect layer (index 22): per-level box and class branches, and the DFL projection.
+HEAD_INDEX = 22
+HEAD_NAMES: dict[str, str] = {"cv2": "head.box", "cv3": "head.cls", "dfl": "head.dfl"}
+
+_KEY = re.compile(r"^model\.(\d+)\.(.+)$")
+
+
+def yolokit_name(key: str) -> str:
+    """yolokit's name for one Ultralytics state-dict key.
+
+    Example:
+        >>> yolokit_name("model.2.m.0.cv1.conv.weight"), yolokit_name("model.22.cv3.1.2.bias")
+        ('backbone.stages.0.1.m.0.cv1.conv.weight', 'head.cls.1.2.bias')
+
+    Raises:
+        KeyError: the key belongs to no layer of a YOLOv8 detection model.
+    """
+    match = _KEY.match(key)
+    if match is None:
+        raise KeyError(key)
+    index, rest = int(match.group(1)), match.group(2)
+    if index == HEAD_INDEX:
+        branch, _, tail = rest.partition(".")
+        if branch not in HEAD_NAMES or not tail:
+            raise KeyError(key)
+        return f"{HEAD_NAMES[branch]}.{tail}"
+    if index not in LAYER_NAMES:
+        raise KeyError(key)
+    return f"{LAYER_NAMES[index]}.{rest}"
+
+
+def is_ultralytics_state_dict(state: Mapping[str, Any]) -> bool:
+    """True when every key looks like ``model.<index>.<...>`` (Ultralytics' naming)."""
+    return bool(state) and all(isinstance(k, str) and _KEY.match(k) for k in state)
+
+
+def ultralytics_to_yolokit(state: Mapping[str, Tensor], *, source: str = "state dict") -> dict[str, Tensor]:
+    """Renames an Ultralytics YOLOv8 state dict to yolokit's names (values untouched).
+
+    Raises:
+        ValueError: some keys belong to no YOLOv8 detection layer (another task or
+            architecture); the message lists them.
+    """
+    out, unknown = {}, []
+    for key, value in state.items():
+        try:
+            out[yolokit_name(key)] = value
+        except KeyError:
+            unknown.append(key)
+    if unknown:
+        more = f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ValueError(f"{source}: not a YOLOv8 detection model: no yolokit layer for "
+                         f"{', '.join(unknown[:5])}{more}")
+    return out
+
+
+@dataclass(frozen=True)
+class UltralyticsCheckpoint:
+    """The tensors of an Ultralytics checkpoint and what else is worth keeping.
+
+    Attributes:
+        state_dict: tensors in Ultralytics' naming, dtype as stored (often float16).
+        class_names: ``{index: name}`` when the file has them.
+        entry: where the model was found: "ema", "model" or "state_dict" (a plain dict).
+        version: the ultralytics version that wrote it, when recorded.
+    """
+
+    state_dict: dict[str, Tensor]
+    class_names: dict[int, str] = field(default_factory=dict)
+    entry: str = "state_dict"
+    version: str | None = None
+
+
+def ultralytics_contents(obj: Any) -> UltralyticsCheckpoint | None:
+    """The checkpoint inside an unpickled object, or None when it is not an Ultralytics one.
+
+    Accepts their trainer's dict (model object under "ema" or "model"; "ema" wins when
+    set, as their loader does), that dict holding a state dict instead, or a plain state
+    dict in their naming.
+    """
+    if not isinstance(obj, Mapping):
+        return None
+    if is_ultralytics_state_dict(obj):
+        return UltralyticsCheckpoint(_tensors(obj))
+    for entry in ("ema", "model"):
+        value = obj.get(entry)
+        if isinstance(value, StandIn):
+            version = obj.get("version") if isinstance(obj.get("version"), str) else None
+            return UltralyticsCheckpoint(module_state_dict(value), _class_names(value), entry, version)
+        if isinstance(value, Mapping) and is_ultralytics_state_dict(value):
+            return UltralyticsCheckpoint(_tensors(value), entry=entry)
+    return None
+
+
+def _class_names(model: StandIn) -> dict[int, str]:
+    names = getattr(model, "names", None)
+    if isinstance(names, (list, tuple)):
+        names = dict(enumerate(names))
+    if not isinstance(names, Mapping):
+        return {}
+    return {int(k): str(v) for k, v in names.items() if isinstance(k, int) or str(k).isdigit()}
+
+
+def _tensors(state: Mapping[str, Any]) -> dict[str, Tensor]:
+    return {k: v.detach() if isinstance(v, Tensor) else v for k, v in state.items()}
+
+
+def read_ultralytics(path: str | Path) -> UltralyticsCheckpoint:
+    """Reads an Ultralytics checkpoint (``.pt``) without ultralytics and without running code.
+
+    A safetensors file holding a state dict in their naming is read too.
+
+    Raises:
+        UnsafeFileError: the pickle refers to anything beyond tensors, containers and
+            their detection model classes.
+        ValueError: the file holds no Ultralytics detection model.
+    """
+    if is_safetensors_file(path):
+        contents = ultralytics_contents(read_safetensors(path)[0])
+    else:
+        contents = ultralytics_contents(load_pickled(path))
+    if contents is None:
+        raise ValueError(f"{path}: not an Ultralytics checkpoint (no model under 'ema' or 'model', "
+                         "and not a state dict in their naming)")
+    return contents
+
+
+def load_ultralytics(path: str | Path, *, model: str | Detector | None = None) -> Detector:
+    """A ready yolokit Detector (eval mode, float32) from an Ultralytics YOLOv8 checkpoint.
+
+    Args:
+        path: their ``.pt`` file (finished run or training checkpoint, float16 or float32),
+            or a ``torch.save``-d state dict in their naming.
+        model: None to infer the variant and class count from the tensor shapes, a
+            variant name to insist on one, or a Detector to load into.
+
+    Example:
+        >>> model = load_ultralytics("yolov8n.pt")
+        >>> model.name, model.num_classes
+        ('yolov8n', 80)
+    """
+    state = ultralytics_to_yolokit(read_ultralytics(path).state_dict, source=str(path))
+    return build_from_state_dict(state, model=model, source=str(path))

@@ -1,0 +1,73 @@
+"""Against the real ultralytics package: runs only where it is importable (never a yolokit dependency).
+
+Their own code builds the model and writes both checkpoint kinds (a training checkpoint
+with the model under "ema", and the finished one from their ``strip_optimizer``);
+yolokit must read both without ultralytics' help and give the same raw maps.
+"""
+
+import copy
+
+import pytest
+import torch
+
+ultralytics = pytest.importorskip("ultralytics")
+
+import yolokit  # noqa: E402
+from yolokit.ops.boxes import box_convert  # noqa: E402
+
+
+def _their_model(variant: str, num_classes: int):
+    from ultralytics.nn.tasks import DetectionModel
+
+    model = DetectionModel(f"{variant}.yaml", nc=num_classes, verbose=False)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if not t.is_floating_point() or name.endswith("dfl.conv.weight"):
+                continue
+            noise = torch.randn(t.shape, generator=generator)
+            if name.endswith("running_var"):
+                t.copy_(0.5 + noise.abs() * 0.5)
+            elif t.ndim == 4:  # conv weights: keep their scale, so activations stay moderate
+                t.mul_(1 + 0.2 * noise)
+            else:
+                t.add_(0.1 * noise)
+    return model.eval()
+
+
+def _save_like_their_trainer(model, path):
+    from ultralytics.cfg import DEFAULT_CFG_DICT
+    from ultralytics.utils import IterableSimpleNamespace
+
+    ema = copy.deepcopy(model).half()
+    ema.args = IterableSimpleNamespace(**DEFAULT_CFG_DICT)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    torch.save({"epoch": 0, "best_fitness": 0.0, "stopper": {"best_fitness": 0.0, "best_epoch": 0}, "model": None,
+                "ema": ema, "updates": 1, "modelopt": None, "optimizer": optimizer.state_dict(), "scaler": {},
+                "train_args": dict(DEFAULT_CFG_DICT), "train_metrics": {}, "train_results": {}}, path)
+
+
+@pytest.mark.parametrize("variant,num_classes", [("yolov8n", 80), ("yolov8s", 3)])
+def test_raw_maps_equal_theirs_for_both_checkpoint_kinds(tmp_path, variant, num_classes):
+    from ultralytics.nn.tasks import load_checkpoint
+    from ultralytics.utils.torch_utils import strip_optimizer
+
+    model = _their_model(variant, num_classes)
+    training, finished = tmp_path / "last.pt", tmp_path / "best.pt"
+    _save_like_their_trainer(model, training)
+    strip_optimizer(training, finished)
+    x = torch.rand(2, 3, 128, 160)
+    for path in (training, finished):
+        theirs = load_checkpoint(str(path))[0].float().eval()
+        with torch.no_grad():
+            decoded, raw = theirs(x)  # ultralytics 8.4: raw = {"boxes": [B, 4R, P], "scores": [B, C, P], ...}
+            ours = yolokit.load(path)
+            maps = ours(x)
+            flat = torch.cat([m.flatten(2) for m in maps], dim=2)
+            boxes = box_convert(ours.decode(maps)[..., :4], "xyxy", "cxcywh")
+        assert ours.name == variant and ours.num_classes == num_classes
+        diff = max((flat[:, :64] - raw["boxes"]).abs().max().item(), (flat[:, 64:] - raw["scores"]).abs().max().item())
+        box_diff = (boxes - decoded[:, :4].transpose(1, 2)).abs().max().item()
+        print(f"{variant} {path.name}: max abs diff of raw maps {diff:.3g}, of decoded boxes {box_diff:.3g} px")
+        assert diff < 1e-4
+        assert box_diff < 1e-3
