@@ -45,3 +45,36 @@ def test_missing_source_is_a_clear_error(tmp_path, capsys):
 def test_console_script_help():
     result = subprocess.run([sys.executable, "-m", "yolokit.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "demo" in result.stdout and "predict" in result.stdout
+
+
+def test_train_val_predict_export_on_a_tiny_set(tmp_path, capsys):
+    import pytest
+
+    from yolokit.data import make_shapes
+
+    data = str(make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64))
+    run = tmp_path / "run"
+    assert main(["train", "--data", data, "--epochs", "1", "--imgsz", "64", "--batch", "8", "--workers", "0",
+                 "--out", str(run), "--no-plots"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_dir"] == str(run)
+    weights = str(run / "weights" / "model.pt")
+    assert main(["val", "--weights", weights, "--data", data, "--imgsz", "64", "--workers", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "4 images: P" in out and "circle" in out and "star" in out
+    pred = tmp_path / "pred"
+    assert main(["predict", str(tmp_path / "shapes" / "images" / "val"), "--weights", weights, "--imgsz", "64",
+                 "--conf", "0", "--max-det", "2", "--out", str(pred)]) == 0
+    records = json.loads((pred / "detections.json").read_text())
+    assert len(records) == 4 and all(d["name"] in ("circle", "rectangle", "triangle", "star")
+                                     for r in records for d in r["detections"])
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    assert main(["export", "--weights", weights, "--imgsz", "64", "--out", str(tmp_path / "m.onnx")]) == 0
+    assert (tmp_path / "m.onnx").stat().st_size > 1_000_000
+
+
+def test_train_errors_are_named(tmp_path, capsys):
+    assert main(["train", "--model", "yolov9"]) == 2
+    assert "yolov9" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path / "nope.yaml"), "--epochs", "1"]) == 2
+    assert "nope.yaml" in capsys.readouterr().err

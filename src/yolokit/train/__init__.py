@@ -1,0 +1,7 @@
+"""Training: config, loop, evaluation, checkpoints, callbacks."""
+
+from yolokit.train.config import TrainConfig
+from yolokit.train.evaluate import EvalResult, coco_evaluate, validate
+from yolokit.train.trainer import Trainer, TrainingDiverged, train
+
+__all__ = ["EvalResult", "TrainConfig", "Trainer", "TrainingDiverged", "coco_evaluate", "train", "validate"]

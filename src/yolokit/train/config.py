@@ -15,6 +15,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from yolokit.models import MODELS
+
 
 @dataclass
 class TrainConfig:
@@ -88,6 +90,7 @@ class TrainConfig:
             except ValueError:
                 raise ValueError(f"batch must be an integer or 'auto', got {self.batch!r}") from None
         checks = [
+            (self.model in MODELS, f"unknown model {self.model!r}; available: {', '.join(MODELS)}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.imgsz >= 32 and self.imgsz % 32 == 0, f"imgsz must be a multiple of 32, got {self.imgsz}"),
             (self.batch == "auto" or self.batch >= 1, f"batch must be >= 1 or 'auto', got {self.batch}"),

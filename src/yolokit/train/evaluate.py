@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import cv2
 import numpy as np
+import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
+from torch import nn
 
+from yolokit.data import to_device
+from yolokit.ops.boxes import unletterbox_boxes
 from yolokit.ops.nms import Detections
 
 
@@ -122,3 +128,55 @@ def _result(evaluator: COCOeval, num_classes: int) -> EvalResult:
         precision=float(mean_p[best]), recall=float(recall_points[best]) if f1[best] > 0 else 0.0,
         per_class_ap=per_class, pr_recall=recall_points.copy(), pr_precision=pr50, stats=evaluator.stats.copy(),
     )
+
+
+@torch.inference_mode()
+def validate(
+    model: nn.Module,
+    loader: Iterable[dict[str, Any]],
+    *,
+    num_classes: int,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    keep_samples: int = 0,
+) -> tuple[EvalResult, list[tuple[np.ndarray, Detections]]]:
+    """Runs ``model`` over a validation loader and scores it in original image pixels.
+
+    Args:
+        model: a ``Detector`` (not DDP-wrapped), put in eval mode for the pass.
+        loader: batches of the batch contract (``images``, ``targets``, ``orig_shapes``,
+            ``ratio_pad``, ``paths``).
+        num_classes: number of classes.
+        conf: score threshold (low, as for mAP).
+        iou: NMS IoU threshold.
+        max_det: detections kept per image.
+        keep_samples: also return this many (original RGB image, detections) pairs, for plots.
+
+    Returns:
+        ``(result, samples)``.
+    """
+    device = next(model.parameters()).device
+    predictions, targets, shapes, samples = [], [], [], []
+    for batch in loader:
+        batch = to_device(batch, device, non_blocking=True)
+        dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det,
+                             orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"])
+        rows = batch["targets"].cpu()
+        for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"])):
+            mine = rows[rows[:, 0] == i]
+            boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
+            predictions.append(det.to("cpu"))
+            targets.append((boxes.numpy(), mine[:, 1].long().numpy()))
+            shapes.append(tuple(shape))
+            if len(samples) < keep_samples:
+                samples.append((_read_rgb(batch["paths"][i], shape), det.to("cpu")))
+    return coco_evaluate(predictions, targets, shapes, num_classes), samples
+
+
+def _read_rgb(path: str, shape: tuple[int, int]) -> np.ndarray:
+    """The original image as RGB (grey if it cannot be read)."""
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    if image is None:
+        return np.full((*shape, 3), 114, np.uint8)
+    return np.ascontiguousarray(image[..., ::-1])

@@ -1,0 +1,146 @@
+"""Short real runs of the Trainer on a tiny generated shapes set (64 px, 16 + 8 images)."""
+
+import csv
+
+import pytest
+import torch
+
+import yolokit
+from yolokit.data import make_shapes
+from yolokit.train import TrainConfig, Trainer, TrainingDiverged, train
+from yolokit.train.callbacks import Callback
+from yolokit.train.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=16, n_val=8, imgsz=64))
+
+
+def tiny(shapes, out, **kw):
+    base = dict(data=shapes, imgsz=64, batch=8, nbs=16, epochs=2, workers=0, out=str(out), plots=False,
+                warmup_epochs=0.0, close_mosaic=1)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("model", ["yolov8n", "yolov3-tiny"])
+def test_two_epochs_write_the_run_folder(shapes, tmp_path, model):
+    result = train(tiny(shapes, tmp_path / "run", model=model, plots=True))
+    run = tmp_path / "run"
+    assert result["run_dir"] == str(run)
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    assert {"precision", "recall", "mAP50", "mAP50-95", "lr", "seconds"} <= set(rows[0])
+    losses = [k for k in rows[0] if k.startswith("train/")]
+    assert losses and all(float(r[k]) > 0 for r in rows for k in losses)
+    assert TrainConfig.from_yaml(run / "config.yaml").model == model
+    last = load_checkpoint(run / "weights" / "last.pt")
+    assert last["epoch"] == 2 and last["train_config"]["model"] == model
+    assert (run / "weights" / "best.pt").is_file()
+    final = yolokit.load(run / "weights" / "model.pt")
+    assert final.name == model and final.num_classes == 4
+    assert {p.name for p in run.iterdir()} >= {"losses.png", "metrics.png", "pr_curve.png", "val_predictions.jpg"}
+
+
+class StopAfter(Callback):
+    """Simulates a run killed right after epoch ``k`` (its checkpoint written)."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def on_epoch_end(self, row):
+        if row["epoch"] == self.k:
+            raise KeyboardInterrupt
+
+
+def test_resume_is_exact(shapes, tmp_path):
+    full = tiny(shapes, tmp_path / "full", epochs=3, close_mosaic=1)
+    train(full)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(full.replace(out=str(tmp_path / "part")), callbacks=[StopAfter(1)]).fit()
+    assert load_checkpoint(tmp_path / "part" / "weights" / "last.pt")["epoch"] == 1
+    train(TrainConfig(resume=str(tmp_path / "part")))
+    a = load_checkpoint(tmp_path / "full" / "weights" / "last.pt")
+    b = load_checkpoint(tmp_path / "part" / "weights" / "last.pt")
+    assert b["epoch"] == 3
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    for key, value in a["ema"]["module"].items():
+        assert torch.equal(value, b["ema"]["module"][key]), key
+    rows = list(csv.DictReader((tmp_path / "part" / "results.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+
+
+def test_resume_can_extend_the_run(shapes, tmp_path):
+    train(tiny(shapes, tmp_path / "run", epochs=1))
+    train(TrainConfig(resume=str(tmp_path / "run"), epochs=2))
+    state = load_checkpoint(tmp_path / "run" / "weights" / "last.pt")
+    assert state["epoch"] == 2 and state["train_config"]["epochs"] == 2
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(shapes, tmp_path, monkeypatch):
+    from yolokit.losses import YOLOv8Loss
+
+    original = YOLOv8Loss.forward
+    calls = {"n": 0}
+
+    def poisoned(self, maps, targets):
+        calls["n"] += 1
+        total, parts = original(self, maps, targets)
+        if calls["n"] > 2:  # the first epoch (2 batches) trains normally
+            total = total * float("nan")
+            parts = {k: v * float("nan") for k, v in parts.items()}
+        return total, parts
+
+    monkeypatch.setattr(YOLOv8Loss, "forward", poisoned)
+    with pytest.raises(TrainingDiverged, match="not finite"):
+        train(tiny(shapes, tmp_path / "run", epochs=5, max_bad_steps=2))
+    state = load_checkpoint(tmp_path / "run" / "weights" / "last.pt")
+    assert state["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_interrupt_writes_a_resumable_checkpoint(shapes, tmp_path, monkeypatch):
+    from yolokit.train.trainer import Trainer as T
+
+    calls = {"n": 0}
+    original = T._step
+
+    def interrupted(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kw)
+
+    monkeypatch.setattr(T, "_step", staticmethod(interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny(shapes, tmp_path / "run", nbs=8, epochs=2)).fit()
+    monkeypatch.undo()
+    state = load_checkpoint(tmp_path / "run" / "weights" / "last.pt")
+    assert state["epoch"] == 0  # the interrupted first epoch restarts on resume
+    result = train(TrainConfig(resume=str(tmp_path / "run")))
+    assert load_checkpoint(tmp_path / "run" / "weights" / "last.pt")["epoch"] == 2 and "mAP50" in result
+
+
+def test_bad_inputs_are_named(shapes, tmp_path):
+    with pytest.raises(ValueError, match="yolov9"):
+        train(tiny(shapes, tmp_path / "a", model="yolov9"))
+    with pytest.raises(Exception, match="missing.yaml"):
+        train(tiny(str(tmp_path / "missing.yaml"), tmp_path / "b"))
+
+
+def test_pretrained_weights_with_another_class_count(shapes, tmp_path, capsys):
+    source = yolokit.create_model("yolov8n", num_classes=7)
+    path = tmp_path / "w.safetensors"
+    yolokit.save(source, path)
+    train(tiny(shapes, tmp_path / "run", epochs=1, weights=str(path)))
+    out = capsys.readouterr().out
+    assert "left as initialised (the weights have 7 classes, the data 4)" in out
+
+
+def test_two_processes_with_gloo(shapes, tmp_path):
+    result = train(tiny(shapes, tmp_path / "ddp", epochs=1, devices=2, batch=4))
+    assert (tmp_path / "ddp" / "weights" / "last.pt").is_file()
+    assert 0.0 <= result["mAP50"] <= 1.0
