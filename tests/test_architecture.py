@@ -80,3 +80,15 @@ def test_the_check_sees_a_violation(tmp_path):
             test_imports_follow_the_architecture(fake)
     finally:
         fake.unlink()
+
+
+def test_accel_alone_imports_only_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, yolokit.accel, yolokit; "
+            "print(sorted(m for m in ('torchvision', 'numpy', 'cv2', 'yolokit.models') if m in sys.modules)); "
+            "yolokit.create_model; print('yolokit.models' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert "torchvision" not in out[0] and "cv2" not in out[0] and "yolokit.models" not in out[0]
+    assert out[1] == "True"  # public names still resolve, on first use

@@ -5,12 +5,37 @@ Example:
     >>> model = yolokit.create_model("yolov8n", num_classes=80)
     >>> detections = model.predict("path/to/images", conf=0.25)
     >>> model = yolokit.load("yolov8n.pt")  # Ultralytics, Darknet (model=...) or yolokit files
+
+The public names below are imported on first use, so ``import yolokit.accel`` (in a
+freshly spawned DDP worker, say) costs only torch.
 """
 
-from yolokit.interop import load, save
-from yolokit.models import Detector, create_model, list_models
-from yolokit.ops.nms import Detections
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
+_PUBLIC = {
+    "Detections": "yolokit.ops.nms",
+    "Detector": "yolokit.models",
+    "create_model": "yolokit.models",
+    "list_models": "yolokit.models",
+    "load": "yolokit.interop",
+    "save": "yolokit.interop",
+}
+
 __all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'yolokit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

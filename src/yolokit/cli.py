@@ -27,7 +27,7 @@ from yolokit.viz import draw_detections
 
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
 # these values, so the default run finishes in minutes on a laptop CPU.
-SHAPES_PRESET = {"epochs": 30, "imgsz": 256, "batch": 16, "close_mosaic": 5}
+SHAPES_PRESET = {"epochs": 30, "imgsz": 256, "batch": 16, "nbs": 16, "close_mosaic": 5}
 
 
 def _model_from(args: argparse.Namespace) -> torch.nn.Module:

@@ -54,3 +54,8 @@ def test_unknown_yaml_key_is_named(tmp_path):
         TrainConfig.from_yaml(path)
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         TrainConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+def test_dashed_aliases_of_underscored_flags():
+    c = parse(["--channels-last", "--close_mosaic", "3", "--warmup-epochs", "1.5"])
+    assert c.channels_last is True and c.close_mosaic == 3 and c.warmup_epochs == 1.5

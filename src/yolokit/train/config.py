@@ -151,12 +151,12 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     hints = get_type_hints(TrainConfig)
     for f in fields(TrainConfig):
         kind, is_bool = _flag_type(hints[f.name])
-        flag = f"--{f.name}"
+        flags = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
         if is_bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"(default: {f.default})")
         else:
-            parser.add_argument(flag, type=kind, default=None, help=f"(default: {f.default})")
+            parser.add_argument(*flags, dest=f.name, type=kind, default=None, help=f"(default: {f.default})")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
