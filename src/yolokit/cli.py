@@ -1,4 +1,4 @@
-"""The ``yolokit`` command: ``train``, ``val``, ``predict``, ``export`` and ``demo``.
+"""The ``yolokit`` command: ``train``, ``val``, ``predict``, ``export``, ``demo`` and ``bench``.
 
 Each subcommand is a function ``run_<name>(args)``; ``main`` only parses and dispatches.
 ``train`` flags are the ``TrainConfig`` field names.
@@ -27,7 +27,7 @@ from yolokit.viz import draw_detections
 
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
 # these values, so the default run finishes in minutes on a laptop CPU.
-SHAPES_PRESET = {"epochs": 30, "imgsz": 256, "batch": 16, "nbs": 16, "close_mosaic": 5}
+SHAPES_PRESET = {"epochs": 25, "imgsz": 256, "batch": 16, "nbs": 16, "warmup_epochs": 1.0, "close_mosaic": 5}
 
 
 def _model_from(args: argparse.Namespace) -> torch.nn.Module:
@@ -136,6 +136,13 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench(args: argparse.Namespace) -> int:
+    """Times yolokit against Ultralytics (when importable), case by case; see ``yolokit.bench``."""
+    from yolokit.bench import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="yolokit", description="YOLOv3 / YOLOv8 object detection.")
     parser.add_argument("--version", action="version", version=f"yolokit {yolokit.__version__}")
@@ -184,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="runs/demo", help="output folder")
     demo.set_defaults(func=run_demo)
+
+    from yolokit.bench import build_parser as bench_flags
+
+    bench = sub.add_parser("bench", help="time yolokit against Ultralytics (when installed), case by case",
+                           description="Each case times yolokit and the reference in turns and prints medians "
+                                       "and the ratio yolokit / reference. Install the reference with "
+                                       "pip install 'yolokit[bench]' in a separate environment.")
+    bench_flags(bench)
+    bench.set_defaults(func=run_bench)
     return parser
 
 

@@ -58,3 +58,16 @@ def test_four_micro_batches_equal_one_big_batch():
     assert steps == 1
     for a, b in zip(big.parameters(), acc_model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
+def test_reset_drops_pending_micro_steps():
+    from torch import nn
+
+    from yolokit.accel.accumulation import Accumulator
+
+    acc = Accumulator(64, 16)
+    with acc.micro_step(nn.Linear(1, 1)):
+        pass
+    assert acc.pending == 1 and not acc.should_step()
+    acc.reset()
+    assert acc.pending == 0 and acc.is_last is False

@@ -90,6 +90,10 @@ class Accumulator:
             yield
         self.count += 1
 
+    def reset(self) -> None:
+        """Forget pending micro-steps (after stepping them early, e.g. at the end of an epoch)."""
+        self.count = 0
+
     def should_step(self) -> bool:
         """True once every ``steps`` micro-steps; resets the count when it returns True."""
         if self.count >= self.steps:

@@ -12,6 +12,15 @@ from torch import Tensor, nn
 from yolokit.models.layers import C2f, DARKNET_STYLE, SPPF, V8_STYLE, Conv, DarknetResidual, MaxPoolSame
 
 
+def _last_three(x: Tensor, stages: nn.ModuleList) -> list[Tensor]:
+    """Runs the stages in turn and returns the outputs of the last three (strides 8, 16, 32)."""
+    outs = []
+    for stage in stages:
+        x = stage(x)
+        outs.append(x)
+    return outs[-3:]
+
+
 class Darknet53(nn.Module):
     """Darknet-53: a 3x3 stem, then five stages of (stride-2 conv, n residual units).
 
@@ -32,12 +41,7 @@ class Darknet53(nn.Module):
         self.strides = (8, 16, 32)
 
     def forward(self, x: Tensor) -> list[Tensor]:
-        x = self.stem(x)
-        outs = []
-        for stage in self.stages:
-            x = stage(x)
-            outs.append(x)
-        return outs[-3:]
+        return _last_three(self.stem(x), self.stages)
 
 
 class DarknetTiny(nn.Module):
@@ -94,9 +98,4 @@ class CSPDarknet(nn.Module):
         self.strides = (8, 16, 32)
 
     def forward(self, x: Tensor) -> list[Tensor]:
-        x = self.stem(x)
-        outs = []
-        for stage in self.stages:
-            x = stage(x)
-            outs.append(x)
-        return outs[-3:]
+        return _last_three(self.stem(x), self.stages)

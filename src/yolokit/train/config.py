@@ -15,6 +15,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from yolokit.data import AugmentConfig
 from yolokit.models import MODELS
 
 
@@ -47,20 +48,20 @@ class TrainConfig:
     box: float = 7.5
     cls: float = 0.5
     dfl: float = 1.5
-    # augmentation
+    # augmentation (defaults: yolokit.data.AugmentConfig, YOLOv8's values)
     close_mosaic: int = 10
-    hsv_h: float = 0.015
-    hsv_s: float = 0.7
-    hsv_v: float = 0.4
-    degrees: float = 0.0
-    translate: float = 0.1
-    scale: float = 0.5
-    shear: float = 0.0
-    perspective: float = 0.0
-    flipud: float = 0.0
-    fliplr: float = 0.5
-    mosaic: float = 1.0
-    mixup: float = 0.0
+    hsv_h: float = AugmentConfig.hsv_h
+    hsv_s: float = AugmentConfig.hsv_s
+    hsv_v: float = AugmentConfig.hsv_v
+    degrees: float = AugmentConfig.degrees
+    translate: float = AugmentConfig.translate
+    scale: float = AugmentConfig.scale
+    shear: float = AugmentConfig.shear
+    perspective: float = AugmentConfig.perspective
+    flipud: float = AugmentConfig.flipud
+    fliplr: float = AugmentConfig.fliplr
+    mosaic: float = AugmentConfig.mosaic
+    mixup: float = AugmentConfig.mixup
     # speed
     precision: str = "auto"
     checkpointing: str | None = None
@@ -129,6 +130,10 @@ class TrainConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a config file must hold a mapping of field names to values")
         return cls.from_dict({**data, **overrides})
+
+    def augment_config(self) -> AugmentConfig:
+        """The augmentation fields as the data pipeline takes them."""
+        return AugmentConfig(**{f.name: getattr(self, f.name) for f in fields(AugmentConfig)})
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

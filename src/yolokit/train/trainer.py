@@ -30,7 +30,7 @@ from yolokit.accel.accumulation import Accumulator
 from yolokit.accel.amp import Precision
 from yolokit.accel.batch_size import OOMGuard, find_batch_size
 from yolokit.accel.checkpointing import enable_activation_checkpointing
-from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, to_device
+from yolokit.data import DetectionDataset, build_dataloader, to_device
 from yolokit.losses import YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, create_model
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar, TensorBoardLogger
@@ -102,8 +102,7 @@ class Trainer:
         callbacks = self._callbacks(run_dir, main)
 
         # --- data --------------------------------------------------------------------------
-        hyp = AugmentConfig(**{k: getattr(cfg, k) for k in asdict(AugmentConfig())})
-        train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=hyp,
+        train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment_config(),
                                      cache_images=cfg.cache)
         val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache)
         names = list(train_set.names.values()) if isinstance(train_set.names, dict) else list(train_set.names)
@@ -140,7 +139,7 @@ class Trainer:
         schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, iters, cfg.warmup_epochs, cfg.warmup_momentum,
                               cfg.warmup_bias_lr, momentum, cfg.cos_lr)
 
-        start_epoch, best, stale, rows = 0, -1.0, 0, []
+        start_epoch, best, stale = 0, -1.0, 0
         if resume is not None:
             start_epoch, best, stale = self._restore(resume, model, ema, optimizer, precision, guard)
         if main:
@@ -191,7 +190,7 @@ class Trainer:
                     for cb in callbacks:
                         cb.on_batch_end(parts, len(images), _memory_gb(device))
                 if accumulator.pending:                       # epochs are self-contained: flush
-                    accumulator.count = 0
+                    accumulator.reset()
                     self._step(precision, optimizer, model, ema)
                 losses = {f"train/{k}": distributed.all_reduce_mean(v / max(iters, 1)) for k, v in sums.items()}
 
@@ -208,7 +207,6 @@ class Trainer:
                 best, stale = (score, 0) if improved else (best, stale + int(evaluated))
                 row = {"epoch": epoch + 1, **losses, **result.as_dict(), "fitness": score,
                        "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - started}
-                rows.append(row)
                 if main:
                     state = self._state(epoch + 1, cfg, model, ema, optimizer, precision, guard, best, stale, row)
                     atomic_save(state, run_dir / "weights" / "last.pt")
