@@ -18,7 +18,8 @@ ALLOWED = {
     "interop": {"ops", "models"},
     "train": {"ops", "models", "losses", "data", "accel", "interop", "viz"},
     "viz": {"ops"},
-    "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", ""},
+    "bench": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", ""},
+    "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", "bench", ""},
     "__init__": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz"},
 }
 # Third-party modules each part may import (the standard library is always allowed).
