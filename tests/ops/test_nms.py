@@ -76,3 +76,22 @@ def test_detections_numpy_and_repr():
     assert arr.boxes.tolist() == [[1, 2, 3, 4]] and len(arr) == 1
     text = repr(det)
     assert "n=1" in text and "label=2" in text and "score=0.500" in text
+
+
+@pytest.mark.parametrize("iou", [0.3, 0.7])
+def test_many_candidates_keep_what_one_full_nms_keeps(iou):
+    """With far more candidates than max_det, NMS over the best ones (grown as needed) keeps
+    exactly the best max_det boxes of one NMS over all candidates."""
+    from torchvision.ops import batched_nms
+
+    g = torch.Generator().manual_seed(1)
+    n = 3000
+    xy = torch.rand(n, 2, generator=g) * 600
+    boxes = torch.cat((xy, xy + torch.rand(n, 2, generator=g) * 120 + 2), 1)
+    scores = torch.rand(n, 4, generator=g)
+    for max_det in (10, 300, 5000):
+        (det,) = non_max_suppression(torch.cat((boxes, scores), 1)[None], conf=0.01, iou=iou, max_det=max_det)
+        best, label = scores.max(1)
+        full = batched_nms(boxes.double(), best.double(), label, iou)[:max_det]
+        assert det.scores.tolist() == pytest.approx(best[full].tolist())
+        assert torch.equal(det.labels, label[full]) and torch.equal(det.boxes, boxes[full])

@@ -102,6 +102,28 @@ def non_max_suppression(
             top = score.topk(max_candidates).indices
             boxes, score, label = boxes[top], score[top], label[top]
         groups = torch.zeros_like(label) if agnostic else label
-        keep = batched_nms(boxes, score, groups, iou)[:max_det]
+        keep = _best_kept(boxes, score, groups, iou, max_det)
         results.append(Detections(boxes[keep], score[keep], label[keep].long()))
     return results
+
+
+def _best_kept(boxes: Tensor, scores: Tensor, groups: Tensor, iou: float, max_det: int) -> Tensor:
+    """Indices of the ``max_det`` best boxes greedy NMS keeps, best first.
+
+    Greedy NMS decides about a box from the higher-scoring boxes only, so NMS over the
+    ``m`` best candidates keeps exactly the first boxes that NMS over all of them keeps.
+    Starting from ``m = 2 * max_det`` and growing it until ``max_det`` boxes are kept
+    gives the same result as one NMS over every candidate, at a fraction of its
+    quadratic cost when the candidates are many (low ``conf``).
+    """
+    n = scores.numel()
+    m = min(n, 2 * max_det)
+    if m == n:
+        return batched_nms(boxes, scores, groups, iou)[:max_det]
+    order = scores.argsort(descending=True)
+    while True:
+        best = order[:m]
+        keep = batched_nms(boxes[best], scores[best], groups[best], iou)
+        if len(keep) >= max_det or m == n:
+            return best[keep[:max_det]]
+        m = min(n, 4 * m)
