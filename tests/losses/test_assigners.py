@@ -214,3 +214,28 @@ def test_anchor_matcher_clamps_border_centres():
     targets = torch.tensor([[0, 0, 236, 236, 276, 276], [0, 0, -30, -30, 10, 10.0]])
     m = matcher(targets, [(16, 16), (8, 8)])
     assert m.cell_x.tolist() == [15, 0] and m.cell_y.tolist() == [15, 0]
+
+
+def test_point_targets_is_the_sparse_form_of_forward():
+    gen = torch.Generator().manual_seed(7)
+    b, p, c, g = 3, 64, 4, 5
+    points = torch.stack(torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="xy"), -1).reshape(-1, 2) * 4 + 2
+    logits = torch.randn(b, p, c, generator=gen) * 2
+    xy = torch.rand(b, p, 2, generator=gen) * 24
+    boxes = torch.cat([xy, xy + 4 + torch.rand(b, p, 2, generator=gen) * 8], -1)
+    gxy = torch.rand(b, g, 2, generator=gen) * 20
+    gts = torch.cat([gxy, gxy + 6 + torch.rand(b, g, 2, generator=gen) * 10], -1)
+    labels = torch.randint(0, c, (b, g), generator=gen)
+    mask = torch.rand(b, g, generator=gen) > 0.3
+    tal = TaskAlignedAssigner(topk=4)
+    dense = tal(logits.sigmoid(), boxes, points, labels, gts, mask)
+    for sparse in (tal.point_targets(logits.sigmoid(), boxes, points, labels, gts, mask),
+                   tal.point_targets(logits.transpose(1, 2).contiguous().transpose(1, 2), boxes, points, labels, gts,
+                                     mask, logits=True)):
+        assert dense.foreground.any()
+        assert torch.equal(sparse.foreground, dense.foreground) and torch.equal(sparse.gt_index, dense.gt_index)
+        torch.testing.assert_close(sparse.boxes, dense.boxes)
+        torch.testing.assert_close(sparse.weights, dense.scores.sum(-1))
+        fg = sparse.foreground
+        assert torch.equal(sparse.labels[fg], labels.gather(1, sparse.gt_index)[fg])
+        assert (sparse.weights[~fg] == 0).all()

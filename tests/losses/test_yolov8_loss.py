@@ -179,3 +179,26 @@ def test_channels_last_maps_give_the_same_loss():
     ref, _ = loss(maps, targets)
     total, _ = loss([m.to(memory_format=torch.channels_last) for m in maps], targets)
     torch.testing.assert_close(total, ref)
+
+
+def test_class_term_is_dense_bce_against_the_assigners_soft_targets():
+    """The class term (summed softplus minus the sparse target term) equals BCE-with-logits
+    summed against the dense targets of TaskAlignedAssigner.forward."""
+    import torch.nn.functional as F
+
+    from yolokit.losses import pad_targets
+
+    gen = torch.Generator().manual_seed(6)
+    maps = _random_maps(gen, b=2, size=64)
+    targets = _random_targets(gen, 2, 4, 64, 3, min_wh=10)
+    loss = YOLOv8Loss(3, STRIDES)
+    _, parts = loss(maps, targets)
+    with torch.no_grad():
+        flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
+        points, strides = grid_points([m.shape[-2:] for m in maps], STRIDES)
+        dist = flat[..., :64].reshape(2, -1, 4, 16).softmax(-1) @ torch.arange(16.0)
+        boxes = dist_to_box(dist * strides[:, None], points)
+        assigned = loss.assigner(flat[..., 64:].sigmoid(), boxes, points, *pad_targets(targets, 2))
+    bce = F.binary_cross_entropy_with_logits(flat[..., 64:], assigned.scores, reduction="sum")
+    expected = bce / assigned.scores.sum().clamp(min=1) * loss.gains["cls"]
+    torch.testing.assert_close(parts["cls"], expected, rtol=1e-5, atol=1e-6)

@@ -87,6 +87,25 @@ class TaskAlignment(NamedTuple):
     gt_index: Tensor
 
 
+class PointTargets(NamedTuple):
+    """``TaskAlignment`` without the dense Tensor[B, P, C] of soft class targets.
+
+    Attributes:
+        boxes: Tensor[B, P, 4] xyxy box of the point's GT (meaningful where ``foreground``).
+        labels: Tensor[B, P] int64 class of the point's GT (meaningful where ``foreground``).
+        weights: Tensor[B, P] the soft class target on that class: the normalized alignment
+            at foreground points, 0 elsewhere (``TaskAlignment.scores`` summed over classes).
+        foreground: Tensor[B, P] bool, True at points assigned to a GT.
+        gt_index: Tensor[B, P] int64 index of the point's GT in [0, G) (0 at background).
+    """
+
+    boxes: Tensor
+    labels: Tensor
+    weights: Tensor
+    foreground: Tensor
+    gt_index: Tensor
+
+
 class TaskAlignedAssigner(nn.Module):
     """YOLOv8's task-aligned assigner (TOOD, Feng et al. 2021), over padded batches.
 
@@ -138,18 +157,49 @@ class TaskAlignedAssigner(nn.Module):
         Returns:
             ``TaskAlignment`` (float32 boxes and scores).
         """
+        t = self.point_targets(pred_scores, pred_boxes, points, gt_labels, gt_boxes, gt_mask)
         b, p, c = pred_scores.shape
+        scores = t.weights.new_zeros(b, p, c).scatter_(-1, t.labels[..., None], t.weights[..., None])
+        return TaskAlignment(t.boxes, scores, t.foreground, t.gt_index)
+
+    @torch.no_grad()
+    def point_targets(
+        self,
+        pred_scores: Tensor,
+        pred_boxes: Tensor,
+        points: Tensor,
+        gt_labels: Tensor,
+        gt_boxes: Tensor,
+        gt_mask: Tensor,
+        *,
+        logits: bool = False,
+    ) -> PointTargets:
+        """The assignment of ``forward`` in sparse form, without the dense class targets.
+
+        Args:
+            pred_scores: Tensor[B, P, C] class probabilities, or class logits with
+                ``logits=True`` (any strides: only the scores of candidate pairs are read,
+                and with logits only they go through the sigmoid).
+            pred_boxes, points, gt_labels, gt_boxes, gt_mask: as in ``forward``.
+            logits: ``pred_scores`` holds logits.
+
+        Returns:
+            ``PointTargets`` (float32 boxes and weights).
+        """
+        b, p, _ = pred_scores.shape
         g = gt_boxes.shape[1]
-        pred_scores, pred_boxes, gt_boxes = pred_scores.float(), pred_boxes.float(), gt_boxes.float()
+        device = pred_scores.device
+        pred_boxes, gt_boxes = pred_boxes.float(), gt_boxes.float()
         if g == 0:
-            return TaskAlignment(
+            return PointTargets(
                 pred_boxes.new_zeros(b, p, 4),
-                pred_scores.new_zeros(b, p, c),
-                torch.zeros(b, p, dtype=torch.bool, device=pred_scores.device),
-                torch.zeros(b, p, dtype=torch.long, device=pred_scores.device),
+                torch.zeros(b, p, dtype=torch.long, device=device),
+                pred_boxes.new_zeros(b, p),
+                torch.zeros(b, p, dtype=torch.bool, device=device),
+                torch.zeros(b, p, dtype=torch.long, device=device),
             )
         candidates = self._inside(points.float(), gt_boxes) & gt_mask.bool()[:, :, None]  # [B, G, P]
-        overlaps, align = self._alignment(pred_scores, pred_boxes, gt_labels, gt_boxes, candidates)
+        overlaps, align = self._alignment(pred_scores, pred_boxes, gt_labels, gt_boxes, candidates, logits)
 
         k = min(self.topk, p)
         top = align.masked_fill(~candidates, -1.0).topk(k, dim=-1).indices  # [B, G, k]
@@ -169,8 +219,7 @@ class TaskAlignedAssigner(nn.Module):
 
         labels = gt_labels.long().gather(1, gt_index)
         boxes = gt_boxes.gather(1, gt_index[..., None].expand(b, p, 4))
-        scores = pred_scores.new_zeros(b, p, c).scatter_(-1, labels[..., None], (norm * foreground)[..., None])
-        return TaskAlignment(boxes, scores, foreground, gt_index)
+        return PointTargets(boxes, labels, norm * foreground, foreground, gt_index)
 
     def _inside(self, points: Tensor, gt_boxes: Tensor) -> Tensor:
         """Tensor[B, G, P] bool: point strictly inside the box (by more than eps)."""
@@ -180,13 +229,16 @@ class TaskAlignedAssigner(nn.Module):
         return (x > x1 + eps) & (y > y1 + eps) & (x < x2 - eps) & (y < y2 - eps)
 
     def _alignment(
-        self, pred_scores: Tensor, pred_boxes: Tensor, gt_labels: Tensor, gt_boxes: Tensor, candidates: Tensor
+        self, pred_scores: Tensor, pred_boxes: Tensor, gt_labels: Tensor, gt_boxes: Tensor, candidates: Tensor,
+        logits: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """(u, t): Tensor[B, G, P] clamped CIoU and alignment metric, 0 off the candidates."""
         b, g, p = candidates.shape
         bi, gi, pi = candidates.nonzero(as_tuple=True)  # work only on the candidates
         u = ciou(pred_boxes[bi, pi], gt_boxes[bi, gi]).clamp(min=0)
-        s = pred_scores[bi, pi, gt_labels.long()[bi, gi]]  # score of the GT's class
+        s = pred_scores[bi, pi, gt_labels.long()[bi, gi]].float()  # score of the GT's class
+        if logits:
+            s = s.sigmoid()
         overlaps = pred_boxes.new_zeros(b, g, p)
         overlaps[bi, gi, pi] = u
         align = pred_boxes.new_zeros(b, g, p)

@@ -118,21 +118,23 @@ class YOLOv8Loss(nn.Module):
         bins = torch.arange(r, dtype=torch.float32, device=device)
 
         with torch.no_grad():  # the assigner sees every point; gradients flow only where it assigns
-            dist = (box_logits.softmax(2) * bins[:, None]).sum(2).transpose(1, 2)  # [B, P, 4] strides
+            dist = torch.matmul(bins, box_logits.softmax(2)).transpose(1, 2)  # [B, P, 4] strides
             pred_boxes = dist_to_box(dist * point_strides[:, None], points)
             gt = pad_targets(targets.to(device), b)
-            assigned = self.assigner(cls_logits.sigmoid().transpose(1, 2), pred_boxes, points, *gt)
-        score_sum = assigned.scores.sum().clamp(min=1.0)
-        cls = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores.transpose(1, 2), reduction="sum")
-        cls = cls / score_sum
-
+            assigned = self.assigner.point_targets(cls_logits.transpose(1, 2), pred_boxes, points, *gt, logits=True)
+        score_sum = assigned.weights.sum().clamp(min=1.0)
         fg_image, fg_point = assigned.foreground.nonzero(as_tuple=True)
+        weight = assigned.weights[fg_image, fg_point]  # [N]
+        # BCE-with-logits summed over every point and class against targets that are `weight`
+        # on the GT class of foreground points and 0 elsewhere: sum softplus(x) - sum x * target.
+        fg_cls_logits = cls_logits[fg_image, assigned.labels[fg_image, fg_point], fg_point]
+        cls = (F.softplus(cls_logits).sum() - (fg_cls_logits * weight).sum()) / score_sum
+
         fg_logits = box_logits[fg_image, :, :, fg_point]  # [N, 4, R]
         fg_stride = point_strides[fg_point, None]
         fg_points = points[fg_point]
         pred = dist_to_box((fg_logits.softmax(-1) @ bins) * fg_stride, fg_points)  # [N, 4] pixels
         target = assigned.boxes[fg_image, fg_point]
-        weight = assigned.scores[fg_image, fg_point].sum(-1)  # [N]
         box = ((1.0 - ciou(pred, target)) * weight).sum() / score_sum
         target_dist = box_to_dist(target / fg_stride, fg_points / fg_stride, max_dist=r - 1 - 0.01)
         dfl = (distribution_focal_loss(fg_logits, target_dist) * weight).sum() / score_sum
