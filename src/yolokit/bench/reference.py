@@ -60,17 +60,28 @@ def batch_of(images: Tensor, targets: Tensor) -> dict[str, Tensor]:
             "bboxes": cxcywh / scale}
 
 
-def train_step(name: str, images: Tensor, targets: Tensor, device: torch.device | str = "cpu") -> Callable[[], Any]:
-    """One step of their trainer: forward + loss, backward, clip at 10, SGD step, zero grad (no EMA)."""
+def train_step(name: str, images: Tensor, targets: Tensor, device: torch.device | str = "cpu", *,
+               dtype: torch.dtype | None = None, channels_last: bool = False) -> Callable[[], Any]:
+    """One step of their trainer: forward + loss (under autocast to ``dtype`` when given),
+    backward (loss-scaled for float16, as their AMP does), unscale, clip at 10, SGD step,
+    zero grad (no EMA)."""
+    device = torch.device(device)
     m = model(name).to(device).train()
     batch = {k: v.to(device) for k, v in batch_of(images, targets).items()}
+    if channels_last:
+        m = m.to(memory_format=torch.channels_last)
+        batch["img"] = batch["img"].contiguous(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(parameter_groups(m, 5e-4), lr=0.01, momentum=0.937, nesterov=True)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
     def step() -> None:
-        loss, _ = m.loss(batch)
-        loss.sum().backward()
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss, _ = m.loss(batch)
+        scaler.scale(loss.sum()).backward()
+        scaler.unscale_(optimizer)
         nn.utils.clip_grad_norm_(m.parameters(), max_norm=10.0)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad()
 
     return step
