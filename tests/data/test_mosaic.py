@@ -89,3 +89,23 @@ def test_mixup_blends_and_keeps_both_box_sets():
     assert len(np.unique(image)) == 1
     np.testing.assert_array_equal(boxes, np.concatenate([a[1], b[1]]))
     assert classes.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lazy_canvas_paints_the_same_pixels(seed):
+    from yolokit.data import mosaic4_canvas
+
+    samples = _four_samples(48)
+    canvas, boxes, classes = mosaic4(samples, 48, np.random.default_rng(seed))
+    lazy, lazy_boxes, lazy_classes = mosaic4_canvas(samples, 48, np.random.default_rng(seed))
+    np.testing.assert_array_equal(np.asarray(lazy), canvas)
+    np.testing.assert_array_equal(lazy_boxes, boxes)
+    np.testing.assert_array_equal(lazy_classes, classes)
+    for rows, cols in ((slice(0, 96), slice(0, 96)), (slice(10, 70), slice(33, 34)), (slice(40, 40), slice(0, 5)),
+                       (slice(50, 200), slice(-20, None))):
+        np.testing.assert_array_equal(lazy[rows, cols], canvas[rows, cols])
+    # the affine reads only what it needs: same output from the lazy and the painted canvas
+    a = random_affine(canvas, boxes, classes, np.random.default_rng(seed), out_shape=(48, 48))
+    b = random_affine(lazy, boxes, classes, np.random.default_rng(seed), out_shape=(48, 48))
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)

@@ -18,7 +18,7 @@ from yolokit.data.loader import (
     collate_uint8,
     to_device,
 )
-from yolokit.data.mosaic import mixup, mosaic4
+from yolokit.data.mosaic import MosaicCanvas, mixup, mosaic4, mosaic4_canvas
 from yolokit.data.shapes import SHAPE_NAMES, make_shapes
 from yolokit.data.sources import (
     DatasetError,
@@ -45,7 +45,7 @@ __all__ = [
     "DetectionDataset", "DetectionLoader", "ImageError", "Problem", "SHAPE_NAMES", "SplitIndex",
     "augment_hsv", "build_dataloader", "coco_index", "collate", "collate_uint8", "flip_lr",
     "flip_ud",
-    "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4",
+    "MosaicCanvas", "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4", "mosaic4_canvas",
     "random_affine", "random_flip", "read_data_yaml", "read_image", "scale_boxes", "to_device",
     "transform_boxes", "verify_image", "yolo_index",
 ]

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from yolokit.data.albu import Albumentations
 from yolokit.data.images import ImageError, read_image
-from yolokit.data.mosaic import mixup, mosaic4
+from yolokit.data.mosaic import mixup, mosaic4_canvas
 from yolokit.data.sources import DatasetError, load_split
 from yolokit.data.transforms import (
     AugmentConfig,
@@ -310,7 +310,7 @@ class DetectionDataset(Dataset):
             samples = [(image, boxes, classes)]
             for j in self._partners(rng):
                 samples.append(self._load_any(j)[:3])
-            canvas, boxes, classes = mosaic4(samples, s, rng)
+            canvas, boxes, classes = mosaic4_canvas(samples, s, rng)  # painted where the affine reads
             image, boxes, classes = random_affine(canvas, boxes, classes, rng,
                                                   out_shape=(s, s), **affine)
             return image, boxes, classes, (ratio, (0.0, 0.0)), i

@@ -33,19 +33,61 @@ def mosaic4(samples: list[Sample], size: int, rng: np.random.Generator, *,
     Returns:
         canvas [2*size, 2*size, 3], boxes [G, 4] in canvas pixels, classes [G].
     """
+    canvas, boxes, classes = mosaic4_canvas(samples, size, rng, pad_value=pad_value)
+    return np.asarray(canvas), boxes, classes
+
+
+class MosaicCanvas:
+    """A Mosaic canvas that paints only the regions that are read from it.
+
+    Indexing with two slices (``canvas[y0:y1, x0:x1]``) returns that region as a new
+    uint8 array, equal to the same region of the painted canvas; ``np.asarray`` paints
+    it all. ``random_affine`` reads only the part of its input that lands in its output,
+    so after a zoom-in most of the canvas is never painted.
+    """
+
+    def __init__(self, side: int, tiles: list[tuple[np.ndarray, int, int, int, int, int, int]], pad_value: int):
+        self.shape = (side, side, 3)
+        self.dtype = np.dtype(np.uint8)
+        self.ndim = 3
+        self._tiles, self._pad = tiles, pad_value
+
+    def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
+        rows, cols = key
+        y0, y1, _ = rows.indices(self.shape[0])
+        x0, x1, _ = cols.indices(self.shape[1])
+        out = np.full((max(y1 - y0, 0), max(x1 - x0, 0), 3), self._pad, np.uint8)
+        for image, x1t, y1t, x2t, y2t, sx, sy in self._tiles:  # tile placed at [y1t:y2t, x1t:x2t]
+            a, b = max(x0, x1t), min(x1, x2t)
+            c, d = max(y0, y1t), min(y1, y2t)
+            if a < b and c < d:
+                out[c - y0:d - y0, a - x0:b - x0] = image[sy + c - y1t:sy + d - y1t, sx + a - x1t:sx + b - x1t]
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        full = self[0:self.shape[0], 0:self.shape[1]]
+        return full if dtype is None else full.astype(dtype)
+
+
+def mosaic4_canvas(samples: list[Sample], size: int, rng: np.random.Generator, *,
+                   pad_value: int = PAD_VALUE) -> tuple[MosaicCanvas, np.ndarray, np.ndarray]:
+    """``mosaic4`` with the canvas as a ``MosaicCanvas``, painted only where it is read.
+
+    Draws the same centre from ``rng`` and returns the same boxes and classes as
+    ``mosaic4``; ``np.asarray`` of the canvas is ``mosaic4``'s canvas.
+    """
     if len(samples) != 4:
         raise ValueError(f"mosaic4 needs 4 samples, got {len(samples)}")
     s2 = 2 * size
     xc, yc = (int(v) for v in rng.integers(size // 2, size + size // 2, 2))
-    canvas = np.full((s2, s2, 3), pad_value, np.uint8)
-    all_boxes, all_classes = [], []
+    tiles, all_boxes, all_classes = [], [], []
     for k, (image, boxes, classes) in enumerate(samples):
         h, w = image.shape[:2]
         x1, x2 = (max(xc - w, 0), xc) if k in (0, 2) else (xc, min(xc + w, s2))
         y1, y2 = (max(yc - h, 0), yc) if k in (0, 1) else (yc, min(yc + h, s2))
         sx = w - (x2 - x1) if k in (0, 2) else 0  # source offset of the shown part
         sy = h - (y2 - y1) if k in (0, 1) else 0
-        canvas[y1:y2, x1:x2] = image[sy:sy + y2 - y1, sx:sx + x2 - x1]
+        tiles.append((image, x1, y1, x2, y2, sx, sy))
         if len(boxes):
             b = boxes + np.array([x1 - sx, y1 - sy, x1 - sx, y1 - sy], np.float32)
             b[:, [0, 2]] = b[:, [0, 2]].clip(x1, x2)
@@ -55,7 +97,7 @@ def mosaic4(samples: list[Sample], size: int, rng: np.random.Generator, *,
             all_classes.append(np.asarray(classes)[keep])
     boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4), np.float32)
     classes = np.concatenate(all_classes) if all_classes else np.zeros(0, np.int64)
-    return canvas, boxes.astype(np.float32), classes.astype(np.int64)
+    return MosaicCanvas(s2, tiles, pad_value), boxes.astype(np.float32), classes.astype(np.int64)
 
 
 def mixup(a: Sample, b: Sample, rng: np.random.Generator) -> Sample:

@@ -194,7 +194,8 @@ def random_affine(
     """Random rotation, scale, shear, translation and perspective.
 
     Args:
-        image: [h, w, 3].
+        image: [h, w, 3], or a Mosaic canvas that paints on demand (`MosaicCanvas`): a
+            pure scale + translation then reads only the part that lands in the output.
         boxes: [G, 4] xyxy pixels; classes: [G].
         rng: source of randomness.
         out_shape: output `(H, W)`; default the input size (Mosaic passes half its canvas).
@@ -213,9 +214,9 @@ def random_affine(
     if m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0:
         image, m = _resize_and_paste(image, m, out_shape, pad_value)  # 3x faster than a warp
     elif perspective:
-        image = cv2.warpPerspective(image, m, dsize, borderValue=border)
+        image = cv2.warpPerspective(np.asarray(image), m, dsize, borderValue=border)
     else:
-        image = cv2.warpAffine(image, m[:2], dsize, borderValue=border)
+        image = cv2.warpAffine(np.asarray(image), m[:2], dsize, borderValue=border)
     new = transform_boxes(boxes, m)
     new[:, [0, 2]] = new[:, [0, 2]].clip(0, out_shape[1])
     new[:, [1, 3]] = new[:, [1, 3]].clip(0, out_shape[0])
