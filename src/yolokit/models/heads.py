@@ -39,7 +39,7 @@ class DFL(nn.Module):
         """Tensor[B, 4 * reg_max, P] -> expected distances Tensor[B, P, 4] in bin (stride) units."""
         b, _, p = logits.shape
         probs = logits.view(b, 4, self.reg_max, p).softmax(2)
-        return torch.einsum("bsrp,r->bps", probs, self.conv.weight.view(-1).to(probs.dtype))
+        return torch.matmul(self.conv.weight.view(-1).to(probs.dtype), probs).transpose(1, 2)  # no permuted copy
 
 
 class DFLHead(nn.Module):
