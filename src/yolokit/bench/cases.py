@@ -83,10 +83,14 @@ def _ref():
 # ------------------------------------------------------------------ train step
 
 
-def _our_train_step(name: str, images: Tensor, targets: Tensor) -> Callable[[], None]:
-    """The trainer's step: forward + loss, backward of loss * batch, clip at 10, SGD step, zero grad (no EMA)."""
+def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: bool = False) -> Callable[[], None]:
+    """The trainer's step: forward + loss, backward of loss * batch, clip at 10, SGD step, zero grad (no EMA);
+    with ``channels_last`` as ``TrainConfig.channels_last`` sets it up."""
     config = TrainConfig()
     model = yolokit.create_model(name, num_classes=80).train()
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
     criterion = build_loss(model, config)
     optimizer = build_optimizer(model, "sgd", config.lr0, config.momentum, config.weight_decay)
     precision = Precision("fp32", "cpu")
@@ -118,6 +122,10 @@ def train_step(s: Settings) -> list[Row]:
                 notes.append(ref.NOTES[name] + "; yolokit's is Darknet's anchor head with YOLOv3Loss")
             notes.append("the reference loss is multiplied by the batch size (irrelevant to timing)")
         rows.append(Row(name, _our_train_step(name, images, targets), theirs, memory=True, notes=notes))
+    theirs = _ref().train_step("yolov8n", images, targets, channels_last=True) if s.reference else None
+    rows.append(Row("yolov8n, channels_last on both sides", _our_train_step("yolov8n", images, targets, True), theirs,
+                    notes=["yolokit: TrainConfig.channels_last=True (model and images NHWC); reference: its model "
+                           "and images converted the same way (its trainer has no such switch)"]))
     return rows
 
 
@@ -143,7 +151,7 @@ def inference(s: Settings) -> list[Row]:
             theirs = lambda forward=forward: forward(x)  # noqa: E731
         notes = [f"yolov8n, batch 1, {size} px, fp32, inference_mode; forward + box decode on both sides "
                  "(their eval forward decodes in the head)"] if not fuse else []
-        rows.append(Row(f"yolov8n {'fused' if fuse else 'unfused'}", ours, theirs, inner=2, memory=True,
+        rows.append(Row(f"yolov8n {'fused' if fuse else 'unfused'}", ours, theirs, inner=5, memory=True,
                         notes=notes))
     return rows
 
