@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -83,7 +84,18 @@ def _header(reference: str | None) -> list[str]:
                          "yolokit numbers only"),
         "ratio = yolokit / reference time per call (per image for img/s): below 1.0 yolokit is faster; "
         "runs alternate A B A B, values are medians",
-    ]
+    ] + _busy_warning()
+
+
+def _busy_warning() -> list[str]:
+    """A warning when other processes already keep the CPUs busy (load average above a quarter of them)."""
+    if not hasattr(os, "getloadavg"):
+        return []
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= 0.25 * cpus:
+        return []
+    return [f"warning: load average {load:.2f} on {cpus} CPUs before starting: other processes compete for the "
+            "CPUs, so timings are slower and noisier (both sides alike, as runs alternate)"]
 
 
 def _peaks(row: Row) -> tuple[float | None, float | None]:
@@ -125,7 +137,8 @@ def run(cases: Sequence[str] | None = None, *, quick: bool = False, reference: b
     results, pending = [], []
     for name in names:
         case = CASES[name]
-        say(f"\n== {name}: {case.title} ==")
+        load = f" (load average {os.getloadavg()[0]:.2f})" if hasattr(os, "getloadavg") else ""
+        say(f"\n== {name}: {case.title} =={load}")
         say(f"  {'':<44}{'yolokit':>16}{'reference':>16}{'ratio':>7}")
         torch.manual_seed(0)
         for row in case.build(s):
