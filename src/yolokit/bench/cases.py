@@ -243,7 +243,9 @@ def data_pipeline(s: Settings) -> list[Row]:
         theirs, _ = _ref().data_loader(yaml, imgsz=imgsz, batch=batch, workers=workers)
     notes = [f"shapes set at {imgsz} px ({(count + warmup) * batch} images), batch {batch}, {workers} workers, "
              f"Mosaic on, YOLOv8 default augmentation; {count} batches counted after {warmup}, fresh workers per run",
-             "uint8 batches (what the trainer uses; the reference's are uint8 too); ratio = time per image"]
+             "uint8 batches (what the trainer uses; the reference's are uint8 too); ratio = time per image",
+             "the reference also applies its default albumentations (blur, median blur, gray, CLAHE at p=0.01 each) "
+             "and prefetches 4 batches per worker (yolokit 2)"]
 
     def timed(run: Callable[[int, int], Timed]) -> Callable[[], Timed]:
         return lambda: run(count, warmup)
