@@ -59,3 +59,14 @@ def test_draw_grid_single_image(tmp_path):
     path = draw_grid([(np.full((100, 50, 3), 255, np.uint8), det)], [], tmp_path / "g.png")
     image = cv2.imread(str(path))
     assert image.shape == (256, 256, 3) and (image[:, :128] == 255).all() and (image[:, 200:] == 114).all()
+
+
+def test_draw_grid_hides_low_scores(tmp_path):
+    from yolokit.viz import class_colour
+
+    det = Detections(torch.tensor([[4.0, 4.0, 30.0, 30.0], [36.0, 36.0, 60.0, 60.0]]), torch.tensor([0.9, 0.01]),
+                     torch.tensor([0, 1]))
+    image = cv2.imread(str(draw_grid([(np.zeros((64, 64, 3), np.uint8), det)], ["a", "b"], tmp_path / "g.png",
+                                     tile=64)))[..., ::-1]
+    is_colour = lambda c: (np.abs(image.astype(int) - c).sum(-1) < 30)
+    assert is_colour(class_colour(0)).sum() > 20 and is_colour(class_colour(1)).sum() == 0

@@ -10,6 +10,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from yolokit.ops.nms import Detections
 from yolokit.viz import class_colour, draw_detections
 
 PANEL = (300, 400)  # height, width of one chart panel
@@ -94,11 +95,13 @@ def pr_curve_plot(recall: np.ndarray, precision: np.ndarray, names: Sequence[str
 
 
 def draw_grid(samples: Sequence[tuple[np.ndarray, Any]], names: Sequence[str], path: Path, *, columns: int = 4,
-              tile: int = 256) -> Path:
-    """Images with their drawn detections, resized into square tiles, in a grid (JPEG or PNG)."""
+              tile: int = 256, min_score: float = 0.25) -> Path:
+    """Images with their detections scoring at least ``min_score`` drawn, in square tiles of a grid."""
     tiles = []
     for image, detections in samples[:16]:
-        drawn = draw_detections(image, detections, names, thickness=2, font_scale=0.6)
+        keep = detections.scores >= min_score
+        shown = Detections(detections.boxes[keep], detections.scores[keep], detections.labels[keep])
+        drawn = draw_detections(image, shown, names, thickness=2, font_scale=0.6)
         h, w = drawn.shape[:2]
         r = tile / max(h, w)
         resized = cv2.resize(drawn, (max(1, round(w * r)), max(1, round(h * r))))
