@@ -17,53 +17,15 @@ batch contract, converted in the workers. `--uint8` also times yolokit with
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shlex
 import sys
 import time
 
 import numpy as np
-import torch
 
-
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
-
-
-def _versions(extra: dict[str, str]) -> str:
-    import cv2
-
-    parts = {"python": platform.python_version(), "torch": torch.__version__,
-             "numpy": np.__version__, "opencv": cv2.__version__, **extra}
-    return ", ".join(f"{k} {v}" for k, v in parts.items())
-
-
-def _cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its children (the loader workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    pids = ["self"]
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += f.read().split()
-        except OSError:
-            pass
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+from yolokit.bench.pipeline import cpu_seconds as _cpu_seconds
+from yolokit.bench.timing import machine as _machine
+from yolokit.bench.timing import versions as _versions
 
 
 def _time(loader, batches: int, warmup: int) -> tuple[float, float]:
