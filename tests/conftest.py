@@ -1,7 +1,13 @@
-"""Shared test settings: the `gpu` marker skips without CUDA; small thread count for 2-core machines."""
+"""Shared test settings: the `gpu` marker skips without CUDA; no test leaks distributed state."""
+
+import os
 
 import pytest
 import torch
+import torch.distributed as dist
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -16,3 +22,22 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_distributed_state():
+    """Torchrun variables and the default process group are as they were before the test.
+
+    ``accel.distributed.setup`` writes RANK / WORLD_SIZE / LOCAL_RANK itself; left behind,
+    they would make later tests believe they run as another rank. Being autouse in the root
+    conftest, this is torn down after any monkeypatch of the test.
+    """
+    saved = {k: os.environ.get(k) for k in TORCHRUN_VARS}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
