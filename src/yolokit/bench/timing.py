@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 
-# glibc mallopt parameter: a fixed mmap threshold, so that freed large blocks go back to
-# the system and the peak resident set of the next call starts from a clean base.
-_M_MMAP_THRESHOLD = -3
+# glibc mallopt parameters. While a peak is read, blocks of 64 KiB and more are mapped
+# and unmapped on their own, so freed memory goes back to the system and the peak of the
+# call starts from a clean base; afterwards the thresholds are set to the values glibc's
+# own adjustment reaches in a process that frees large blocks (32 / 64 MiB).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,9 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
     CUDA: ``torch.cuda.max_memory_allocated`` over the call minus what was allocated
     before it. CPU (Linux): the peak resident set (``VmHWM``, reset through
     ``/proc/self/clear_refs``) minus the resident set before the call, with glibc set to
-    return freed blocks of 64 KiB and more to the system (this slows allocation a little,
-    so call it after the timings). ``None`` where it cannot be read.
+    return freed blocks of 64 KiB and more to the system during the call (glibc's
+    thresholds stay fixed afterwards, so call it after the timings). ``None`` where it
+    cannot be read.
     """
     device = torch.device(device)
     gc.collect()
@@ -133,8 +136,13 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _status_bytes("VmRSS")
-    fn()
-    return max(0, _status_bytes("VmHWM") - before)
+    try:
+        fn()
+        return max(0, _status_bytes("VmHWM") - before)
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+            libc.mallopt(_M_TRIM_THRESHOLD, 64 * 2**20)
 
 
 def cpu_name() -> str:
