@@ -223,7 +223,8 @@ def write_their_checkpoint(path, variant: str = "yolov8n", nc: int = 80, *, trai
 @pytest.fixture(scope="session")
 def their():
     """The stand-in toolkit: ``their.model(...)``, ``their.write(path, ...)``, ``their.fake()``."""
-    return types.SimpleNamespace(model=their_model, write=write_their_checkpoint, fake=fake_ultralytics)
+    return types.SimpleNamespace(model=their_model, write=write_their_checkpoint, fake=fake_ultralytics,
+                                 randomize=_randomize)
 
 
 @pytest.fixture

@@ -16,23 +16,10 @@ import yolokit  # noqa: E402
 from yolokit.ops.boxes import box_convert  # noqa: E402
 
 
-def _their_model(variant: str, num_classes: int):
+def _their_model(variant: str, num_classes: int, randomize):
     from ultralytics.nn.tasks import DetectionModel
 
-    model = DetectionModel(f"{variant}.yaml", nc=num_classes, verbose=False)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            if not t.is_floating_point() or name.endswith("dfl.conv.weight"):
-                continue
-            noise = torch.randn(t.shape, generator=generator)
-            if name.endswith("running_var"):
-                t.copy_(0.5 + noise.abs() * 0.5)
-            elif t.ndim == 4:  # conv weights: keep their scale, so activations stay moderate
-                t.mul_(1 + 0.2 * noise)
-            else:
-                t.add_(0.1 * noise)
-    return model.eval()
+    return randomize(DetectionModel(f"{variant}.yaml", nc=num_classes, verbose=False), 0)
 
 
 def _save_like_their_trainer(model, path):
@@ -48,11 +35,11 @@ def _save_like_their_trainer(model, path):
 
 
 @pytest.mark.parametrize("variant,num_classes", [("yolov8n", 80), ("yolov8s", 3)])
-def test_raw_maps_equal_theirs_for_both_checkpoint_kinds(tmp_path, variant, num_classes):
+def test_raw_maps_equal_theirs_for_both_checkpoint_kinds(tmp_path, variant, num_classes, their):
     from ultralytics.nn.tasks import load_checkpoint
     from ultralytics.utils.torch_utils import strip_optimizer
 
-    model = _their_model(variant, num_classes)
+    model = _their_model(variant, num_classes, their.randomize)
     training, finished = tmp_path / "last.pt", tmp_path / "best.pt"
     _save_like_their_trainer(model, training)
     strip_optimizer(training, finished)
