@@ -55,12 +55,18 @@ class Conv(nn.Module):
         self.act = _activation(style.act)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused:  # no Identity call: a module call costs more than it does
+            return self.act(self.conv(x))
         return self.act(self.bn(self.conv(x)))
+
+    @property
+    def fused(self) -> bool:
+        return isinstance(self.bn, nn.Identity)
 
     @torch.no_grad()
     def fuse(self) -> None:
         """Folds ``bn`` into ``conv`` in place (idempotent)."""
-        if not isinstance(self.bn, nn.BatchNorm2d):
+        if self.fused:
             return
         conv, bn = self.conv, self.bn
         scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
