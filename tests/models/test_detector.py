@@ -24,6 +24,22 @@ def test_v8_decode_hand_case():
     assert out[0, 1 * 8 + 2, 5].item() == pytest.approx(0.8, abs=1e-6)
 
 
+@pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny"])
+def test_decode_grids_follow_size_changes_and_serve_autograd_after_inference_mode(name):
+    model = yolokit.create_model(name, num_classes=3).eval()
+    fresh = yolokit.create_model(name, num_classes=3).eval()
+    fresh.load_state_dict(model.state_dict())
+    with torch.inference_mode():
+        for size in (64, 96, 64):  # built, built anew, served from the cache
+            x = torch.rand(1, 3, size, size)
+            expected = fresh.decode(fresh(x))
+            fresh.head._grids.store.clear()  # the reference always rebuilds
+            torch.testing.assert_close(model.decode(model(x)), expected, rtol=0, atol=0)
+    maps = [m.detach().requires_grad_() for m in model(torch.rand(1, 3, 64, 64))]  # grids made under inference_mode
+    model.decode(maps).sum().backward()
+    assert all(m.grad is not None and torch.isfinite(m.grad).all() for m in maps)
+
+
 def test_v3_decode_hand_case():
     model = yolokit.create_model("yolov3-tiny", num_classes=1)
     maps = [torch.zeros(1, 18, 64 // s, 64 // s) for s in (16, 32)]

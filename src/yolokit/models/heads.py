@@ -13,12 +13,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from yolokit.models.layers import V8_STYLE, Conv
 from yolokit.ops.anchors import dist_to_box, grid_points
+
+
+class _GridCache:
+    """Grids that ``decode`` rebuilds only when the map sizes, dtype or device change.
+
+    Kept as plain attributes (not buffers, not in the state dict) and made outside
+    inference mode, so a grid first built under ``torch.inference_mode()`` still works in
+    an autograd pass later. Tracing and compiling (ONNX export, torch.compile) bypass it.
+    """
+
+    def __init__(self, size: int = 8):
+        self.size, self.store = size, {}
+
+    def get(self, key: tuple, make: Any) -> Any:
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():  # export/compile: grids stay in the graph
+            return make()
+        found = self.store.get(key)
+        if found is None:
+            with torch.inference_mode(False), torch.no_grad():
+                found = make()
+            if len(self.store) >= self.size:
+                self.store.clear()
+            self.store[key] = found
+        return found
 
 
 class DFL(nn.Module):
@@ -68,6 +93,7 @@ class DFLHead(nn.Module):
             for c in in_channels
         )
         self.dfl = DFL(reg_max)
+        self._grids = _GridCache()
         self.reset_bias()
 
     @torch.no_grad()
@@ -82,10 +108,15 @@ class DFLHead(nn.Module):
 
     def decode(self, maps: list[Tensor]) -> Tensor:
         """Raw maps -> Tensor[B, P, 4 + C]: xyxy pixels and sigmoid class scores."""
-        shapes = [tuple(m.shape[-2:]) for m in maps]
+        shapes = tuple(tuple(m.shape[-2:]) for m in maps)
         flat = torch.cat([m.flatten(2) for m in maps], dim=2)  # [B, 4R + C, P]
-        points, strides = grid_points(shapes, self.strides, dtype=flat.dtype, device=flat.device)
-        dist = self.dfl(flat[:, : 4 * self.reg_max]) * strides[:, None]
+
+        def make() -> tuple[Tensor, Tensor]:
+            points, strides = grid_points(shapes, self.strides, dtype=flat.dtype, device=flat.device)
+            return points, strides[:, None]
+
+        points, strides = self._grids.get((shapes, flat.dtype, flat.device), make)
+        dist = self.dfl(flat[:, : 4 * self.reg_max]) * strides
         boxes = dist_to_box(dist, points)
         scores = flat[:, 4 * self.reg_max :].sigmoid().transpose(1, 2)
         return torch.cat((boxes, scores), dim=2)
@@ -111,6 +142,7 @@ class AnchorHead(nn.Module):
         self.preds = nn.ModuleList(
             nn.Conv2d(c, len(a) * (5 + num_classes), 1) for c, a in zip(in_channels, self.anchors)
         )
+        self._grids = _GridCache()
         self.reset_bias()
 
     @torch.no_grad()
@@ -135,8 +167,9 @@ class AnchorHead(nn.Module):
         for m, s, a in zip(maps, self.strides, self.anchors):
             b, _, h, w = m.shape
             p = m.view(b, len(a), 5 + self.num_classes, h * w).transpose(2, 3)  # [B, A, HW, 5 + C]
-            cells, _ = grid_points([(h, w)], [1], offset=0.0, dtype=p.dtype, device=p.device)
-            wh_anchor = torch.tensor(a, dtype=p.dtype, device=p.device).view(1, len(a), 1, 2)
+            cells, wh_anchor = self._grids.get((h, w, a, p.dtype, p.device), lambda: (
+                grid_points([(h, w)], [1], offset=0.0, dtype=p.dtype, device=p.device)[0],
+                torch.tensor(a, dtype=p.dtype, device=p.device).view(1, len(a), 1, 2)))
             xy = (p[..., :2].sigmoid() + cells) * s
             wh = p[..., 2:4].exp() * wh_anchor
             scores = p[..., 4:5].sigmoid() * p[..., 5:].sigmoid()
