@@ -59,3 +59,4 @@ def test_unknown_yaml_key_is_named(tmp_path):
 def test_dashed_aliases_of_underscored_flags():
     c = parse(["--channels-last", "--close_mosaic", "3", "--warmup-epochs", "1.5"])
     assert c.channels_last is True and c.close_mosaic == 3 and c.warmup_epochs == 1.5
+    assert parse([]).channels_last is None and parse(["--no-channels-last"]).channels_last is False

@@ -26,8 +26,9 @@ def tiny(shapes, out, **kw):
 
 
 @pytest.mark.parametrize("model", ["yolov8n", "yolov3-tiny"])
-def test_two_epochs_write_the_run_folder(shapes, tmp_path, model):
+def test_two_epochs_write_the_run_folder(shapes, tmp_path, model, capsys):
     result = train(tiny(shapes, tmp_path / "run", model=model, plots=True))
+    assert "channels_last=on" in capsys.readouterr().out  # the CPU default
     run = tmp_path / "run"
     assert result["run_dir"] == str(run)
     rows = list(csv.DictReader((run / "results.csv").open()))
@@ -41,6 +42,7 @@ def test_two_epochs_write_the_run_folder(shapes, tmp_path, model):
     assert (run / "weights" / "best.pt").is_file()
     final = yolokit.load(run / "weights" / "model.pt")
     assert final.name == model and final.num_classes == 4
+    assert all(t.is_contiguous() for t in torch.load(run / "weights" / "model.pt", weights_only=True)["state_dict"].values())
     assert {p.name for p in run.iterdir()} >= {"losses.png", "metrics.png", "pr_curve.png", "val_predictions.jpg"}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -65,7 +66,7 @@ class TrainConfig:
     # speed
     precision: str = "auto"
     checkpointing: str | None = None
-    channels_last: bool = False
+    channels_last: bool | None = None  # None: on when training on the CPU (oneDNN's NHWC kernels), else off
     compile: bool = False
     device: str = "auto"
     devices: int = 1
@@ -142,7 +143,7 @@ class TrainConfig:
 def _flag_type(hint: Any) -> tuple[Any, bool]:
     """(argparse type, is_bool) for a field's type hint."""
     args = [a for a in get_args(hint) if a is not type(None)]
-    base = args[0] if get_origin(hint) is Union and len(args) == 1 else hint
+    base = args[0] if get_origin(hint) in (Union, types.UnionType) and len(args) == 1 else hint
     if base is bool:
         return None, True
     if base in (int, float):

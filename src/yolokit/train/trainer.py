@@ -115,7 +115,8 @@ class Trainer:
         criterion = build_loss(model, cfg)
         if cfg.checkpointing:
             enable_activation_checkpointing(model.checkpoint_units(cfg.checkpointing))
-        perf.prepare_model(model, channels_last=cfg.channels_last or None)
+        channels_last = cfg.channels_last if cfg.channels_last is not None else device.type == "cpu"
+        perf.prepare_model(model, channels_last=channels_last or None)
         if device.type == "cuda":
             perf.configure(cudnn_benchmark=not cfg.deterministic)
         precision = Precision(cfg.precision, device)
@@ -165,7 +166,7 @@ class Trainer:
                     schedule.apply(optimizer, epoch, epoch * iters + i)
                     data = to_device(data, device, non_blocking=True)
                     images = data["images"]
-                    if cfg.channels_last:
+                    if channels_last:
                         images = images.contiguous(memory_format=torch.channels_last)
                     micro = {"images": images, "targets": data["targets"]}
 

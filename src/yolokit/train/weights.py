@@ -59,7 +59,7 @@ def export_final(model: Detector, path: str | Path, names: list[str], train_conf
 
     ``yolokit.load(path)`` returns the ready model.
     """
-    state = {k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu()
+    state = {k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().contiguous()
              for k, v in model.state_dict().items()}
     return atomic_save({"format": FORMAT, "format_version": FORMAT_VERSION, "config": asdict(model.config),
                         "state_dict": state, "names": list(names), "train_config": train_config.to_dict()}, path)
