@@ -66,7 +66,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_val(args: argparse.Namespace) -> int:
     """COCO mAP of a model on a dataset split, with per-class AP."""
-    model = _model_from(args).eval()
+    model = _model_from(args).eval().fuse()
     dataset = DetectionDataset(args.data, args.split, imgsz=args.imgsz, rect=True, stride=max(model.strides))
     if len(dataset.names) != model.num_classes:
         raise ValueError(f"{args.data} has {len(dataset.names)} classes but the model has {model.num_classes}")
@@ -83,7 +83,7 @@ def run_val(args: argparse.Namespace) -> int:
 
 def run_predict(args: argparse.Namespace) -> int:
     """Predicts on files or folders and writes drawn images plus ``detections.json``."""
-    model = _model_from(args).eval()
+    model = _model_from(args).eval().fuse()
     images, names = load_images(args.source)
     detections = model.predict(images, conf=args.conf, iou=args.iou, max_det=args.max_det, imgsz=args.imgsz)
     arrays = [im.permute(1, 2, 0).numpy() for im in images]

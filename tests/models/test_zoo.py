@@ -103,8 +103,24 @@ def test_fuse_leaves_outputs_unchanged(name):
         model.fuse()
         after = model(x)
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size != (1, 1)]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in convs)
     for a, b in zip(before, after):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_fuse_layout_choice():
+    model = yolokit.create_model("yolov8n", num_classes=NC).eval().fuse(channels_last=False)
+    assert all(p.is_contiguous() for p in model.parameters())
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        plain = model(x)
+        model.fuse(channels_last=True)  # already fused: only the layout changes
+        for a, b in zip(plain, model(x)):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    with torch.device("meta"):
+        meta = yolokit.create_model("yolov8n", num_classes=NC).fuse()  # not the CPU: layout kept
+    assert meta.head.box[0][0].conv.weight.is_contiguous()
 
 
 @pytest.mark.parametrize("name", yolokit.list_models())

@@ -138,11 +138,24 @@ class Detector(nn.Module):
         batch = torch.stack([b for b, _ in boxed])
         return batch, [tuple(im.shape[-2:]) for im in images], [rp for _, rp in boxed]
 
-    def fuse(self) -> Detector:
-        """Folds every batch norm into its convolution for inference; outputs are unchanged."""
+    def fuse(self, channels_last: bool | None = None) -> Detector:
+        """Prepares the model for inference: folds every batch norm into its convolution.
+
+        Args:
+            channels_last: also lay the 4-d weights out channels_last (NHWC), so that
+                convolutions run in that layout whatever the input's. None (default): when
+                the weights are on the CPU, where oneDNN's NHWC kernels make a yolov8n
+                forward 25-30% faster here; other devices keep their layout.
+
+        Outputs equal the unfused model's up to float rounding. Returns ``self``.
+        """
         for module in self.modules():
             if isinstance(module, Conv):
                 module.fuse()
+        if channels_last is None:
+            channels_last = next(self.parameters()).device.type == "cpu"
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
         return self
 
     def checkpoint_units(self, which: str = "all") -> list[tuple[str, nn.Module]]:
