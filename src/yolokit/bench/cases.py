@@ -83,12 +83,15 @@ def _ref():
 # ------------------------------------------------------------------ train step
 
 
-def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: bool = False) -> Callable[[], None]:
-    """The trainer's step: forward + loss, backward of loss * batch, clip at 10, SGD step, zero grad (no EMA);
-    with ``channels_last`` as ``TrainConfig.channels_last`` sets it up."""
-    config = TrainConfig()
+def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: bool | None = None
+                    ) -> Callable[[], None]:
+    """The trainer's step: forward + loss, backward of loss * batch, clip at 10, SGD step, zero grad (no EMA).
+
+    ``channels_last`` as ``TrainConfig.channels_last``: None is the trainer's default, on
+    for the CPU (model and images NHWC)."""
+    config = TrainConfig(channels_last=channels_last)
     model = yolokit.create_model(name, num_classes=80).train()
-    if channels_last:
+    if config.channels_last is not False:  # None: the CPU default of the trainer
         model.to(memory_format=torch.channels_last)
         images = images.contiguous(memory_format=torch.channels_last)
     criterion = build_loss(model, config)
@@ -111,7 +114,9 @@ def train_step(s: Settings) -> list[Row]:
     rows = []
     for name in ("yolov8n", "yolov3-tiny"):
         notes = [f"batch {batch}, {size} px, fp32, 8 boxes per image; SGD (Nesterov, 3 parameter groups), "
-                 "clip at norm 10, no EMA"]
+                 "clip at norm 10, no EMA",
+                 "each side's default layout: yolokit's trainer lays model and images out channels_last on the "
+                 "CPU (TrainConfig.channels_last=None), the reference keeps NCHW"]
         theirs = None
         if s.reference:
             ref = _ref()
@@ -122,10 +127,11 @@ def train_step(s: Settings) -> list[Row]:
                 notes.append(ref.NOTES[name] + "; yolokit's is Darknet's anchor head with YOLOv3Loss")
             notes.append("the reference loss is multiplied by the batch size (irrelevant to timing)")
         rows.append(Row(name, _our_train_step(name, images, targets), theirs, memory=True, notes=notes))
-    theirs = _ref().train_step("yolov8n", images, targets, channels_last=True) if s.reference else None
-    rows.append(Row("yolov8n, channels_last on both sides", _our_train_step("yolov8n", images, targets, True), theirs,
-                    notes=["yolokit: TrainConfig.channels_last=True (model and images NHWC); reference: its model "
-                           "and images converted the same way (its trainer has no such switch)"]))
+    for channels_last, label in ((False, "NCHW"), (True, "channels_last")):
+        theirs = _ref().train_step("yolov8n", images, targets, channels_last=channels_last) if s.reference else None
+        rows.append(Row(f"yolov8n, {label} on both sides", _our_train_step("yolov8n", images, targets, channels_last),
+                        theirs, notes=[f"yolokit: TrainConfig.channels_last={channels_last}; reference: its model "
+                                       "and images in the same layout (its trainer has no such switch)"]))
     return rows
 
 
@@ -136,10 +142,11 @@ def inference(s: Settings) -> list[Row]:
     size = 320 if s.quick else 640
     x = inputs.random_images(1, size)
     rows = []
-    for fuse in (False, True):
+    cases = (("yolov8n unfused", False, None), ("yolov8n fused", True, None), ("yolov8n fused, NCHW", True, False))
+    for label, fuse, channels_last in cases:
         model = yolokit.create_model("yolov8n", num_classes=80).eval()
         if fuse:
-            model.fuse()
+            model.fuse(channels_last=channels_last)
 
         def ours(model=model) -> Tensor:
             with torch.inference_mode():
@@ -149,10 +156,14 @@ def inference(s: Settings) -> list[Row]:
         if s.reference:
             forward = _ref().inference("yolov8n", fuse=fuse)
             theirs = lambda forward=forward: forward(x)  # noqa: E731
-        notes = [f"yolov8n, batch 1, {size} px, fp32, inference_mode; forward + box decode on both sides "
-                 "(their eval forward decodes in the head)"] if not fuse else []
-        rows.append(Row(f"yolov8n {'fused' if fuse else 'unfused'}", ours, theirs, inner=5, memory=True,
-                        notes=notes))
+        notes = {
+            "yolov8n unfused": [f"yolov8n, batch 1, {size} px, fp32, inference_mode; forward + box decode on both "
+                                "sides (their eval forward decodes in the head)"],
+            "yolov8n fused": ["fuse() on both sides; yolokit's also lays the weights out channels_last on the CPU "
+                              "(its default there)"],
+            "yolov8n fused, NCHW": ["yolokit: fuse(channels_last=False), the reference's layout"],
+        }[label]
+        rows.append(Row(label, ours, theirs, inner=5, memory=True, notes=notes))
     return rows
 
 
