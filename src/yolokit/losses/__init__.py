@@ -15,12 +15,14 @@ from yolokit.losses.assigners import (
     pad_targets,
     wh_iou,
 )
+from yolokit.losses.base import DetectionLoss
 from yolokit.losses.yolov3 import YOLOv3Loss
 from yolokit.losses.yolov8 import YOLOv8Loss, distribution_focal_loss
 
 __all__ = [
     "AnchorMatch",
     "AnchorMatcher",
+    "DetectionLoss",
     "PaddedTargets",
     "PointTargets",
     "TaskAlignedAssigner",

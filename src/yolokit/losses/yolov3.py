@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from yolokit.losses.assigners import AnchorMatcher, pad_targets
+from yolokit.losses.base import DetectionLoss
 from yolokit.ops.anchors import grid_points
 from yolokit.ops.boxes import ciou
 
@@ -17,7 +18,7 @@ BOX_LOSSES = ("ciou", "mse")
 MAX_LOG_SCALE = 10.0  # t_w, t_h are clamped here before exp: a box at most e^10 anchors wide
 
 
-class YOLOv3Loss(nn.Module):
+class YOLOv3Loss(DetectionLoss):
     """Loss of an anchor head (YOLOv3, YOLOv3-SPP, YOLOv3-tiny) on its raw maps.
 
     Each level map is Tensor[B, A * (5 + C), H_l, W_l], per anchor a the channels
@@ -85,28 +86,10 @@ class YOLOv3Loss(nn.Module):
         gains = ", ".join(f"{k}_gain={v}" for k, v in self.gains.items())
         return f"num_classes={self.num_classes}, box={self.box!r}, ignore_thresh={self.ignore_thresh}, {gains}"
 
-    def forward(self, maps: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Loss of one batch.
+    channel_layout = "A * (5 + C)"
 
-        Args:
-            maps: per level Tensor[B, A * (5 + C), H_l, W_l], levels in ``strides`` order.
-            targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels.
-
-        Returns:
-            ``(total, parts)``: total a float32 scalar with gradient; parts maps "box",
-            "obj", "cls" to detached float32 scalars, gains applied (they sum to total).
-        """
-        self._check(maps)
-        with torch.autocast(maps[0].device.type, enabled=False):
-            return self._loss([m.float() for m in maps], targets.float().to(maps[0].device))
-
-    def _check(self, maps: Sequence[Tensor]) -> None:
-        if len(maps) != len(self.strides):
-            raise ValueError(f"got {len(maps)} maps for {len(self.strides)} strides")
-        for m, a in zip(maps, self.anchors):
-            want = len(a) * (5 + self.num_classes)
-            if m.ndim != 4 or m.shape[1] != want:
-                raise ValueError(f"each map must be Tensor[B, {want}, H, W] (A * (5 + C)), got {tuple(m.shape)}")
+    def map_channels(self) -> list[int]:
+        return [len(a) * (5 + self.num_classes) for a in self.anchors]
 
     def _loss(self, maps: list[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         b, c, device = maps[0].shape[0], self.num_classes, maps[0].device

@@ -6,14 +6,15 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from yolokit.losses.assigners import TaskAlignedAssigner, pad_targets
+from yolokit.losses.base import DetectionLoss
 from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
 from yolokit.ops.boxes import ciou
 
 
-class YOLOv8Loss(nn.Module):
+class YOLOv8Loss(DetectionLoss):
     """Loss of an anchor-free DFL head (YOLOv8) on its raw maps.
 
     Each level map is Tensor[B, 4 * reg_max + C, H_l, W_l]: per side (left, top, right,
@@ -84,28 +85,10 @@ class YOLOv8Loss(nn.Module):
         gains = ", ".join(f"{k}={v}" for k, v in self.gains.items())
         return f"num_classes={self.num_classes}, strides={self.strides}, reg_max={self.reg_max}, {gains}"
 
-    def forward(self, maps: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Loss of one batch.
+    channel_layout = "4 * reg_max + C"
 
-        Args:
-            maps: per level Tensor[B, 4 * reg_max + C, H_l, W_l], levels in ``strides`` order.
-            targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels.
-
-        Returns:
-            ``(total, parts)``: total a float32 scalar with gradient; parts maps "box",
-            "cls", "dfl" to detached float32 scalars, gains applied (they sum to total).
-        """
-        self._check(maps)
-        with torch.autocast(maps[0].device.type, enabled=False):
-            return self._loss([m.float() for m in maps], targets.float())
-
-    def _check(self, maps: Sequence[Tensor]) -> None:
-        if len(maps) != len(self.strides):
-            raise ValueError(f"got {len(maps)} maps for {len(self.strides)} strides")
-        want = 4 * self.reg_max + self.num_classes
-        for m in maps:
-            if m.ndim != 4 or m.shape[1] != want:
-                raise ValueError(f"each map must be Tensor[B, {want}, H, W] (4 * reg_max + C), got {tuple(m.shape)}")
+    def map_channels(self) -> list[int]:
+        return [4 * self.reg_max + self.num_classes] * len(self.strides)
 
     def _loss(self, maps: list[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         b, r, c = maps[0].shape[0], self.reg_max, self.num_classes

@@ -1,0 +1,25 @@
+"""The shared front of the detection losses: input checks, float32 outside autocast."""
+
+import pytest
+import torch
+
+import yolokit
+from yolokit.train import TrainConfig
+from yolokit.train.trainer import build_loss
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny"])
+def test_bad_maps_and_targets_are_named(name):
+    model = yolokit.create_model(name, num_classes=3)
+    loss = build_loss(model, TrainConfig(model=name))
+    maps = model(torch.rand(1, 3, 64, 64))
+    good = torch.tensor([[0, 1, 4.0, 4.0, 30.0, 30.0]])
+    with pytest.raises(ValueError, match=f"got {len(maps) - 1} maps for {len(maps)} strides"):
+        loss(maps[:-1], good)
+    wrong = [maps[0][:, :-1], *maps[1:]]
+    with pytest.raises(ValueError, match=rf"Tensor\[B, {maps[0].shape[1]}, H, W\].*got \(1, {maps[0].shape[1] - 1}"):
+        loss(wrong, good)
+    with pytest.raises(ValueError, match=r"targets must be Tensor\[N, 6\]"):
+        loss(maps, good[:, 1:])
+    total, parts = loss(maps, good)
+    assert total.dtype == torch.float32 and total.requires_grad and set(parts) <= {"box", "cls", "dfl", "obj"}
