@@ -138,7 +138,7 @@ def throughput(args, out: dict) -> None:
                         continue
                     step = _guard(lambda: make_step(name, batch, precision, channels_last=cl, compile=comp))
                     rate = step if step == "OOM" else _guard(
-                        lambda: images_per_second(step, batch, warmup=args.warmup + 3 * comp, iters=args.iters))
+                        lambda step=step: images_per_second(step, batch, warmup=args.warmup + 3 * comp, iters=args.iters))
                     del step
                     if precision == "fp32":
                         fp32[(cl, comp)] = rate
@@ -160,8 +160,8 @@ def checkpointing(args, out: dict) -> None:
         result = {}
         for ckpt in (False, True):
             step = make_step(name, batch, "bf16", checkpoint=ckpt)
-            rate = _guard(lambda: images_per_second(step, batch, warmup=args.warmup, iters=args.iters))
-            peak = _guard(lambda: peak_bytes(step))
+            rate = _guard(lambda step=step: images_per_second(step, batch, warmup=args.warmup, iters=args.iters))
+            peak = _guard(lambda step=step: peak_bytes(step))
             del step
             _free()
             result[ckpt] = (rate, peak)

@@ -20,7 +20,7 @@ import yolokit
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.interop import export_onnx, load
 from yolokit.ops.images import load_images
-from yolokit.train import TrainConfig, train, validate
+from yolokit.train import train, validate
 from yolokit.train.config import add_config_flags, config_from_args
 from yolokit.train.weights import class_names
 from yolokit.viz import draw_detections

@@ -124,7 +124,8 @@ def coco_evaluate(
     if not sum(len(b) for b in gt_boxes) or not sum(counts):
         return empty
     box_eval = evaluate_boxes(
-        np.concatenate(gt_boxes), np.concatenate(gt_labels), np.repeat(np.arange(len(targets)), [len(b) for b in gt_boxes]),
+        np.concatenate(gt_boxes), np.concatenate(gt_labels),
+        np.repeat(np.arange(len(targets)), [len(b) for b in gt_boxes]),
         _joined([d.boxes.reshape(-1, 4) for d in predictions]), _joined([d.scores.reshape(-1) for d in predictions]),
         _joined([d.labels.reshape(-1) for d in predictions]),
         np.repeat(np.arange(len(predictions)), counts), num_classes)
