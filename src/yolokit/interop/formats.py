@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from yolokit.interop.darknet import load_darknet, load_darknet_model, save_darknet
 from yolokit.interop.native import (
     from_contents,
-    from_native_object,
-    is_native,
+    from_torch_object,
     is_safetensors_file,
     native_config,
     read_safetensors,
     save_native,
-    state_dict_in,
 )
 from yolokit.interop.safe_load import load_pickled
 from yolokit.interop.state import build_from_state_dict
@@ -96,18 +95,16 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
         if config is None and is_ultralytics_state_dict(state):
             state = ultralytics_to_yolokit(state, source=source)
         return from_contents(state, config, model=model, source=source)
-    obj = load_pickled(path)
-    if is_native(obj):
-        return from_native_object(obj, model=model, source=source)
-    ultralytics = ultralytics_contents(obj)
-    if ultralytics is not None:
-        state = ultralytics_to_yolokit(ultralytics.state_dict, source=source)
+    def from_ultralytics(obj: Any) -> Detector | None:
+        contents = ultralytics_contents(obj)
+        if contents is None:
+            return None
+        state = ultralytics_to_yolokit(contents.state_dict, source=source)
         return build_from_state_dict(state, model=model, source=source)
-    state = state_dict_in(obj)
-    if state is None:
-        raise ValueError(f"{source}: a torch file, but neither a yolokit file, an Ultralytics checkpoint "
-                         "nor a state dict of tensors")
-    return build_from_state_dict(state, model=model, source=source)
+
+    return from_torch_object(load_pickled(path), model=model, source=source, other=from_ultralytics,
+                             what="a torch file, but neither a yolokit file, an Ultralytics checkpoint nor a "
+                                  "state dict of tensors")
 
 
 def save(model: Detector, path: str | Path) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -144,13 +144,27 @@ def load_native(path: str | Path, *, model: str | Detector | None = None) -> Det
     if path.suffix == ".safetensors" or is_safetensors_file(path):
         state, metadata = read_safetensors(path)
         return from_contents(state, native_config(metadata, source=source), model=model, source=source)
-    obj = load_pickled(path)
+    return from_torch_object(load_pickled(path), model=model, source=source,
+                             what="neither a yolokit file nor a state dict of tensors (an Ultralytics checkpoint? "
+                                  "yolokit.load and load_ultralytics read those)")
+
+
+def from_torch_object(obj: Any, *, model: str | Detector | None, source: str, what: str,
+                      other: Callable[[Any], Detector | None] | None = None) -> Detector:
+    """A ready Detector from what a torch file held: a yolokit file, else what ``other``
+    makes of it (None: not its kind), else a plain state dict in yolokit's naming.
+
+    Raises:
+        ValueError: none of those; the message is ``f"{source}: {what}"``.
+    """
     if is_native(obj):
         return from_native_object(obj, model=model, source=source)
+    found = other(obj) if other is not None else None
+    if found is not None:
+        return found
     state = state_dict_in(obj)
     if state is None:
-        raise ValueError(f"{source}: neither a yolokit file nor a state dict of tensors (an Ultralytics "
-                         "checkpoint? yolokit.load and load_ultralytics read those)")
+        raise ValueError(f"{source}: {what}")
     return build_from_state_dict(state, model=model, source=source)
 
 
