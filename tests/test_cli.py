@@ -71,6 +71,10 @@ def test_train_val_predict_export_on_a_tiny_set(tmp_path, capsys):
     pytest.importorskip("onnxscript")
     assert main(["export", "--weights", weights, "--imgsz", "64", "--out", str(tmp_path / "m.onnx")]) == 0
     assert (tmp_path / "m.onnx").stat().st_size > 1_000_000
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    assert "Conv" in ops and "BatchNormalization" not in ops  # exported fused
 
 
 def test_train_errors_are_named(tmp_path, capsys):
