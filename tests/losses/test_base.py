@@ -23,3 +23,20 @@ def test_bad_maps_and_targets_are_named(name):
         loss(maps, good[:, 1:])
     total, parts = loss(maps, good)
     assert total.dtype == torch.float32 and total.requires_grad and set(parts) <= {"box", "cls", "dfl", "obj"}
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny"])
+def test_bf16_autocast_runs_in_float32(name):
+    torch.manual_seed(3)
+    model = yolokit.create_model(name, num_classes=3)
+    loss = build_loss(model, TrainConfig(model=name))
+    with torch.no_grad():
+        maps = [(m * 0.5).bfloat16().requires_grad_() for m in model(torch.rand(2, 3, 64, 64))]
+    targets = torch.tensor([[0, 0, 5, 8, 30, 40], [1, 1, 20, 10, 60, 50.0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total, parts = loss(maps, targets)
+    assert total.dtype == torch.float32 and all(p.dtype == torch.float32 for p in parts.values())
+    reference, _ = loss([m.detach().float() for m in maps], targets)
+    torch.testing.assert_close(total.detach(), reference)
+    total.backward()
+    assert all(m.grad.dtype == torch.bfloat16 and torch.isfinite(m.grad.float()).all() for m in maps)

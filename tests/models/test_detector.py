@@ -35,6 +35,8 @@ def test_decode_grids_follow_size_changes_and_serve_autograd_after_inference_mod
             expected = fresh.decode(fresh(x))
             fresh.head._grids.store.clear()  # the reference always rebuilds
             torch.testing.assert_close(model.decode(model(x)), expected, rtol=0, atol=0)
+    per_size = 1 if name == "yolov8n" else len(model.strides)  # DFL head: one entry for all levels
+    assert len(model.head._grids.store) == 2 * per_size  # two input sizes; the third pass was served from the cache
     maps = [m.detach().requires_grad_() for m in model(torch.rand(1, 3, 64, 64))]  # grids made under inference_mode
     model.decode(maps).sum().backward()
     assert all(m.grad is not None and torch.isfinite(m.grad).all() for m in maps)

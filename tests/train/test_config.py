@@ -60,3 +60,5 @@ def test_dashed_aliases_of_underscored_flags():
     c = parse(["--channels-last", "--close_mosaic", "3", "--warmup-epochs", "1.5"])
     assert c.channels_last is True and c.close_mosaic == 3 and c.warmup_epochs == 1.5
     assert parse([]).channels_last is None and parse(["--no-channels-last"]).channels_last is False
+    assert parse([]).uses_channels_last("cpu") and not parse([]).uses_channels_last("cuda")
+    assert not parse(["--no-channels-last"]).uses_channels_last("cpu") and c.uses_channels_last("cuda")

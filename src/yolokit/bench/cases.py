@@ -91,7 +91,7 @@ def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: b
     for the CPU (model and images NHWC)."""
     config = TrainConfig(channels_last=channels_last)
     model = yolokit.create_model(name, num_classes=80).train()
-    if config.channels_last is not False:  # None: the CPU default of the trainer
+    if config.uses_channels_last("cpu"):
         model.to(memory_format=torch.channels_last)
         images = images.contiguous(memory_format=torch.channels_last)
     criterion = build_loss(model, config)

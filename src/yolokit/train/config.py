@@ -106,6 +106,10 @@ class TrainConfig:
             if not ok:
                 raise ValueError(message)
 
+    def uses_channels_last(self, device_type: str) -> bool:
+        """``channels_last`` resolved for a device type: when unset, on for "cpu" only."""
+        return self.channels_last if self.channels_last is not None else device_type == "cpu"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -115,7 +115,7 @@ class Trainer:
         criterion = build_loss(model, cfg)
         if cfg.checkpointing:
             enable_activation_checkpointing(model.checkpoint_units(cfg.checkpointing))
-        channels_last = cfg.channels_last if cfg.channels_last is not None else device.type == "cpu"
+        channels_last = cfg.uses_channels_last(device.type)
         perf.prepare_model(model, channels_last=channels_last or None)
         if device.type == "cuda":
             perf.configure(cudnn_benchmark=not cfg.deterministic)
