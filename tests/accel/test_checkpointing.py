@@ -79,6 +79,29 @@ def test_plain_checkpoint_would_double_count_bn():
     assert int(wrapped[1].num_batches_tracked) == 1
 
 
+def test_compiled_checkpointing_keeps_bn_stats_exact():
+    """Under torch.compile the buffer-restoring context is not traceable; AOTAutograd writes the
+    running stats once (functionalized) and the recompute replays pure ops, so stats stay exact."""
+    ref, ckpt = _model(), _model()
+    enable_activation_checkpointing(list(ckpt.named_children())[:4])
+    compiled = torch.compile(ckpt, backend="aot_eager")
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    try:
+        for _ in range(2):
+            out_r, g_r = _step(ref, x)
+            out_c, g_c = _step(compiled, x)
+            torch.testing.assert_close(out_c, out_r, rtol=0, atol=1e-6)
+            g_c = {k.removeprefix("_orig_mod."): v for k, v in g_c.items()}
+            assert g_c.keys() == g_r.keys()
+            for k in g_r:
+                torch.testing.assert_close(g_c[k], g_r[k], rtol=0, atol=1e-6)
+    finally:
+        torch._dynamo.reset()
+    for (k, a), b in zip(ref.state_dict().items(), ckpt.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=k)
+    assert int(ckpt[0][1].num_batches_tracked) == 2 and checkpointed_modules(ckpt) == ["0", "1", "2", "3"]
+
+
 def test_recompute_happens_and_saved_activations_shrink():
     model = _model()
     calls = []

@@ -17,6 +17,12 @@ in the forward and again in the recompute. The recompute runs under a context th
 snapshots the unit's buffers when recomputation starts and copies them back when it
 ends, so running statistics match an unwrapped run exactly.
 
+Under ``torch.compile`` the unit calls plain ``checkpoint`` instead (dynamo cannot trace
+a ``context_fn`` closure): AOTAutograd turns the buffer writes into outputs of the
+forward graph that are copied back once, and the backward's recompute replays pure ops,
+so running statistics are again written once per forward. The model's forward stays
+one graph.
+
 Example:
     >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.SiLU())
     >>> enable_activation_checkpointing([model], every=1)
@@ -61,12 +67,17 @@ class _CheckpointedForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self._run(*args, **kwargs)
+        fn = functools.partial(self._run, **kwargs) if kwargs else self._run
+        if torch.compiler.is_compiling():
+            # AOTAutograd functionalizes the buffer writes: they run once, after the forward,
+            # and the recompute in backward replays pure ops only. No context is needed, and
+            # dynamo cannot trace one (it accepts no closure as context_fn).
+            return checkpoint(fn, *args, use_reentrant=False)
         module = self.module
 
         def contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
             return contextlib.nullcontext(), _buffers_restored(module)
 
-        fn = functools.partial(self._run, **kwargs) if kwargs else self._run
         return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
 
 
