@@ -68,6 +68,27 @@ def test_conv_fuse_is_exact_and_idempotent():
     torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("act", ["silu", "leaky"])
+def test_conv_activation_forces_no_copy_in_training(act):
+    """An in-place SiLU makes autograd clone its input (its backward needs it); LeakyReLU's reads its output."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from yolokit.models.layers import ConvStyle
+
+    conv = Conv(4, 6, 3, style=ConvStyle(act)).train()
+    x = torch.randn(2, 4, 8, 8, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        conv(x).square().sum().backward()
+    names = [e.name for e in prof.events()]
+    assert "aten::clone" not in names
+    assert any(n.startswith(f"aten::{act}") for n in names)
+    conv.act.inplace = True  # what the check guards against
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        conv(x).square().sum().backward()
+    clones = sum(e.name == "aten::clone" for e in prof.events())
+    assert clones == (1 if act == "silu" else 0)
+
+
 def test_v8_conv_settings():
     conv = yolokit.create_model("yolov8n").backbone.stem
     assert conv.conv.bias is None and conv.bn.eps == 1e-3 and conv.bn.momentum == 0.03
