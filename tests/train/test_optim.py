@@ -1,11 +1,10 @@
-import math
+import copy
 
 import pytest
 import torch
 
 import yolokit
-from yolokit.train.ema import ModelEMA
-from yolokit.train.optim import LRSchedule, build_optimizer, parameter_groups, resolve_optimizer
+from yolokit.train.optim import LRSchedule, build_optimizer, load_optimizer_state, parameter_groups, resolve_optimizer
 
 
 def test_groups_split_weights_norms_and_biases():
@@ -49,17 +48,69 @@ def test_schedule_warmup_and_decay():
     assert cos.factor(5) == pytest.approx(0.505) and cos.factor(10) == pytest.approx(0.01)
 
 
-def test_ema_follows_the_decay_formula():
-    model = torch.nn.Linear(2, 1)
-    ema = ModelEMA(model, decay=0.9, tau=1.0)
-    start = ema.module.weight.clone()
-    with torch.no_grad():
-        model.weight.fill_(1.0)
-    ema.update(model)
-    d = 0.9 * (1 - math.exp(-1))
-    torch.testing.assert_close(ema.module.weight, start * d + (1 - d) * 1.0)
-    state = ema.state_dict()
-    other = ModelEMA(torch.nn.Linear(2, 1))
-    other.load_state_dict(state)
-    assert other.updates == 1 and torch.equal(other.module.weight, ema.module.weight)
-    assert not any(p.requires_grad for p in ema.module.parameters())
+def _steps(optimizer: torch.optim.Optimizer, model: torch.nn.Module, steps: int = 3) -> list[torch.Tensor]:
+    """``steps`` optimizer steps on fixed random gradients, warmup-style momentum changes between them."""
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.9
+            if "momentum" in group:
+                group["momentum"] = 0.8 + 0.05 * step
+            else:
+                group["betas"] = (0.8 + 0.05 * step, group["betas"][1])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_optimizer_is_fused_on_the_cpu_and_matches_the_per_parameter_loop(name):
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolov8n", num_classes=2)
+    lr = 0.01 if name == "sgd" else 0.001
+    results = {}
+    for impl, kwargs in (("default", {}), ("foreach", {"fused": False})):
+        net = copy.deepcopy(model)
+        opt = build_optimizer(net, name, lr, 0.9, 5e-4, **kwargs)
+        assert opt.defaults["fused" if impl == "default" else "foreach"] is True
+        results[impl] = (_steps(opt, net), opt.state_dict())
+    loop_net = copy.deepcopy(model)
+    groups = parameter_groups(loop_net, 5e-4)
+    loop = (torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True, foreach=False) if name == "sgd"
+            else torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), foreach=False))
+    expected = _steps(loop, loop_net)
+    for impl, (params, state) in results.items():
+        assert state["state"].keys() == loop.state_dict()["state"].keys()
+        for a, b in zip(params, expected, strict=True):
+            if name == "sgd" or impl == "foreach":
+                assert torch.equal(a, b), impl  # same arithmetic, bit for bit
+            else:
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-7)  # fused AdamW rounds differently
+    moved = max((a - b).abs().max().item() for a, b in zip(expected, model.parameters()))
+    assert moved > 1e-3  # the steps did something
+
+
+def test_optimizer_state_loads_across_implementations():
+    """A checkpoint of the per-parameter loop resumes in the fused optimizer, which stays fused."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, bias=False), torch.nn.BatchNorm2d(4))  # no conv bias
+    for name in ("sgd", "adamw"):
+        a, b = copy.deepcopy(model), copy.deepcopy(model)
+        groups = parameter_groups(a, 5e-4)
+        loop = (torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=True) if name == "sgd"
+                else torch.optim.AdamW(groups, lr=0.001))
+        _steps(loop, a, 2)
+        fused = build_optimizer(b, name, 0.5, 0.5, 0.0)  # hyperparameters come from the checkpoint
+        b.load_state_dict(a.state_dict())
+        plain = copy.deepcopy(fused)
+        plain.load_state_dict(copy.deepcopy(loop.state_dict()))
+        assert plain.param_groups[0]["fused"] is None  # what a plain load does
+        load_optimizer_state(fused, copy.deepcopy(loop.state_dict()))
+        assert all(g["fused"] is True and g["lr"] == loop.param_groups[0]["lr"] for g in fused.param_groups)
+        for x, y in zip(_steps(fused, b, 2), _steps(loop, a, 2), strict=True):
+            if name == "sgd":
+                assert torch.equal(x, y)
+            else:
+                torch.testing.assert_close(x, y, rtol=0, atol=1e-7)

@@ -4,9 +4,43 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+
+@dataclass
+class _Pairs:
+    """The EMA's tensors and the trained model's, paired by state-dict name, made once per model."""
+
+    source: nn.Module
+    ema_floats: list[Tensor]
+    model_floats: list[Tensor]
+    ema_others: list[Tensor]
+    model_others: list[Tensor]
+    same_dtypes: bool
+
+
+def _pairs(ema: nn.Module, model: nn.Module) -> _Pairs:
+    """Pairs every state-dict tensor of ``ema`` with ``model``'s (parameters as Parameter objects,
+    so a later ``param.data = ...`` is followed); a tensor shared under two names is updated once."""
+    source = model.state_dict(keep_vars=True)
+    pairs = _Pairs(model, [], [], [], [], True)
+    seen = set()
+    for name, value in ema.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        new = source[name]
+        if value.dtype.is_floating_point:
+            pairs.ema_floats.append(value)
+            pairs.model_floats.append(new)
+            pairs.same_dtypes &= new.dtype == value.dtype
+        else:
+            pairs.ema_others.append(value)
+            pairs.model_others.append(new)
+    return pairs
 
 
 class ModelEMA:
@@ -16,31 +50,46 @@ class ModelEMA:
     made so far, so early weights do not dominate. Integer buffers (BatchNorm's
     ``num_batches_tracked``) are copied.
 
+    An update is three ``torch._foreach_*`` calls over lists of tensors paired once, on
+    the first update with a given model (no state dict is built per step). Moving or
+    converting either model afterwards (``.to(device)``, ``.half()``) replaces its buffers:
+    make a new ``ModelEMA`` then.
+
     Args:
         model: the model being trained (an unwrapped module, not DDP).
         decay: asymptotic decay.
         tau: updates over which the decay ramps up.
+        updates: updates already made (when resuming).
     """
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, updates
+        self._pairs: _Pairs | None = None
 
     def current_decay(self) -> float:
         return self.decay * (1 - math.exp(-self.updates / self.tau))
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        """One EMA step towards ``model``'s current weights."""
+        """One EMA step towards ``model``'s current weights.
+
+        Bit for bit the per-tensor ``ema.mul_(d).add_(new, alpha=1 - d)``: the foreach ops
+        run the same arithmetic (``_foreach_lerp_`` would round differently).
+        """
+        if self._pairs is None or self._pairs.source is not model:
+            self._pairs = _pairs(self.module, model)
+        pairs = self._pairs
         self.updates += 1
         d = self.current_decay()
-        source = model.state_dict()
-        for name, value in self.module.state_dict().items():
-            new = source[name].detach()
-            if value.dtype.is_floating_point:
-                value.mul_(d).add_(new.to(value.dtype), alpha=1 - d)
-            else:
-                value.copy_(new)
+        new = pairs.model_floats
+        if not pairs.same_dtypes:
+            new = [n.to(e.dtype) for n, e in zip(new, pairs.ema_floats)]
+        if pairs.ema_floats:
+            torch._foreach_mul_(pairs.ema_floats, d)
+            torch._foreach_add_(pairs.ema_floats, new, alpha=1 - d)
+        if pairs.ema_others:
+            torch._foreach_copy_(pairs.ema_others, pairs.model_others)
 
     def state_dict(self) -> dict:
         return {"module": self.module.state_dict(), "updates": self.updates, "decay": self.decay, "tau": self.tau}
