@@ -50,15 +50,45 @@ def resolve_optimizer(name: str, lr0: float, momentum: float, *, num_classes: in
     return key, lr0, momentum
 
 
+_FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused SGD / AdamW kernels exist (torch >= 2.4)
+
+
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
-    """SGD (Nesterov) or AdamW over ``parameter_groups``; ``name`` already resolved."""
+                    weight_decay: float, *, fused: bool | None = None) -> torch.optim.Optimizer:
+    """SGD (Nesterov) or AdamW over ``parameter_groups``; ``name`` already resolved.
+
+    The step is one fused kernel per parameter group and dtype rather than a Python loop
+    over the parameters: ``fused`` where the parameters' device has fused kernels, else
+    the ``foreach`` implementation. On the CPU the fused SGD step equals the per-parameter
+    one bit for bit; fused AdamW rounds differently (about 1e-8 apart after a step). Both
+    work with ``torch.amp.GradScaler``, including after ``unscale_``.
+
+    Args:
+        fused: True / False to choose; None picks fused on the CPU and CUDA.
+    """
     groups = parameter_groups(model, weight_decay)
+    if fused is None:
+        devices = {p.device.type for g in groups for p in g["params"]}
+        fused = bool(devices) and devices <= set(_FUSED_DEVICES)
+    impl = {"fused": True} if fused else {"foreach": True}
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, **impl)
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+        return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999), **impl)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)`` keeping ``optimizer``'s implementation (fused / foreach).
+
+    A plain load takes those flags from the saved groups too, so a checkpoint written by
+    another implementation (or before it was chosen) would silently switch it; applying
+    the current flags before the load also places AdamW's step counters where the fused
+    kernels want them.
+    """
+    groups = [{**saved, "fused": current.get("fused"), "foreach": current.get("foreach")}
+              for saved, current in zip(state["param_groups"], optimizer.param_groups, strict=True)]
+    optimizer.load_state_dict({**state, "param_groups": groups})
 
 
 @dataclass
