@@ -17,7 +17,7 @@ class DetectionLoss(nn.Module):
     on the maps' device.
 
     Subclasses set ``strides`` and ``channel_layout`` (how the channels are made up, for
-    error messages) and define ``map_channels()`` and ``_loss(maps, targets)``.
+    error messages) and define ``map_channels()`` and ``_loss(maps, targets, max_boxes)``.
     """
 
     strides: tuple[int, ...]
@@ -27,15 +27,21 @@ class DetectionLoss(nn.Module):
         """Channels each level's map must have, in ``strides`` order."""
         raise NotImplementedError
 
-    def _loss(self, maps: list[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def _loss(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None) -> tuple[Tensor, dict[str, Tensor]]:
         raise NotImplementedError
 
-    def forward(self, maps: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Loss of one batch.
+    def forward(self, maps: Sequence[Tensor], targets: Tensor, *,
+                max_boxes: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss of one batch, without reading anything back from the device.
 
         Args:
             maps: per level Tensor[B, channels, H_l, W_l], levels in ``strides`` order.
-            targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels.
+            targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels,
+                image indices in [0, B) (not checked: that would read the device).
+            max_boxes: the most boxes one image of the batch holds (G), when the caller knows
+                it (the data side does, on the host): the losses then work on targets padded
+                per image, which is faster. Fewer than an image holds raises an IndexError
+                (CPU) or a device-side assert (CUDA). None: the rows as they come.
 
         Returns:
             ``(total, parts)``: total a float32 scalar with gradient; parts maps each
@@ -51,4 +57,4 @@ class DetectionLoss(nn.Module):
             raise ValueError(f"targets must be Tensor[N, 6] (image_index, class, x1, y1, x2, y2), "
                              f"got {tuple(targets.shape)}")
         with torch.autocast(maps[0].device.type, enabled=False):
-            return self._loss([m.float() for m in maps], targets.float().to(maps[0].device))
+            return self._loss([m.float() for m in maps], targets.float().to(maps[0].device), max_boxes)

@@ -91,13 +91,13 @@ class YOLOv3Loss(DetectionLoss):
     def map_channels(self) -> list[int]:
         return [len(a) * (5 + self.num_classes) for a in self.anchors]
 
-    def _loss(self, maps: list[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def _loss(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None) -> tuple[Tensor, dict[str, Tensor]]:
         b, c, device = maps[0].shape[0], self.num_classes, maps[0].device
         shapes = [tuple(m.shape[-2:]) for m in maps]
         image_area = float(shapes[0][0] * shapes[0][1] * self.strides[0] ** 2)
         match = self.matcher(targets, shapes)
         labels, gt_xyxy = targets[:, 1].long(), targets[:, 2:6]
-        gt = pad_targets(targets, b)
+        gt = pad_targets(targets, b, max_boxes=max_boxes)
         box = obj = cls = maps[0].new_zeros(())
         for level, (m, anchors, stride) in enumerate(zip(maps, self.anchors, self.strides)):
             (h, w), a = shapes[level], len(anchors)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from yolokit.losses.assigners import TaskAlignedAssigner, pad_targets
+from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner, pad_targets
 from yolokit.losses.base import DetectionLoss
 from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
 from yolokit.ops.boxes import ciou
@@ -90,7 +90,7 @@ class YOLOv8Loss(DetectionLoss):
     def map_channels(self) -> list[int]:
         return [4 * self.reg_max + self.num_classes] * len(self.strides)
 
-    def _loss(self, maps: list[Tensor], targets: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def _loss(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None) -> tuple[Tensor, dict[str, Tensor]]:
         b, r, c = maps[0].shape[0], self.reg_max, self.num_classes
         device = maps[0].device
         box_parts, cls_parts = zip(*(m.flatten(2).split((4 * r, c), dim=1) for m in maps))
@@ -103,21 +103,25 @@ class YOLOv8Loss(DetectionLoss):
         with torch.no_grad():  # the assigner sees every point; gradients flow only where it assigns
             dist = torch.matmul(bins, box_logits.softmax(2)).transpose(1, 2)  # [B, P, 4] strides
             pred_boxes = dist_to_box(dist * point_strides[:, None], points)
-            gt = pad_targets(targets.to(device), b)
-            assigned = self.assigner.point_targets(cls_logits.transpose(1, 2), pred_boxes, points, *gt, logits=True)
-        score_sum = assigned.weights.sum().clamp(min=1.0)
-        fg_image, fg_point = assigned.foreground.nonzero(as_tuple=True)
-        weight = assigned.weights[fg_image, fg_point]  # [N]
+            if max_boxes is None:  # the targets' rows as they come: nothing to read back
+                gt = (targets[:, 0].long(), targets[:, 1].long(), targets[:, 2:6], None)
+            else:
+                padded = pad_targets(targets, b, max_boxes=max_boxes)
+                image = torch.arange(b, device=device).repeat_interleave(max_boxes)
+                gt = (image, padded.labels.view(-1), padded.boxes.view(-1, 4), padded.mask.view(-1))
+            assigned = self.assigner.assign_rows(cls_logits.transpose(1, 2), pred_boxes, points, *gt,
+                                                 per_image=max_boxes, logits=True)
+            fg_image, fg_point, fg_label, target, weight = _training_points(assigned, *gt[:3])
+        score_sum = weight.sum().clamp(min=1.0)
         # BCE-with-logits summed over every point and class against targets that are `weight`
         # on the GT class of foreground points and 0 elsewhere: sum softplus(x) - sum x * target.
-        fg_cls_logits = cls_logits[fg_image, assigned.labels[fg_image, fg_point], fg_point]
+        fg_cls_logits = cls_logits[fg_image, fg_label, fg_point]
         cls = (F.softplus(cls_logits).sum() - (fg_cls_logits * weight).sum()) / score_sum
 
-        fg_logits = box_logits[fg_image, :, :, fg_point]  # [N, 4, R]
+        fg_logits = box_logits[fg_image, :, :, fg_point]  # [M, 4, R]
         fg_stride = point_strides[fg_point, None]
         fg_points = points[fg_point]
-        pred = dist_to_box((fg_logits.softmax(-1) @ bins) * fg_stride, fg_points)  # [N, 4] pixels
-        target = assigned.boxes[fg_image, fg_point]
+        pred = dist_to_box((fg_logits.softmax(-1) @ bins) * fg_stride, fg_points)  # [M, 4] pixels
         box = ((1.0 - ciou(pred, target)) * weight).sum() / score_sum
         target_dist = box_to_dist(target / fg_stride, fg_points / fg_stride, max_dist=r - 1 - 0.01)
         dfl = (distribution_focal_loss(fg_logits, target_dist) * weight).sum() / score_sum
@@ -125,6 +129,37 @@ class YOLOv8Loss(DetectionLoss):
         parts = {"box": box * self.gains["box"], "cls": cls * self.gains["cls"], "dfl": dfl * self.gains["dfl"]}
         total = parts["box"] + parts["cls"] + parts["dfl"]
         return total, {k: v.detach() for k, v in parts.items()}
+
+
+def _training_points(assigned: RowAssignment, image: Tensor, labels: Tensor,
+                     boxes: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The points the box and class terms act on, as many as the shapes say.
+
+    Every foreground point appears exactly once with its weight; other entries carry
+    weight 0 (their terms vanish, and so do their gradients). With N GT rows, k kept points
+    per GT and B * P points, the entries are the GTs' kept points (N * k of them) when that
+    is no more than B * P, else every point: no count is read back from the device.
+
+    Args:
+        assigned: ``TaskAlignedAssigner.assign_rows`` of the rows below.
+        image, labels: Tensor[N] int64 image and class of each GT row.
+        boxes: Tensor[N, 4] xyxy pixels.
+
+    Returns:
+        ``(image, point, label, box, weight)``: Tensor[M] int64 image, point and class,
+        Tensor[M, 4] the GT box, Tensor[M] float32 weight.
+    """
+    (n, k), (b, p) = assigned.points.shape, assigned.point_row.shape
+    device = image.device
+    if n * k <= b * p:  # each GT's kept points
+        row = torch.arange(n, device=device).repeat_interleave(k)
+        image, point, weight = image[row], assigned.points.reshape(-1), assigned.weights.reshape(-1)
+    else:  # every point
+        point_row = assigned.point_row.reshape(-1)
+        row = torch.where(point_row < n, point_row, 0)
+        image = torch.arange(b, device=device).repeat_interleave(p)
+        point, weight = torch.arange(p, device=device).repeat(b), assigned.point_weights.reshape(-1)
+    return image, point, labels[row], boxes[row], weight
 
 
 def distribution_focal_loss(logits: Tensor, target: Tensor) -> Tensor:

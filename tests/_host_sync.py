@@ -1,0 +1,97 @@
+"""Counting the operations of a block of code that make the host wait for the device.
+
+On a GPU, reading a value back (``t.item()``, ``float(t)``, ``bool(t)``, ``t.tolist()``)
+or running an operation whose output shape depends on the data (``nonzero``, boolean-mask
+indexing, ``unique``, ...) stops the host until the device has caught up. On the CPU the
+same calls cost nothing extra, so a CPU test cannot time them; it can count them, which
+is what ``count_host_syncs`` does:
+
+    >>> with count_host_syncs() as syncs:
+    ...     total, parts = loss(maps, targets)
+    >>> assert not syncs, dict(syncs)
+
+The counts are by name: an aten op's name (``_local_scalar_dense`` for item/int/float/bool,
+``nonzero``, ``masked_select``, ``bincount``, ...), ``index (bool mask)`` and ``index_put
+(bool mask)`` for boolean-mask indexing and assignment, ``tolist`` and ``numpy`` for the
+two conversions that read CPU memory without an aten op, and ``copy to cpu`` for a copy
+from another device to the CPU. Plain arithmetic, indexing with integer tensors,
+``gather``/``scatter`` and reductions that stay on the device are not counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# aten ops that read a value back to the host or whose output shape depends on the data
+_SYNC_OPS = frozenset({
+    "_local_scalar_dense",  # .item(), int(t), float(t), bool(t), t == 0 in an if
+    "nonzero", "nonzero_numpy", "argwhere", "masked_select", "bincount",
+    "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
+    "equal", "is_nonzero", "_assert_async", "allclose",
+})
+
+
+def _has_bool_index(indices: Any) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+
+
+class _SyncCounter(TorchDispatchMode):
+    def __init__(self, counts: Counter[str]):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in _SYNC_OPS:
+            self.counts[name] += 1
+        elif name == "repeat_interleave" and kwargs.get("output_size") is None:  # size = repeats.sum()
+            self.counts[name] += 1
+        elif name in ("index", "_index_put_impl", "index_put", "index_put_") and _has_bool_index(args[1]):
+            self.counts["index_put (bool mask)" if "put" in name else "index (bool mask)"] += 1
+        elif name in ("_to_copy", "copy_") and _crosses_to_cpu(func, args, kwargs):
+            self.counts["copy to cpu"] += 1
+        return func(*args, **kwargs)
+
+
+def _crosses_to_cpu(func, args, kwargs) -> bool:
+    src = args[1] if func.overloadpacket.__name__ == "copy_" else args[0]
+    dst_device = args[0].device if func.overloadpacket.__name__ == "copy_" else kwargs.get("device")
+    return (isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst_device is not None
+            and torch.device(dst_device).type == "cpu")
+
+
+@contextmanager
+def count_host_syncs() -> Iterator[Counter[str]]:
+    """Counts, by name, the host reads and data-dependent-shape ops run inside the block.
+
+    Yields:
+        A ``Counter`` filled while the block runs (empty when there was none).
+    """
+    counts: Counter[str] = Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+    own = {name for name in originals if name in vars(torch.Tensor)}
+
+    def reading(name: str):
+        def read(self, *args, **kwargs):
+            counts[name] += 1
+            return originals[name](self, *args, **kwargs)
+        return read
+
+    for name in originals:
+        setattr(torch.Tensor, name, reading(name))
+    try:
+        with _SyncCounter(counts):
+            yield counts
+    finally:
+        for name, fn in originals.items():
+            if name in own:
+                setattr(torch.Tensor, name, fn)
+            else:
+                delattr(torch.Tensor, name)  # inherited from torch._C.TensorBase
