@@ -8,14 +8,13 @@ rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels, and returns
 from yolokit.losses.assigners import (
     AnchorMatch,
     AnchorMatcher,
-    PaddedTargets,
     PointTargets,
+    RowAssignment,
     TaskAlignedAssigner,
     TaskAlignment,
-    pad_targets,
     wh_iou,
 )
-from yolokit.losses.base import DetectionLoss
+from yolokit.losses.base import DetectionLoss, PaddedTargets, pad_targets
 from yolokit.losses.yolov3 import YOLOv3Loss
 from yolokit.losses.yolov8 import YOLOv8Loss, distribution_focal_loss
 
@@ -25,6 +24,7 @@ __all__ = [
     "DetectionLoss",
     "PaddedTargets",
     "PointTargets",
+    "RowAssignment",
     "TaskAlignedAssigner",
     "TaskAlignment",
     "YOLOv3Loss",

@@ -1,5 +1,4 @@
-"""Who trains what: padding flat targets per image, YOLOv8's task-aligned assigner, and
-YOLOv3's single-best-anchor matcher.
+"""Who trains what: YOLOv8's task-aligned assigner and YOLOv3's single-best-anchor matcher.
 
 Everything here works on whole batches at once (no Python loop over images or boxes)
 and without gradients: assignment is a decision about targets, not part of the loss.
@@ -16,71 +15,6 @@ import torch
 from torch import Tensor, nn
 
 CIOU_EPS = 1e-7  # ops.boxes.ciou's default eps, which the pairwise CIoU here repeats
-
-
-class PaddedTargets(NamedTuple):
-    """Ground truth of a batch padded to the busiest image.
-
-    Attributes:
-        labels: Tensor[B, G] int64 class indices (0 where padding).
-        boxes: Tensor[B, G, 4] float32 xyxy in input pixels (0 where padding).
-        mask: Tensor[B, G] bool, True for real boxes.
-    """
-
-    labels: Tensor
-    boxes: Tensor
-    mask: Tensor
-
-
-def pad_targets(targets: Tensor, batch_size: int, *, max_boxes: int | None = None) -> PaddedTargets:
-    """Splits flat batch targets into per-image padded tensors, without a loop.
-
-    Args:
-        targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels.
-        batch_size: number of images B; every image index must lie in [0, B).
-        max_boxes: G, when the caller knows it (e.g. from the data side): then nothing is
-            read back from the device. An image with more boxes, or an image index outside
-            [0, B), then raises an IndexError (on the CPU) or a device-side assert (CUDA).
-            None: G is the largest number of boxes in one image, read from the device
-            (one read, which also checks the image indices).
-
-    Returns:
-        ``PaddedTargets`` with G = ``max_boxes``, or the largest number of boxes in one image
-        (0 when N = 0). Within an image, boxes keep the order they have in ``targets``.
-
-    Example:
-        >>> t = torch.tensor([[1, 2, 0, 0, 4, 4], [1, 0, 1, 1, 2, 2.0]])
-        >>> p = pad_targets(t, 3)
-        >>> p.boxes.shape, p.mask.tolist()
-        (torch.Size([3, 2, 4]), [[False, False], [True, True], [False, False]])
-    """
-    if targets.ndim != 2 or targets.shape[1] != 6:
-        raise ValueError(f"targets must be Tensor[N, 6], got shape {tuple(targets.shape)}")
-    device = targets.device
-    image = targets[:, 0].long()
-    if max_boxes is None and targets.shape[0]:
-        ones = torch.ones_like(image)
-        counts = torch.zeros(batch_size, dtype=torch.long, device=device)
-        counts.index_add_(0, image.clamp(0, batch_size - 1), ones)
-        g, low, high = torch.stack((counts.max(), image.min(), image.max())).tolist()
-        if low < 0 or high >= batch_size:
-            raise ValueError(f"targets name image index {high if high >= batch_size else low} "
-                             f"but the batch holds {batch_size} images")
-    else:
-        g = max_boxes or 0
-        counts = torch.zeros(batch_size, dtype=torch.long, device=device).index_add_(0, image, torch.ones_like(image))
-    labels = torch.zeros(batch_size, g, dtype=torch.long, device=device)
-    boxes = torch.zeros(batch_size, g, 4, dtype=torch.float32, device=device)
-    mask = torch.zeros(batch_size, g, dtype=torch.bool, device=device)
-    if targets.shape[0]:
-        image_sorted, order = torch.sort(image, stable=True)
-        starts = counts.cumsum(0) - counts
-        slot = torch.arange(image.numel(), device=device) - starts[image_sorted]
-        rows = targets[order].float()
-        labels[image_sorted, slot] = rows[:, 1].long()
-        boxes[image_sorted, slot] = rows[:, 2:6]
-        mask[image_sorted, slot] = True
-    return PaddedTargets(labels, boxes, mask)
 
 
 class TaskAlignment(NamedTuple):

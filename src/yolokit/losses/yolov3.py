@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from yolokit.losses.assigners import AnchorMatcher, pad_targets
-from yolokit.losses.base import DetectionLoss
+from yolokit.losses.assigners import AnchorMatcher
+from yolokit.losses.base import DetectionLoss, pad_targets
 from yolokit.ops.anchors import grid_points
 from yolokit.ops.boxes import ciou
 
@@ -97,7 +97,8 @@ class YOLOv3Loss(DetectionLoss):
         image_area = float(shapes[0][0] * shapes[0][1] * self.strides[0] ** 2)
         match = self.matcher(targets, shapes)
         labels, gt_xyxy = targets[:, 1].long(), targets[:, 2:6]
-        gt = pad_targets(targets, b, max_boxes=max_boxes)
+        gt = pad_targets(targets, b, max_boxes=max_boxes)  # reads G back unless max_boxes is given
+        rows = torch.arange(targets.shape[0], device=device)
         box = obj = cls = maps[0].new_zeros(())
         for level, (m, anchors, stride) in enumerate(zip(maps, self.anchors, self.strides)):
             (h, w), a = shapes[level], len(anchors)
@@ -105,34 +106,38 @@ class YOLOv3Loss(DetectionLoss):
             t, o, logits = m.reshape(b, a, 5 + c, h * w).split((4, 1, c), dim=2)  # [B, A, 4|1|C, HW]
             cells, _ = grid_points([(h, w)], [1], offset=0.0, device=device)  # [HW, 2] (column, row)
             anchor_wh = torch.tensor(anchors, dtype=torch.float32, device=device)  # [A, 2]
-            rows = (match.level == level).nonzero().squeeze(1)  # GTs trained at this level
-            img, anc, cell = match.image[rows], match.anchor[rows], match.cell_y[rows] * w + match.cell_x[rows]
+            # every GT row, weighted 1 where it trains at this level and 0 elsewhere (no count is read back)
+            here = match.level == level
+            img = match.image
+            anc = torch.where(here, match.anchor, 0)
+            cell = torch.where(here, match.cell_y * w + match.cell_x, 0)
 
-            obj_target = o.new_zeros(b, a, h * w)
-            obj_target[img, anc, cell] = 1.0
-            positive = obj_target.bool()
+            obj_target = o.new_zeros(b, a, h * w).index_put_((img, anc, cell), here.float(), accumulate=True)
+            positive = obj_target > 0
+            obj_target = positive.float()
             with torch.no_grad():
-                boxes = decode_boxes(t.transpose(2, 3), cells, stride, anchor_wh[:, None])  # [B, A, HW, 4]
-                best = _max_iou(boxes.flatten(1, 2), gt.boxes, gt.mask).view(b, a, h * w)
-                keep = ~((best > self.ignore_thresh) & ~positive)
+                boxes = decode_boxes(t.transpose(2, 3), cells, stride, anchor_wh[:, None]).flatten(1, 2)  # [B, Q, 4]
+                best = _max_iou(boxes, gt.boxes, gt.mask)
+                keep = ~((best.view(b, a, h * w) > self.ignore_thresh) & ~positive)
             obj_bce = F.binary_cross_entropy_with_logits(o.squeeze(2), obj_target, reduction="none")
             obj = obj + (obj_bce * keep).sum()
 
-            # one multi-hot class target per positive anchor, however many GTs landed on it
-            pos_img, pos_anc, pos_cell = positive.nonzero(as_tuple=True)
-            slot = torch.full((b, a, h * w), -1, dtype=torch.long, device=device)
-            slot[pos_img, pos_anc, pos_cell] = torch.arange(len(pos_img), device=device)
-            cls_target = o.new_zeros(len(pos_img), c)
-            cls_target[slot[img, anc, cell], labels[rows]] = 1.0
-            pos_logits = logits[pos_img, pos_anc, :, pos_cell]  # [N_pos, C]
-            cls = cls + F.binary_cross_entropy_with_logits(pos_logits, cls_target, reduction="sum")
+            # one multi-hot class target per positive anchor, however many GTs landed on it: the
+            # anchor's first row holds the classes of all its rows; the others weigh 0
+            key = torch.where(here, (img * a + anc) * (h * w) + cell, b * a * h * w)
+            first = torch.full((b * a * h * w + 1,), len(rows), dtype=torch.long, device=device)
+            first = first.scatter_reduce_(0, key, rows, "amin")[key]
+            cls_target = o.new_zeros(len(rows), c).index_put_((first, labels), here.float(), accumulate=True)
+            cls_target.clamp_(max=1.0)
+            bce = F.binary_cross_entropy_with_logits(logits[img, anc, :, cell], cls_target, reduction="none")
+            cls = cls + (bce.sum(-1) * (here & (first == rows))).sum()
 
-            t_gt = t[img, anc, :, cell]  # [N_l, 4]
+            t_gt = t[img, anc, :, cell]  # [N, 4]
             if self.box == "ciou":
                 pred = decode_boxes(t_gt, cells[cell], stride, anchor_wh[anc])
-                box = box + (1.0 - ciou(pred, gt_xyxy[rows])).sum()
+                box = box + ((1.0 - ciou(pred, gt_xyxy)) * here).sum()
             else:
-                box = box + _squared_error(t_gt, gt_xyxy[rows], cells[cell], stride, anchor_wh[anc], image_area)
+                box = box + (_squared_error(t_gt, gt_xyxy, cells[cell], stride, anchor_wh[anc], image_area) * here).sum()
 
         parts = {"box": box / b * self.gains["box"], "obj": obj / b * self.gains["obj"],
                  "cls": cls / b * self.gains["cls"]}
@@ -141,7 +146,7 @@ class YOLOv3Loss(DetectionLoss):
 
 
 def _squared_error(t: Tensor, gt: Tensor, cell: Tensor, stride: float, anchor_wh: Tensor, image_area: float) -> Tensor:
-    """The paper's squared error on (tx, ty, tw, th), scaled by 2 - relative GT area; summed.
+    """The paper's squared error on (tx, ty, tw, th), scaled by 2 - relative GT area: Tensor[N].
 
     Args:
         t: Tensor[N, 4] raw predictions.
@@ -156,7 +161,7 @@ def _squared_error(t: Tensor, gt: Tensor, cell: Tensor, stride: float, anchor_wh
     target_wh = (gt_wh / anchor_wh).log()
     scale = 2.0 - gt_wh.prod(-1) / image_area
     err = (t[:, :2].sigmoid() - target_xy).pow(2).sum(-1) + (t[:, 2:] - target_wh).pow(2).sum(-1)
-    return (scale * err).sum()
+    return scale * err
 
 
 def decode_boxes(t: Tensor, cells: Tensor, stride: float, anchor_wh: Tensor) -> Tensor:

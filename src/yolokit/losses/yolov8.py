@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner, pad_targets
-from yolokit.losses.base import DetectionLoss
+from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner
+from yolokit.losses.base import DetectionLoss, pad_targets
 from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
 from yolokit.ops.boxes import ciou
 
