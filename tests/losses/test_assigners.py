@@ -239,3 +239,112 @@ def test_point_targets_is_the_sparse_form_of_forward():
         fg = sparse.foreground
         assert torch.equal(sparse.labels[fg], labels.gather(1, sparse.gt_index)[fg])
         assert (sparse.weights[~fg] == 0).all()
+
+
+# ----------------------------------------------------------------------------- chunks and host reads
+
+
+def _dense_case(b=3, g=9, size=128, seed=11, empty_image=1):
+    """Random predictions at the three strides of a ``size`` image (P = 336 at 128 px) and
+    padded GTs: image ``empty_image`` holds none, the others some padding rows."""
+    gen = torch.Generator().manual_seed(seed)
+    points, strides = grid_points([(size // s, size // s) for s in (8, 16, 32)], [8, 16, 32])
+    p = len(points)
+    dist = torch.rand(b, p, 4, generator=gen) * 4 * strides[:, None]
+    boxes = torch.cat([points - dist[..., :2], points + dist[..., 2:]], -1)
+    logits = torch.randn(b, p, 5, generator=gen)
+    wh = 8 + torch.rand(b, g, 2, generator=gen) * (size / 2)
+    xy = torch.rand(b, g, 2, generator=gen) * (size - wh)
+    gts = torch.cat([xy, xy + wh], -1)
+    labels = torch.randint(0, 5, (b, g), generator=gen)
+    mask = torch.rand(b, g, generator=gen) > 0.25
+    mask[empty_image] = False
+    return logits, boxes, points, labels, gts, mask
+
+
+@pytest.mark.parametrize("chunk_pairs", [1, 336 * 2 + 5, 336 * 4, 336 * 9 * 2 + 100])
+def test_chunked_assignment_equals_unchunked(chunk_pairs):
+    """One GT per chunk, several GTs of one image with an uneven last chunk, and whole
+    images per chunk (uneven again): bit for bit the assignment of a single chunk."""
+    logits, boxes, points, labels, gts, mask = _dense_case()
+    whole = TaskAlignedAssigner(topk=7, chunk_pairs=10**9).point_targets(logits, boxes, points, labels, gts, mask,
+                                                                         logits=True)
+    parts = TaskAlignedAssigner(topk=7, chunk_pairs=chunk_pairs).point_targets(logits, boxes, points, labels, gts,
+                                                                                mask, logits=True)
+    assert whole.foreground.sum() > 40 and not whole.foreground[1].any()
+    for name in whole._fields:
+        assert torch.equal(getattr(parts, name), getattr(whole, name)), name
+
+
+def test_flat_rows_in_any_order_equal_padded_rows():
+    """``assign_rows`` on shuffled flat targets (copied predictions per GT, in chunks) gives
+    the assignment of ``point_targets`` on the padded ones."""
+    logits, boxes, points, labels, gts, mask = _dense_case()
+    tal = TaskAlignedAssigner(topk=7, chunk_pairs=700)
+    padded = tal.point_targets(logits, boxes, points, labels, gts, mask, logits=True)
+    image, slot = mask.nonzero(as_tuple=True)
+    perm = torch.randperm(len(image), generator=torch.Generator().manual_seed(0))
+    image, slot = image[perm], slot[perm]
+    rows = tal.assign_rows(logits, boxes, points, image, labels[image, slot], gts[image, slot], logits=True)
+    foreground = rows.point_row < len(image)
+    assert torch.equal(foreground, padded.foreground)
+    assert torch.equal(rows.point_weights, padded.weights)
+    fg_image = torch.arange(3)[:, None].expand_as(foreground)[foreground]
+    assert torch.equal(image[rows.point_row[foreground]], fg_image)
+    assert torch.equal(slot[rows.point_row[foreground]], padded.gt_index[foreground])
+    # the per-GT form holds the same positives and weights
+    assert rows.positive.sum() == foreground.sum()
+    key = image[:, None] * len(points) + rows.points
+    assert torch.equal(rows.weights[rows.positive], rows.point_weights.view(-1)[key[rows.positive]])
+
+
+def test_chunks_bound_the_largest_tensor():
+    """Memory: with 150 GTs per image and 2,000-pair chunks no intermediate tensor holds
+    more than a chunk's worth or the O(B * P) box terms of the predictions, while the
+    unchunked form makes tensors of B * G * P."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestOutput(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    logits, boxes, points, labels, gts, mask = _dense_case(b=2, g=150, empty_image=0)
+    b, p, _ = logits.shape
+    for chunk_pairs, bound in ((2000, 2000), (10**9, None)):
+        with LargestOutput() as mode:
+            TaskAlignedAssigner(chunk_pairs=chunk_pairs).point_targets(logits, boxes, points, labels, gts, mask)
+        if bound:
+            assert mode.largest <= max(bound, 6 * b * p), mode.largest
+        else:
+            assert mode.largest >= b * 150 * p
+
+
+def test_assigner_reads_nothing_back():
+    from _host_sync import count_host_syncs  # tests/ is put on sys.path by tests/losses/conftest.py
+
+    logits, boxes, points, labels, gts, mask = _dense_case()
+    tal = TaskAlignedAssigner(chunk_pairs=1000)
+    targets = torch.cat([torch.tensor([[0.0, 1, 10, 10, 60, 50], [2, 3, 0, 0, 128, 128]])])
+    with count_host_syncs() as syncs:
+        tal(logits.sigmoid(), boxes, points, labels, gts, mask)
+        tal.point_targets(logits, boxes, points, labels, gts, mask, logits=True)
+        pad_targets(targets, 3, max_boxes=2)
+    assert not syncs, dict(syncs)
+
+
+def test_pad_targets_with_max_boxes():
+    t = torch.tensor([[2, 1, 0, 0, 4, 4], [0, 3, 1, 1, 2, 2], [2, 0, 5, 5, 9, 9], [2, 2, 6, 6, 7, 7.0]])
+    read, given = pad_targets(t, 4), pad_targets(t, 4, max_boxes=5)
+    assert given.boxes.shape == (4, 5, 4) and not given.mask[:, 3:].any()
+    for a, b in zip(read, given):
+        assert torch.equal(b[:, :3], a)
+    with pytest.raises(IndexError):
+        pad_targets(t, 4, max_boxes=2)  # image 2 holds three boxes
+    with pytest.raises(ValueError, match="image index -1"):
+        pad_targets(torch.tensor([[-1, 0, 0, 0, 1, 1.0]]), 3)

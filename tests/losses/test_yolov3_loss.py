@@ -202,3 +202,26 @@ def test_channels_last_maps_give_the_same_loss():
     ref, _ = loss(maps, targets)
     total, _ = loss([m.to(memory_format=torch.channels_last) for m in maps], targets)
     torch.testing.assert_close(total, ref)
+
+
+def test_host_reads_only_for_padding_and_max_boxes_gives_the_same_loss():
+    """Without ``max_boxes`` the one read left is the padding's G (for the ignore rule);
+    with it, forward and backward read nothing back, and the loss is the same."""
+    from _host_sync import count_host_syncs  # tests/ is put on sys.path by tests/losses/conftest.py
+
+    gen = torch.Generator().manual_seed(6)
+    maps = _maps(FULL, FULL_STRIDES, 96, b=3, gen=gen, requires_grad=True)
+    targets = torch.tensor([[0, 0, 5, 8, 30, 40], [2, 1, 40, 20, 90, 95], [2, 1, 50, 50, 62, 58.0],
+                            [2, 0, 50.5, 50, 62.5, 58.0]])  # the last two share an anchor and a cell
+    loss = YOLOv3Loss(C, FULL, FULL_STRIDES, ignore_thresh=0.3)
+    results = []
+    for max_boxes, reads in ((None, {"tolist": 1}), (3, {}), (5, {})):
+        with count_host_syncs() as syncs:
+            total, parts = loss(maps, targets, max_boxes=max_boxes)
+            grads = torch.autograd.grad(total, maps)
+        assert dict(syncs) == reads
+        results.append((parts, grads))
+    for parts, grads in results[1:]:
+        assert all(torch.equal(parts[k], results[0][0][k]) for k in parts)
+        assert all(torch.equal(g, want) for g, want in zip(grads, results[0][1]))
+    assert results[0][0]["cls"] > 0

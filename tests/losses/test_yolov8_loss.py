@@ -188,3 +188,109 @@ def test_class_term_is_dense_bce_against_the_assigners_soft_targets():
     bce = F.binary_cross_entropy_with_logits(flat[..., 64:], assigned.scores, reduction="sum")
     expected = bce / assigned.scores.sum().clamp(min=1) * loss.gains["cls"]
     torch.testing.assert_close(parts["cls"], expected, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- host reads, padding, chunks
+
+
+def _foreground_form(loss, maps, targets):
+    """The loss as it was computed with a data-dependent foreground list (``nonzero``) over
+    the padded targets: the reference for the fixed-size form the loss uses now."""
+    import torch.nn.functional as F
+
+    from yolokit.losses import pad_targets
+    from yolokit.losses.yolov8 import distribution_focal_loss as dfl_fn
+    from yolokit.ops.anchors import box_to_dist
+    from yolokit.ops.boxes import ciou
+
+    b, r = maps[0].shape[0], loss.reg_max
+    flat = torch.cat([m.flatten(2) for m in maps], 2)  # [B, 4R + C, P]
+    p = flat.shape[-1]
+    box_logits, cls_logits = flat[:, : 4 * r].reshape(b, 4, r, p), flat[:, 4 * r:]
+    points, strides = grid_points([m.shape[-2:] for m in maps], loss.strides)
+    bins = torch.arange(r, dtype=torch.float32)
+    with torch.no_grad():
+        dist = torch.matmul(bins, box_logits.softmax(2)).transpose(1, 2)
+        boxes = dist_to_box(dist * strides[:, None], points)
+        assigned = loss.assigner.point_targets(cls_logits.transpose(1, 2), boxes, points, *pad_targets(targets, b),
+                                               logits=True)
+    s = assigned.weights.sum().clamp(min=1.0)
+    fi, fp = assigned.foreground.nonzero(as_tuple=True)
+    w = assigned.weights[fi, fp]
+    cls = (F.softplus(cls_logits).sum() - (cls_logits[fi, assigned.labels[fi, fp], fp] * w).sum()) / s
+    logits = box_logits[fi, :, :, fp]
+    pred = dist_to_box((logits.softmax(-1) @ bins) * strides[fp, None], points[fp])
+    target = assigned.boxes[fi, fp]
+    box = ((1 - ciou(pred, target)) * w).sum() / s
+    tdist = box_to_dist(target / strides[fp, None], points[fp] / strides[fp, None], max_dist=r - 1.01)
+    dfl = (dfl_fn(logits, tdist) * w).sum() / s
+    return {"box": box * loss.gains["box"], "cls": cls * loss.gains["cls"], "dfl": dfl * loss.gains["dfl"]}
+
+
+@pytest.mark.parametrize("per_image", [4, 40])  # N * k below B * P (each GT's points), and above (every point)
+def test_equals_the_foreground_form_padded_or_not(per_image):
+    gen = torch.Generator().manual_seed(8)
+    maps = _random_maps(gen, b=3, size=64, requires_grad=True)
+    targets = _random_targets(gen, 3, per_image, 64, 3, min_wh=6, max_wh=40)
+    targets = targets[targets[:, 0] != 1]  # image 1 holds no box
+    targets = targets[torch.randperm(len(targets), generator=gen)]
+    loss = YOLOv8Loss(3, STRIDES)
+    assert (len(targets) * 10 > 3 * 84) == (per_image == 40)
+    expected = _foreground_form(loss, maps, targets)
+    grads = torch.autograd.grad(sum(expected.values()), maps)
+    assert expected["box"] > 0 and expected["dfl"] > 0
+    for max_boxes in (None, per_image, per_image + 3):
+        total, parts = loss(maps, targets, max_boxes=max_boxes)
+        for k in expected:
+            torch.testing.assert_close(parts[k], expected[k].detach(), rtol=1e-5, atol=1e-6)
+        for g, want in zip(torch.autograd.grad(total, maps), grads):
+            torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-8)
+
+
+def test_chunking_leaves_the_loss_unchanged():
+    gen = torch.Generator().manual_seed(9)
+    maps = _random_maps(gen, b=2, size=96)
+    targets = _random_targets(gen, 2, 30, 96, 3, min_wh=4, max_wh=60)
+    one, many = YOLOv8Loss(3, STRIDES), YOLOv8Loss(3, STRIDES)
+    one.assigner.chunk_pairs, many.assigner.chunk_pairs = 10**9, 500  # P = 189: two GTs at a time
+    for max_boxes in (None, 30):
+        total, parts = many(maps, targets, max_boxes=max_boxes)
+        ref_total, ref_parts = one(maps, targets, max_boxes=max_boxes)
+        assert torch.equal(total, ref_total) and all(torch.equal(parts[k], ref_parts[k]) for k in parts)
+
+
+@pytest.mark.parametrize("max_boxes", [None, 7])
+def test_a_step_reads_nothing_back(max_boxes):
+    from _host_sync import count_host_syncs  # tests/ is put on sys.path by tests/losses/conftest.py
+
+    gen = torch.Generator().manual_seed(10)
+    maps = _random_maps(gen, b=2, size=64, requires_grad=True)
+    targets = _random_targets(gen, 2, 7, 64, 3, min_wh=8)
+    loss = YOLOv8Loss(3, STRIDES)
+    with count_host_syncs() as syncs:
+        total, parts = loss(maps, targets, max_boxes=max_boxes)
+        total.backward()
+    assert not syncs, dict(syncs)
+    assert parts["box"] > 0
+
+
+def test_too_small_max_boxes_raises():
+    gen = torch.Generator().manual_seed(10)
+    with pytest.raises(IndexError):
+        YOLOv8Loss(3, STRIDES)(_random_maps(gen), _random_targets(gen, 2, 7, 64, 3), max_boxes=6)
+
+
+@pytest.mark.gpu
+def test_a_cuda_step_never_synchronizes():
+    gen = torch.Generator().manual_seed(10)
+    maps = [m.cuda().requires_grad_() for m in _random_maps(gen, b=2, size=64)]
+    targets = _random_targets(gen, 2, 7, 64, 3, min_wh=8).cuda()
+    loss = YOLOv8Loss(3, STRIDES).cuda()
+    loss(maps, targets)  # first call: lazy CUDA initialisation may synchronize
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for max_boxes in (None, 7):
+            total, _ = loss(maps, targets, max_boxes=max_boxes)
+            total.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
