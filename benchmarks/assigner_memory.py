@@ -13,8 +13,9 @@ timed (median and min after a warm-up call). Not a test: run it by hand on a qui
 Cases (``yolokit.bench.inputs``: maps N(0, 1), boxes 16 to 320 px unless --max-wh):
 ``normal`` is batch 16 with 10 boxes per image, ``dense`` batch 16 with 1,000.
 Rows: ``loss`` = ``YOLOv8Loss`` forward + backward (assignment included, from the
-per-level maps to their gradients); ``assigner`` = ``TaskAlignedAssigner.point_targets``
-on the decoded predictions the loss hands it.
+per-level maps to their gradients); ``loss-G`` the same with ``max_boxes`` given (the most
+boxes in one image: padded targets); ``assigner`` = ``TaskAlignedAssigner.point_targets``
+on the decoded predictions and class logits the loss hands it, targets padded.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ def _child(args: argparse.Namespace) -> dict:
         name, value = item.split("=", 1)
         setattr(loss.assigner, name, json.loads(value))
 
-    if args.row == "loss":
+    if args.row in ("loss", "loss-G"):
+        kwargs = {"max_boxes": CASES[args.case]} if args.row == "loss-G" else {}
+
         def fn() -> None:
             leaves = [m.detach().requires_grad_() for m in maps]
-            total, _ = loss(leaves, targets)
+            total, _ = loss(leaves, targets, **kwargs)
             total.backward()
     else:
         b = args.batch
@@ -64,7 +67,7 @@ def _child(args: argparse.Namespace) -> dict:
         flat = torch.cat([m.flatten(2) for m in maps], 2)  # [B, 64 + C, P]
         dist = torch.matmul(torch.arange(16.0), flat[:, :64].view(b, 4, 16, -1).softmax(2)).transpose(1, 2)
         boxes = dist_to_box(dist * point_strides[:, None], points)
-        logits = flat[:, 64:].transpose(1, 2)  # as the loss passes them
+        logits = flat[:, 64:].contiguous().transpose(1, 2)  # as the loss passes them
         gt = pad_targets(targets, b)
 
         def fn() -> None:
@@ -84,7 +87,8 @@ def _child(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=["normal", "dense"])
-    parser.add_argument("--rows", nargs="+", choices=["assigner", "loss"], default=["assigner", "loss"])
+    rows = ["assigner", "loss", "loss-G"]
+    parser.add_argument("--rows", nargs="+", choices=rows, default=rows)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--classes", type=int, default=80)
