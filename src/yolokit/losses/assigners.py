@@ -54,7 +54,7 @@ class PointTargets(NamedTuple):
 
 
 class RowAssignment(NamedTuple):
-    """The assignment of flat GT rows (``targets`` Tensor[N, 6]), from both sides.
+    """The assignment of N GT rows flat over the batch, seen from the GTs and from the points.
 
     Every point a GT trains is one of its k kept candidates, so the positives are also
     the ``positive`` entries of the fixed-size Tensor[N, k] form.
@@ -101,7 +101,8 @@ class TaskAlignedAssigner(nn.Module):
         alpha: exponent of the classification score in the alignment metric.
         beta: exponent of the IoU in the alignment metric.
         eps: strictness of "inside" (pixels) and guard of the normalizing division.
-        chunk_pairs: (GT, point) pairs evaluated at once (at least one GT's row of P).
+        chunk_pairs: (GT, point) pairs evaluated at once (at least one GT's row of P);
+            2^18 (about 26 MB) is fastest on a 2-core CPU, and results do not depend on it.
     """
 
     def __init__(self, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, eps: float = 1e-9,
