@@ -35,7 +35,8 @@ def test_plain_tensor_work_is_not_counted():
     with count_host_syncs() as syncs:
         y = (x * 2 + 1).sigmoid()[idx].sum(0)  # arithmetic, integer indexing, reductions
         z = torch.where(mask, x, 0.0).masked_fill(~mask, -1.0).topk(2, dim=1).values
-        w = x.gather(1, idx.expand(4, 2)) + torch.zeros(4, 5).scatter_reduce(1, idx.expand(4, 2), x[:, :2], "amax")[:, :2]
+        index = idx.expand(4, 2)
+        w = x.gather(1, index) + torch.zeros(4, 5).scatter_reduce(1, index, x[:, :2], "amax")[:, :2]
         torch.arange(3).repeat_interleave(2)  # repeats known from Python: a fixed size
         (y.sum() + z.sum() + w.sum()).backward()
     assert not syncs, dict(syncs)

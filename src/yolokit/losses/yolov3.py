@@ -137,7 +137,8 @@ class YOLOv3Loss(DetectionLoss):
                 pred = decode_boxes(t_gt, cells[cell], stride, anchor_wh[anc])
                 box = box + ((1.0 - ciou(pred, gt_xyxy)) * here).sum()
             else:
-                box = box + (_squared_error(t_gt, gt_xyxy, cells[cell], stride, anchor_wh[anc], image_area) * here).sum()
+                err = _squared_error(t_gt, gt_xyxy, cells[cell], stride, anchor_wh[anc], image_area)
+                box = box + (err * here).sum()
 
         parts = {"box": box / b * self.gains["box"], "obj": obj / b * self.gains["obj"],
                  "cls": cls / b * self.gains["cls"]}
