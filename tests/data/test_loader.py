@@ -184,11 +184,11 @@ def test_ram_cache_gives_the_same_items(shapes_yaml):
 def test_loader_defaults(shapes_yaml):
     train = _train_set(shapes_yaml)
     loader = build_dataloader(train, 5, workers=0)
-    assert loader.sampler.shuffle and len(loader) == 5  # 24 images, last batch of 4
+    assert loader.batch_sampler.shuffle and len(loader) == 5  # 24 images, last batch of 4
     order = [p for b in loader for p in b["paths"]]
     assert sorted(order) == sorted(train.index.paths) and order != train.index.paths
     val = DetectionDataset(shapes_yaml, "val", imgsz=96)
-    assert not build_dataloader(val, 5, workers=0).sampler.shuffle
+    assert not build_dataloader(val, 5, workers=0).batch_sampler.shuffle
     assert len(build_dataloader(train, 5, workers=0, drop_last=True)) == 4
 
 
@@ -315,7 +315,62 @@ def test_distributed_uses_the_process_group(shapes_yaml, tmp_path):
     try:
         ds = _train_set(shapes_yaml)
         loader = build_dataloader(ds, 4, workers=0, seed=2)
-        assert loader.sampler.num_replicas == 1 and loader.sampler.rank == 0
-        assert loader.sampler.seed == 2 and len(_batches(loader, 1)[0]["paths"]) == 4
+        assert loader.batch_sampler.world_size == 1 and loader.batch_sampler.rank == 0
+        assert loader.batch_sampler.seed == 2 and len(_batches(loader, 1)[0]["paths"]) == 4
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,accumulate,size,batch", [(2, 2, 21, 2), (3, 2, 25, 2), (3, 1, 10, 4), (4, 3, 7, 1)])
+def test_sharded_batches_equal_one_process_accumulating_them(world, accumulate, size, batch):
+    """Ranks' micro-batches, step by step and in rank order, are one process's micro-batches."""
+    from yolokit.data import ShardedBatchSampler
+
+    single = ShardedBatchSampler(size, batch, accumulate=world * accumulate, seed=5)
+    shards = [ShardedBatchSampler(size, batch, rank=r, world_size=world, accumulate=accumulate, seed=5)
+              for r in range(world)]
+    for epoch in (0, 1):
+        for s in [single, *shards]:
+            s.set_epoch(epoch)
+        one = list(single)
+        mine = [list(s) for s in shards]
+        assert [len(m) for m in mine] == [len(s) for s in shards]
+        steps = -(-len(one) // (world * accumulate))
+        rebuilt = []
+        for step in range(steps):
+            for r in range(world):
+                rebuilt += mine[r][step * accumulate:(step + 1) * accumulate]
+        assert rebuilt == one
+        flat = sorted(i for b in one for i in b)
+        assert flat == list(range(size))  # every image once: nothing padded, nothing dropped
+    single.set_epoch(0)
+    assert list(single) != list(ShardedBatchSampler(size, batch, accumulate=world * accumulate, seed=4))
+
+
+def test_sharded_remainder_goes_to_the_lowest_ranks():
+    from yolokit.data import ShardedBatchSampler
+
+    # 25 images in micro-batches of 2 -> 13 micro-batches (the last holds 1 image); 3 ranks x 2 per step
+    # -> steps of 6: two full steps, then 1 micro-batch for rank 0 and none for ranks 1 and 2.
+    shards = [ShardedBatchSampler(25, 2, rank=r, world_size=3, accumulate=2, shuffle=False) for r in range(3)]
+    assert [len(s) for s in shards] == [5, 4, 4]
+    assert list(shards[0])[-1] == [24]
+    assert list(shards[1]) == [[4, 5], [6, 7], [16, 17], [18, 19]]
+    assert len(ShardedBatchSampler(25, 2, rank=0, world_size=3, accumulate=2, drop_last=True)) == 4
+    with pytest.raises(ValueError):
+        ShardedBatchSampler(10, 2, rank=3, world_size=3)
+
+
+def test_augmentation_depends_on_seed_epoch_and_index_only(shapes_yaml):
+    """The same item is drawn identically by any worker or process (no Mosaic buffer)."""
+    ds = _train_set(shapes_yaml, buffer_size=0)
+    ds.set_seed(4)
+    ds.set_epoch(2)
+    a = [ds[i]["image"] for i in (3, 7)]
+    other = _train_set(shapes_yaml, buffer_size=0)
+    other.set_seed(4)
+    other.set_epoch(2)
+    b = [other[i]["image"] for i in (7, 3)]  # other order, other dataset object
+    assert torch.equal(a[0], b[1]) and torch.equal(a[1], b[0])
+    other.set_epoch(3)
+    assert not torch.equal(other[3]["image"], a[0])

@@ -13,6 +13,7 @@ from yolokit.data.labels import Problem, SplitIndex
 from yolokit.data.loader import (
     AspectRatioBatchSampler,
     DetectionLoader,
+    ShardedBatchSampler,
     build_dataloader,
     collate,
     collate_uint8,
@@ -42,7 +43,7 @@ from yolokit.data.transforms import (
 
 __all__ = [
     "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "DatasetError",
-    "DetectionDataset", "DetectionLoader", "ImageError", "Problem", "SHAPE_NAMES", "SplitIndex",
+    "DetectionDataset", "DetectionLoader", "ImageError", "Problem", "SHAPE_NAMES", "ShardedBatchSampler", "SplitIndex",
     "augment_hsv", "build_dataloader", "coco_index", "collate", "collate_uint8", "flip_lr",
     "flip_ud",
     "MosaicCanvas", "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4", "mosaic4_canvas",

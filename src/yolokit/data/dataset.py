@@ -11,10 +11,12 @@ An item is a dict:
     index       int, the dataset index actually returned (a different one when the
                 requested image could not be read at run time: reported once)
 
-Randomness comes from one numpy Generator per worker process, seeded from
-(seed, rank, worker id, epoch). `seed`, `rank`, `epoch` and the Mosaic switch live in
-a small shared-memory array, so changing them in the main process reaches
-persistent DataLoader workers too.
+Randomness is explicit: item i of epoch e draws from a numpy Generator seeded with
+(seed, e, i), so an image is augmented the same way whichever process or worker loads it
+(only the Mosaic partners drawn from a process's recent-image buffer depend on what that
+process loaded before; `buffer_size=0` makes items independent of that too). `seed`,
+`epoch` and the Mosaic switch live in a small shared-memory array, so changing them in
+the main process reaches persistent DataLoader workers too.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from yolokit.data.albu import Albumentations
 from yolokit.data.images import ImageError, read_image
@@ -46,11 +48,11 @@ from yolokit.data.transforms import (
 
 logger = logging.getLogger("yolokit.data")
 
-_EPOCH, _MOSAIC, _SEED, _RANK, _PASS = range(5)
+_EPOCH, _MOSAIC, _SEED, _PASS = range(4)
 
 
 class _SharedState:
-    """Five int64 values in shared memory: epoch, mosaic switch, seed, rank, pass.
+    """Four int64 values in shared memory: epoch, mosaic switch, seed, pass.
 
     Inherited by forked workers and passed to spawned ones; pickled at any other
     time (e.g. a deepcopy) it becomes an independent copy.
@@ -112,9 +114,8 @@ class DetectionDataset(Dataset):
         if albumentations is not None and not isinstance(albumentations, Albumentations):
             albumentations = Albumentations(albumentations)
         self.albumentations = albumentations
-        self._state = _SharedState([0, 1, 0, 0, 0])
-        self._rng: np.random.Generator | None = None
-        self._rng_key: tuple | None = None
+        self._state = _SharedState([0, 1, 0, 0])
+        self._pass: int | None = None  # the pass this process's buffer belongs to
         self._warned: set[str] = set()
         self._images: list[np.ndarray | None] | None = None
         self.buffer_size = buffer_size if augment and not cache_images else 0
@@ -139,8 +140,8 @@ class DetectionDataset(Dataset):
         return int(self._state.array[_EPOCH])
 
     def set_epoch(self, epoch: int) -> None:
-        """Start a pass over the data: every process reseeds its generator from
-        (seed, rank, worker id, epoch) at its next item (shared with workers).
+        """Start a pass over the data: items draw from (seed, epoch, index) and every
+        process empties its Mosaic buffer at its next item (shared with workers).
 
         Called by DetectionLoader at each `iter(loader)`, so a pass never depends on
         what was drawn before it.
@@ -148,11 +149,11 @@ class DetectionDataset(Dataset):
         self._state.array[_EPOCH] = int(epoch)
         self._state.array[_PASS] += 1
 
-    def set_seed(self, seed: int, rank: int = 0) -> None:
-        """Base seed and process rank of the per-worker generators (shared with workers)."""
-        if seed < 0 or rank < 0:
-            raise ValueError("seed and rank must be non-negative")
-        self._state.array[_SEED], self._state.array[_RANK] = int(seed), int(rank)
+    def set_seed(self, seed: int) -> None:
+        """Base seed of the augmentation (shared with workers)."""
+        if seed < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
+        self._state.array[_SEED] = int(seed)
 
     @property
     def category_ids(self) -> list[int] | None:
@@ -172,16 +173,13 @@ class DetectionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def generator(self) -> np.random.Generator:
-        """This process's Generator, seeded from (seed, rank, worker id, epoch)."""
-        info = get_worker_info()
+    def generator(self, index: int) -> np.random.Generator:
+        """The Generator of item ``index`` in the current epoch, seeded from (seed, epoch, index)."""
         a = self._state.array
-        seed = [a[_SEED], a[_RANK], info.id if info is not None else 0, a[_EPOCH]]
-        key = (*seed, a[_PASS])
-        if key != self._rng_key:
-            self._rng, self._rng_key = np.random.default_rng(seed), key
+        if a[_PASS] != self._pass:  # a new pass: recent images of the last one are forgotten
+            self._pass = int(a[_PASS])
             self._buffer.clear()
-        return self._rng
+        return np.random.default_rng([int(a[_SEED]), int(a[_EPOCH]), int(index)])
 
     # ------------------------------------------------------------------ loading
 
@@ -262,7 +260,7 @@ class DetectionDataset(Dataset):
     # ------------------------------------------------------------------ items
 
     def __getitem__(self, i: int) -> dict:
-        rng = self.generator()
+        rng = self.generator(i)
         if self.augment:
             image, boxes, classes, ratio_pad, i = self._train_sample(i, rng)
         else:

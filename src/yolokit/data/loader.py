@@ -7,6 +7,7 @@ A batch is a dict:
     orig_shapes  list[(h, w)]
     ratio_pad    list[((ratio_w, ratio_h), (pad_w, pad_h))]: input = original * ratio + pad
     indices      list[int], dataset indices (e.g. for `dataset.image_ids`)
+    max_boxes    int, most boxes in one image (losses pad to it without reading the device)
 
 `build_dataloader(..., uint8_images=True)` yields `images_uint8` (uint8) instead of
 `images`, for a much faster loader; `to_device(batch, device)` gives the contract back.
@@ -22,7 +23,7 @@ import cv2
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.transforms import PAD_VALUE
@@ -66,6 +67,7 @@ def _collate(items: list[dict], as_float: bool) -> dict:
         "orig_shapes": [tuple(it["orig_shape"]) for it in items],
         "ratio_pad": [it["ratio_pad"] for it in items],
         "indices": [int(it["index"]) for it in items],
+        "max_boxes": max((len(it["classes"]) for it in items), default=0),
     }
 
 
@@ -142,6 +144,70 @@ class AspectRatioBatchSampler(Sampler[list[int]]):
         return len(self.batches)
 
 
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Batches of an epoch, shared out so that any number of processes takes the same steps.
+
+    The epoch's order (``randperm`` seeded with ``seed + epoch``, or the dataset order) is
+    cut into micro-batches of ``batch_size``. Each optimizer step takes the next
+    ``world_size * accumulate`` micro-batches; within a step, rank r gets micro-batches
+    ``r * accumulate`` to ``(r + 1) * accumulate - 1``. So one process accumulating
+    ``world_size * accumulate`` micro-batches sees exactly the micro-batches of all ranks,
+    in rank order, step by step.
+
+    Nothing is repeated or dropped (unlike ``DistributedSampler``'s padding): the last
+    micro-batch may hold fewer images, and in the last step the remaining micro-batches go
+    to the lowest ranks, so ranks may have fewer batches (or none) in it. ``len()`` is this
+    rank's count; :class:`yolokit.accel.accumulation.Accumulator` keeps ranks stepping
+    together.
+
+    Args:
+        size: Number of dataset items.
+        batch_size: Images per micro-batch.
+        rank, world_size: This process and the number of processes.
+        accumulate: Micro-batches per rank per optimizer step.
+        shuffle: Random order per epoch.
+        seed: Base seed of the order.
+        drop_last: Drop the last micro-batch when it is not full.
+    """
+
+    def __init__(self, size: int, batch_size: int, *, rank: int = 0, world_size: int = 1, accumulate: int = 1,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        if batch_size < 1 or accumulate < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need batch_size >= 1, accumulate >= 1 and 0 <= rank < world_size, got "
+                             f"{batch_size}, {accumulate}, {rank}, {world_size}")
+        self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
+        self.accumulate, self.shuffle, self.seed, self.drop_last = accumulate, shuffle, seed, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _chunks(self) -> int:
+        return self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in an epoch (the same on every rank)."""
+        return -(-self._chunks() // (self.world_size * self.accumulate))
+
+    def _mine(self) -> list[int]:
+        """Indices of this rank's micro-batches among all the epoch's micro-batches."""
+        group, first = self.world_size * self.accumulate, self.rank * self.accumulate
+        return [c for c in range(self._chunks()) if first <= c % group < first + self.accumulate]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        else:
+            order = torch.arange(self.size)
+        b = self.batch_size
+        for c in self._mine():
+            yield order[c * b:(c + 1) * b].tolist()
+
+    def __len__(self) -> int:
+        return len(self._mine())
+
+
 class DetectionLoader(DataLoader):
     """A DataLoader that knows its epoch.
 
@@ -166,7 +232,7 @@ class DetectionLoader(DataLoader):
         if not self._epoch_given:
             self._epoch += 1
         self._epoch_given = False
-        sampler = self.batch_sampler if isinstance(self.batch_sampler, AspectRatioBatchSampler) \
+        sampler = self.batch_sampler if isinstance(self.batch_sampler, (AspectRatioBatchSampler, ShardedBatchSampler)) \
             else self.sampler
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self._epoch)
@@ -193,17 +259,21 @@ def build_dataloader(
     prefetch_factor: int = 2,
     uint8_images: bool = False,
     multiprocessing_context: str | None = None,
+    accumulate: int = 1,
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
     Args:
         dataset: the dataset (its seed and rank are set here: one loader per dataset).
-        batch_size: images per batch (per process under DDP).
+        batch_size: images per batch (per process when distributed).
         workers: worker processes; default min(8, CPUs per process).
         shuffle: default True when the dataset augments; rect datasets never shuffle.
-        seed: base seed of the shuffle order and of the per-worker generators.
-        distributed: shard across processes with a DistributedSampler; default: when
-            torch.distributed is initialized.
+        seed: base seed of the shuffle order and of the augmentation.
+        distributed: shard across processes; default: when torch.distributed is
+            initialized. Rect datasets: each rank takes every world_size-th batch.
+            Otherwise a `ShardedBatchSampler`: one process with `accumulate * world_size`
+            accumulation steps sees the same micro-batches as all ranks together;
+            nothing is padded or dropped, so ranks may get unequal counts.
         drop_last: drop the last incomplete batch.
         pin_memory: default True when CUDA is available.
         persistent_workers: keep workers between epochs; default True when workers > 0.
@@ -212,6 +282,7 @@ def build_dataloader(
             the device with `to_device`; much faster loading, same training input.
         multiprocessing_context: "fork", "spawn" or "forkserver" for the workers; default
             the platform's. The shared epoch / Mosaic switch works with all three.
+        accumulate: micro-batches per rank per optimizer step (see `ShardedBatchSampler`).
 
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
@@ -232,7 +303,7 @@ def build_dataloader(
     if rect and shuffle:
         raise ValueError("a rect dataset keeps its aspect-ratio order: use shuffle=False")
     if hasattr(dataset, "set_seed"):
-        dataset.set_seed(seed, rank)
+        dataset.set_seed(seed)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     if persistent_workers is None:
@@ -248,8 +319,8 @@ def build_dataloader(
                                           world_size=world)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     else:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle,
-                                     seed=seed, drop_last=drop_last and distributed)
-        loader = DetectionLoader(dataset, batch_size=batch_size, sampler=sampler,
-                                 drop_last=drop_last, **common)
+        batches = ShardedBatchSampler(len(dataset), batch_size, rank=rank, world_size=world,
+                                      accumulate=accumulate, shuffle=shuffle, seed=seed,
+                                      drop_last=drop_last)
+        loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     return loader
