@@ -1,7 +1,8 @@
 """A plain PyTorch training loop built from yolokit pieces and the accel toolbox.
 
-Every accel piece is visible at the line where it acts: process setup and DDP,
-activation checkpointing, mixed precision, gradient accumulation. Trains YOLOv8n on the
+Every accel piece is visible at the line where it acts: process setup, activation
+checkpointing, mixed precision, and the Accumulator (accumulation, gradients summed over
+processes, the split on out-of-memory). The loop is the one yolokit's Trainer runs. Trains YOLOv8n on the
 generated "shapes" dataset (nothing is downloaded); about a minute on a 2-core CPU.
 
     python examples/custom_loop.py                      # one process (CPU, or one GPU)
@@ -29,47 +30,58 @@ from yolokit.losses import YOLOv8Loss
 def train(args: argparse.Namespace, data_yaml: Path) -> float:
     """One process of the run; returns the last epoch's mean loss over all processes."""
     device = distributed.setup()  # torchrun / launch environment, or a single process
-    torch.manual_seed(args.seed)  # same initial weights on every rank
+    world = distributed.world_size()
+    if args.batch % world:
+        raise ValueError(f"--batch {args.batch} is the total over {world} processes: make it divisible")
 
     model = yolokit.create_model(args.model, num_classes=4).to(device)
+    distributed.broadcast_module(model)  # every process starts from rank 0's weights
     if args.checkpointing:
         enable_activation_checkpointing(model.checkpoint_units("all"))
     criterion = YOLOv8Loss(model.num_classes, model.strides, reg_max=model.head.reg_max)
-    model = distributed.wrap_ddp(model)
     precision = Precision(args.precision, device)
     print(f"rank {distributed.rank()}: {device}, {precision}, {perf.configure(cudnn_benchmark=True)}")
 
+    # one owner of micro-batching: accumulation, the sum over processes, the split on OOM, loss weights
+    acc = Accumulator(model, nominal_batch=args.nominal_batch, batch_size=args.batch // world)
     dataset = DetectionDataset(data_yaml, "train", imgsz=args.imgsz, augment=True)
-    loader = build_dataloader(dataset, args.batch, workers=args.workers, seed=args.seed)
-    accumulate = Accumulator(args.nominal_batch, args.batch, world_size=distributed.world_size())
+    loader = build_dataloader(dataset, args.batch // world, workers=args.workers, seed=args.seed,
+                              accumulate=acc.steps)  # any number of processes sees the same steps
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+
+    def forward_backward(micro: dict, weight: float) -> torch.Tensor:
+        images, targets = micro["images"].to(device), micro["targets"].to(device)
+        with precision.autocast():
+            loss, parts = criterion(model(images), targets)
+        precision.backward(loss * weight)  # weight: this micro-batch's share of the step
+        return loss.detach()
+
+    def step() -> None:
+        acc.step(optimizer, lambda: precision.step(optimizer, clip_grad_norm=10.0))  # skips inf/NaN steps
+        optimizer.zero_grad(set_to_none=True)
 
     epoch_loss = float("nan")
     for epoch in range(args.epochs):
         model.train()
         loader.set_epoch(epoch)
+        acc.start_epoch(len(loader))
         start, total, batches = time.perf_counter(), torch.zeros((), device=device), 0
         for batch in loader:
-            images = batch["images"].to(device, non_blocking=True)
-            targets = batch["targets"].to(device, non_blocking=True)
-            with accumulate.micro_step(model):  # DDP all-reduce only on the last micro-step
-                with precision.autocast():
-                    loss, parts = criterion(model(images), targets)
-                precision.backward(loss * accumulate.loss_weight)
-            if accumulate.should_step():
-                precision.step(optimizer, clip_grad_norm=10.0)
-                optimizer.zero_grad(set_to_none=True)
-            total += loss.detach()
+            total += sum(acc.run(forward_backward, batch))  # micro-batches (split and replayed on OOM)
             batches += 1
+            if acc.should_step():  # gradients summed over the processes
+                step()
+        while acc.should_step():  # uneven shards: the other processes' last steps
+            step()
         epoch_loss = float(distributed.all_reduce_mean(total / max(batches, 1)))
         if distributed.is_main():
             print(
                 f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.3f}  "
-                f"({batches} batches of {args.batch}, {time.perf_counter() - start:.1f} s)"
+                f"({batches} batches of {args.batch // world} per process, {time.perf_counter() - start:.1f} s)"
             )
 
     if distributed.is_main() and args.save:
-        torch.save(distributed.unwrap(model).state_dict(), args.save)  # plain keys, no "module."
+        torch.save(model.state_dict(), args.save)
     distributed.teardown()
     return epoch_loss
 
@@ -79,7 +91,7 @@ def main() -> None:
     parser.add_argument("--model", default="yolov8n")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--imgsz", type=int, default=160)
-    parser.add_argument("--batch", type=int, default=8, help="images per micro-batch per process")
+    parser.add_argument("--batch", type=int, default=8, help="images per loader batch, all processes together")
     parser.add_argument("--nominal-batch", type=int, default=16, help="images per optimizer step, all processes")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"])

@@ -13,7 +13,6 @@ from torch import nn
 
 from yolokit.accel import distributed
 from yolokit.accel.accumulation import Accumulator
-from yolokit.accel.batch_size import OOMGuard
 
 TIMEOUT_S = 30.0
 
@@ -41,8 +40,9 @@ def ddp_suite() -> dict:
     out = {"env": report_env("suite")}
     distributed.setup(timeout=TIMEOUT_S)
     out["ddp"] = ddp_matches_single_process()
-    out["accumulation"] = accumulation_matches_big_batch()
-    out["oom_guard"] = oom_guard_recovers_on_one_rank()
+    out["uneven"] = accumulation_over_uneven_shards()
+    out["oom_replay"] = oom_replay_on_one_rank()
+    out["gather"] = gather_and_broadcast()
     distributed.teardown()
     out["torch_threads"] = torch.get_num_threads()
     return out
@@ -82,62 +82,118 @@ def ddp_matches_single_process() -> dict:
     return out
 
 
-def accumulation_matches_big_batch() -> dict:
-    """4 accumulated micro-batches of 2 per rank (no_sync on the first 3) vs one batch of 16."""
+def _bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=0.1), nn.SiLU(),
+                         nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+
+
+def _sequential_reference(micro_batches: list, steps: list[list[int]], make=_bn_model) -> tuple[list, list, dict]:
+    """One process running every micro-batch in order, summing gradients ("sum" reduction),
+    one SGD step per entry of ``steps`` (indices of its micro-batches)."""
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads = []
+    for step in steps:
+        for i in step:
+            x, y = micro_batches[i]
+            (_loss(model, x, y) * len(x)).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return grads, list(model.parameters()), {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def accumulation_over_uneven_shards() -> dict:
+    """World 2, 2 batches per rank per step; rank 0 has 3 batches, rank 1 has 2 (an empty last step).
+
+    Equals one process that runs rank 0's, then rank 1's batches of each step in turn: the
+    gradients at every step, the weights, and BatchNorm's running statistics.
+    """
     r, w = distributed.rank(), distributed.world_size()
-    acc = Accumulator(nominal_batch=16, batch_size=2, world_size=w)
-    out = {"steps": acc.steps}
+    x, y = _batch(10)
+    micro = [(x[2 * i:2 * i + 2], y[2 * i:2 * i + 2]) for i in range(5)]
+    shards = {0: [0, 1, 4], 1: [2, 3]}   # step 0: rank 0 -> 0, 1; rank 1 -> 2, 3. step 1: rank 0 -> 4
+    ref_grads, ref_params, ref_state = _sequential_reference(micro, [[0, 1, 2, 3], [4]])
 
-    x, y = _batch(16)
-    ref = _model()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
-    _loss(ref, x, y).backward()
-    ref_grads = [p.grad.clone() for p in ref.parameters()]
-    ref_opt.step()
+    model = _bn_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = Accumulator(model, nominal_batch=8, batch_size=2, reduction="sum")
+    out = {"steps": acc.steps, "stepped_after": [], "grad_diff": []}
+    acc.start_epoch(len(shards[r]))
+    out["epoch_steps"] = acc.epoch_steps
 
-    model = distributed.wrap_ddp(_model())
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    mine_x, mine_y = x[8 * r : 8 * r + 8], y[8 * r : 8 * r + 8]
-    stepped_at = []
-    for i in range(4):
-        with acc.micro_step(model):
-            (_loss(model, mine_x[2 * i : 2 * i + 2], mine_y[2 * i : 2 * i + 2]) * acc.loss_weight).backward()
-        if i == 0:  # after a no_sync micro-step each rank holds only its own gradient
-            g = model.module[0].weight.grad.clone()
-            out["first_grad_rank_spread"] = float((distributed.all_reduce_mean(g) - g).abs().max())
+    def forward_backward(mb, weight):
+        (_loss(model, *mb) * weight).backward()
+
+    def step():
+        out["grad_diff"].append(_max_diff([p.grad for p in model.parameters()], ref_grads[len(out["grad_diff"])]))
+        acc.step(opt)
+        opt.zero_grad(set_to_none=True)
+
+    for k, i in enumerate(shards[r]):
+        acc.run(forward_backward, micro[i])
+        if k == 0:
+            out["local_grad"] = float(model[0].weight.grad.abs().sum())  # before any all-reduce
         if acc.should_step():
-            stepped_at.append(i)
-            out["grad_diff"] = _max_diff([p.grad for p in model.parameters()], ref_grads)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    out["stepped_at"] = stepped_at
-    out["weight_diff"] = _max_diff(list(model.parameters()), list(ref.parameters()))
+            out["stepped_after"].append(k)
+            step()
+    while acc.should_step():
+        out["stepped_after"].append("empty")
+        step()
+    out["weight_diff"] = _max_diff(list(model.parameters()), ref_params)
+    state = model.state_dict()
+    out["bn_diff"] = max(float((state[k].float() - ref_state[k].float()).abs().max()) for k in ref_state)
+    out["bn_tracked"] = int(state["1.num_batches_tracked"])
     return out
 
 
-def oom_guard_recovers_on_one_rank() -> dict:
-    """Rank 0 runs out of memory at 4 images and splits; rank 1 does not; grads still match."""
+def oom_replay_on_one_rank() -> dict:
+    """Rank 0 runs out of memory in its second batch of a step (after a partial backward).
+
+    No BatchNorm here: split micro-batches would change its batch statistics."""
     r = distributed.rank()
     x, y = _batch(8)
-    ref = _model()
-    _loss(ref, x, y).backward()
+    micro = [(x[2 * i:2 * i + 2], y[2 * i:2 * i + 2]) for i in range(4)]
+    ref_grads, ref_params, _ = _sequential_reference(micro, [[0, 1, 2, 3]], make=_model)
 
-    model = distributed.wrap_ddp(_model())
-    guard = OOMGuard(model)
-    seen = []
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = Accumulator(model, nominal_batch=8, batch_size=2, reduction="sum")
+    acc.start_epoch(2)
+    seen, failed = [], []
 
-    def micro_step(micro, weight):
-        mx, my = micro
-        seen.append(len(mx))
-        if r == 0 and len(mx) > 2:
-            raise torch.OutOfMemoryError("injected")  # before the forward: DDP state untouched
-        (_loss(model, mx, my) * weight).backward()
+    def forward_backward(mb, weight):
+        (_loss(model, *mb) * weight).backward()
+        seen.append(len(mb[0]))
+        if r == 0 and len(mb[0]) > 1 and mb[0] is micro[1][0] and not failed:
+            failed.append(1)
+            raise torch.OutOfMemoryError("injected after a backward")   # gradients half accumulated
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        guard.run(micro_step, (x[4 * r : 4 * r + 4], y[4 * r : 4 * r + 4]))
+        for i in (2 * r, 2 * r + 1):
+            acc.run(forward_backward, micro[i])
+    stepped = acc.should_step()
     grads = [p.grad for p in model.parameters()]
-    return {"splits": guard.splits, "seen": seen, "grad_diff": _max_diff(grads, [p.grad for p in ref.parameters()])}
+    out = {"splits": acc.splits, "seen": seen, "stepped": stepped, "grad_diff": _max_diff(grads, ref_grads[0])}
+    acc.step(opt)
+    out["weight_diff"] = _max_diff(list(model.parameters()), ref_params)
+    return out
+
+
+def gather_and_broadcast() -> dict:
+    r = distributed.rank()
+    torch.manual_seed(r)  # different weights on each rank
+    model = _bn_model() if r == 0 else nn.Sequential(*[m for m in _bn_model()])
+    if r == 1:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    distributed.broadcast_module(model)
+    reference = _bn_model()
+    return {"gathered": distributed.all_gather_object({"rank": r}),
+            "diff": _max_diff(list(model.parameters()), list(reference.parameters()))}
 
 
 def rank_one_raises() -> None:

@@ -1,6 +1,4 @@
-"""find_batch_size, the memory model, split_batch and OOMGuard, with injected OOMs."""
-
-import copy
+"""find_batch_size, the memory model and is_oom_error, with injected OOMs."""
 
 import pytest
 import torch
@@ -9,12 +7,11 @@ from torch import nn
 from yolokit.accel import batch_size as bs
 from yolokit.accel.batch_size import (
     MemoryModel,
-    OOMGuard,
     find_batch_size,
     fit_memory_model,
     free_memory,
+    is_oom_error,
     predict_batch_size,
-    split_batch,
 )
 
 
@@ -92,76 +89,26 @@ def test_predict_batch_size_cross_checks_with_a_search():
     assert predict_batch_size(oom_above(1000, []), max_size=32, **kwargs) == 32
 
 
-def test_split_batch_follows_the_batch_contract():
-    images = torch.arange(5.0).view(5, 1, 1, 1).expand(5, 3, 2, 2)
-    targets = torch.tensor(
-        [[0, 1, 0, 0, 1, 1], [2, 0, 0, 0, 2, 2], [3, 1, 1, 1, 2, 2], [4, 2, 0, 0, 1, 1], [4, 0, 1, 1, 3, 3]]
-    )
-    batch = {"images": images, "targets": targets.float(), "paths": list("abcde"), "epoch": 3}
-    (first, w1), (second, w2) = split_batch(batch, 2)
-    assert (w1, w2) == (0.6, 0.4)
-    assert first["images"][:, 0, 0, 0].tolist() == [0, 1, 2] and second["images"][:, 0, 0, 0].tolist() == [3, 4]
-    assert first["targets"][:, 0].tolist() == [0, 2] and second["targets"][:, 0].tolist() == [0, 1, 1]
-    torch.testing.assert_close(second["targets"][:, 1:], targets[2:, 1:].float())
-    assert first["paths"] == ["a", "b", "c"] and second["paths"] == ["d", "e"] and second["epoch"] == 3
-    assert targets[0, 0] == 0 and batch["targets"][2, 0] == 3  # input untouched
-    x, y = torch.randn(4, 2), torch.randn(4)
-    parts = split_batch((x, y), 8)  # capped at one image per part
-    assert len(parts) == 4 and all(w == 0.25 for _, w in parts)
-    assert torch.equal(torch.cat([p[0] for p, _ in parts]), x) and isinstance(parts[0][0], tuple)
+def test_what_counts_as_out_of_memory():
+    assert is_oom_error(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_oom_error(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert is_oom_error(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+    assert not is_oom_error(RuntimeError("CUDNN_STATUS_BAD_PARAM"))
+    assert not is_oom_error(ValueError("CUBLAS_STATUS_ALLOC_FAILED"))
 
 
-def _train(guard: OOMGuard | None, limit_from_step: int | None, steps: int = 3):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
-    if guard is not None:
-        guard.model = model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    gen = torch.Generator().manual_seed(1)
-    seen = []
-    for step in range(steps):
-        batch = {"images": torch.randn(8, 3, 6, 6, generator=gen), "labels": torch.randn(8, 2, generator=gen)}
+def test_finder_treats_cudnn_allocation_failures_as_oom():
+    def step(size):
+        if size > 12:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
 
-        def micro_step(micro, weight, step=step):
-            loss = nn.functional.mse_loss(model(micro["images"]), micro["labels"]) * weight
-            loss.backward()  # gradients are partly accumulated when the "OOM" hits
-            seen.append((step, len(micro["images"])))
-            if limit_from_step is not None and step >= limit_from_step and len(micro["images"]) > 4:
-                raise torch.OutOfMemoryError("injected")
-            return loss.detach()
+    assert find_batch_size(step, mode="binsearch", margin=0.0, max_size=64) == 12
 
-        if guard is None:
-            micro_step(batch, 1.0)
-        else:
-            guard.run(micro_step, batch)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return model, seen
+    def broken(size):
+        raise RuntimeError("size mismatch")
 
-
-def test_oom_guard_keeps_the_effective_batch_and_the_weights():
-    ref, _ = _train(None, None)
-    guard = OOMGuard(nn.Identity())
-    with pytest.warns(RuntimeWarning, match="retrying with 2 micro-batches of <= 4"):
-        model, seen = _train(guard, limit_from_step=1)
-    assert guard.splits == 2 and guard.recoveries == 1 and guard.micro_batch(8) == 4
-    assert seen == [(0, 8), (1, 8), (1, 4), (1, 4), (2, 4), (2, 4)]  # 8 images per step throughout
-    for (k, a), b in zip(ref.state_dict().items(), model.state_dict().values(), strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=k)
-
-
-def test_oom_guard_gives_up_below_the_minimum():
-    model = nn.Linear(2, 1)
-    guard = OOMGuard(model, min_micro_batch=2)
-
-    def always_oom(micro, weight):
-        raise torch.OutOfMemoryError("injected")
-
-    with pytest.warns(RuntimeWarning), pytest.raises(torch.OutOfMemoryError):
-        guard.run(always_oom, torch.randn(8, 2))
-    assert guard.splits == 4  # 8 -> 4 -> 2 images, then it stops
-    model_copy = copy.deepcopy(model)
-    assert OOMGuard(model_copy).run(lambda m, w: (len(m), w), torch.randn(3, 2)) == [(3, 1.0)]
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        find_batch_size(broken)
 
 
 @pytest.mark.gpu
@@ -190,27 +137,3 @@ def test_real_cuda_oom_is_found_and_predicted(monkeypatch):
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
-
-
-def test_oom_guard_keeps_gradients_accumulated_before_the_batch():
-    torch.manual_seed(0)
-    model = nn.Linear(3, 1)
-    x, y = torch.randn(8, 3), torch.randn(8, 1)
-    nn.functional.mse_loss(model(x[:4]), y[:4]).backward()  # an earlier micro-step of the accumulation
-    nn.functional.mse_loss(model(x[4:]), y[4:]).backward()
-    expected = model.weight.grad.clone()
-    model.zero_grad(set_to_none=True)
-    nn.functional.mse_loss(model(x[:4]), y[:4]).backward()
-    calls = []
-
-    def micro_step(micro, weight):
-        xb, yb = micro
-        (nn.functional.mse_loss(model(xb), yb) * weight).backward()
-        calls.append(len(xb))
-        if len(xb) > 2:
-            raise torch.OutOfMemoryError("injected")
-
-    with pytest.warns(RuntimeWarning):
-        OOMGuard(model).run(micro_step, (x[4:], y[4:]))
-    assert calls == [4, 2, 2]
-    torch.testing.assert_close(model.weight.grad, expected, rtol=0, atol=1e-6)

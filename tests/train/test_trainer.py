@@ -88,9 +88,9 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(shape
     original = YOLOv8Loss.forward
     calls = {"n": 0}
 
-    def poisoned(self, maps, targets):
+    def poisoned(self, maps, targets, **kw):
         calls["n"] += 1
-        total, parts = original(self, maps, targets)
+        total, parts = original(self, maps, targets, **kw)
         if calls["n"] > 2:  # the first epoch (2 batches) trains normally
             total = total * float("nan")
             parts = {k: v * float("nan") for k, v in parts.items()}
@@ -108,7 +108,7 @@ def test_interrupt_writes_a_resumable_checkpoint(shapes, tmp_path, monkeypatch):
     from yolokit.train.trainer import Trainer as T
 
     calls = {"n": 0}
-    original = T._step
+    original = T._optimizer_step
 
     def interrupted(*args, **kw):
         calls["n"] += 1
@@ -116,7 +116,7 @@ def test_interrupt_writes_a_resumable_checkpoint(shapes, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return original(*args, **kw)
 
-    monkeypatch.setattr(T, "_step", staticmethod(interrupted))
+    monkeypatch.setattr(T, "_optimizer_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
         Trainer(tiny(shapes, tmp_path / "run", nbs=8, epochs=2)).fit()
     monkeypatch.undo()

@@ -4,22 +4,16 @@ Imports torch only. Modules: :mod:`~yolokit.accel.amp` (mixed precision),
 :mod:`~yolokit.accel.checkpointing` (activation checkpointing),
 :mod:`~yolokit.accel.distributed` (process group, DDP, reductions),
 :mod:`~yolokit.accel.launch` (start processes), :mod:`~yolokit.accel.accumulation`
-(gradient accumulation), :mod:`~yolokit.accel.batch_size` (batch-size finder, OOM
-recovery), :mod:`~yolokit.accel.perf` (speed switches), :mod:`~yolokit.accel.monitor`
-(device readings).
+(micro-batching: accumulation, synchronisation, split on OOM), :mod:`~yolokit.accel.reduce`
+(gradients and BatchNorm statistics summed over processes), :mod:`~yolokit.accel.batch_size`
+(batch-size finder), :mod:`~yolokit.accel.perf` (speed switches),
+:mod:`~yolokit.accel.monitor` (device readings).
 """
 
 from yolokit.accel import distributed
-from yolokit.accel.accumulation import Accumulator
+from yolokit.accel.accumulation import Accumulator, split_batch
 from yolokit.accel.amp import NonFiniteGradientsError, Precision, check_precision, prediction_error, resolve_precision
-from yolokit.accel.batch_size import (
-    MemoryModel,
-    OOMGuard,
-    find_batch_size,
-    fit_memory_model,
-    predict_batch_size,
-    split_batch,
-)
+from yolokit.accel.batch_size import MemoryModel, find_batch_size, fit_memory_model, is_oom_error, predict_batch_size
 from yolokit.accel.checkpointing import (
     checkpointed_modules,
     disable_activation_checkpointing,
@@ -28,16 +22,18 @@ from yolokit.accel.checkpointing import (
 from yolokit.accel.launch import LaunchError, launch
 from yolokit.accel.monitor import DeviceMonitor, DeviceStats, read_device_stats
 from yolokit.accel.perf import configure, describe, prepare_model
+from yolokit.accel.reduce import BatchNormSync, all_reduce_gradients
 
 __all__ = [
     "Accumulator",
+    "BatchNormSync",
     "DeviceMonitor",
     "DeviceStats",
     "LaunchError",
     "MemoryModel",
     "NonFiniteGradientsError",
-    "OOMGuard",
     "Precision",
+    "all_reduce_gradients",
     "check_precision",
     "checkpointed_modules",
     "configure",
@@ -47,6 +43,7 @@ __all__ = [
     "enable_activation_checkpointing",
     "find_batch_size",
     "fit_memory_model",
+    "is_oom_error",
     "launch",
     "predict_batch_size",
     "prediction_error",

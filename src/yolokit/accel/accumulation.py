@@ -1,102 +1,378 @@
-"""Gradient accumulation towards a nominal batch size, with DDP ``no_sync``.
+"""Micro-batching with one owner: accumulation, synchronisation, the split on OOM, the loss weight.
 
-Several micro-batches are backpropagated before one optimizer step, so the step sees
-the gradient of ``nominal_batch`` images while memory holds only ``batch_size``. Under
-DDP the gradient all-reduce runs only on the last micro-step of each step::
+:class:`Accumulator` decides everything about the micro-batches of an optimizer step:
 
-    acc = Accumulator(nominal_batch=64, batch_size=16, world_size=distributed.world_size())
-    for batch in loader:
-        with acc.micro_step(model):                  # no_sync unless last micro-step
-            with precision.autocast():
-                loss, parts = criterion(model(batch["images"]), batch["targets"])
-            precision.backward(loss * acc.loss_weight)
-        if acc.should_step():
-            precision.step(optimizer)
+- how many loader batches one step accumulates (``steps``, towards ``nominal_batch``
+  images over all processes), and when the step is due (:meth:`should_step`);
+- the weight each micro-batch's loss is multiplied by (passed to your function);
+- synchronisation: every backward runs locally (under DDP's ``no_sync`` when the model
+  is DDP-wrapped); when the step is due, gradients are summed over the processes in a
+  few bucketed all-reduces and BatchNorm running statistics are combined as one
+  process would have updated them (:mod:`yolokit.accel.reduce`), so N processes take
+  exactly the step one process takes over the same micro-batches;
+- uneven shards: :meth:`start_epoch` learns how many batches each rank has, and a rank
+  whose shard ended joins the other ranks' last steps with nothing of its own;
+- out of memory (in forward or backward, at any micro-batch): the step's gradients are
+  dropped, the micro-batch is halved, and the step's loader batches are run again at the
+  new split. Nothing is copied while no error happens (earlier batches of the step are
+  kept by reference: give :meth:`run` the batch as the loader returns it, on the host,
+  and move it to the device inside your function). An error in ``optimizer.step`` is
+  retried too (:meth:`step`).
+
+The loop::
+
+    acc = Accumulator(model, nominal_batch=64, batch_size=16)      # 16 images per loader batch here
+    for epoch in range(epochs):
+        acc.start_epoch(len(loader))
+        for batch in loader:
+            def forward_backward(micro, weight):                    # forward + backward of one micro-batch
+                with precision.autocast():
+                    loss, parts = criterion(model(micro["images"].to(device)), micro["targets"].to(device))
+                precision.backward(loss * weight)
+            acc.run(forward_backward, batch)
+            if acc.should_step():                                   # gradients summed over processes
+                acc.step(optimizer, lambda: precision.step(optimizer, clip_grad_norm=10.0))
+                optimizer.zero_grad(set_to_none=True)
+        while acc.should_step():                                    # steps other ranks still take
+            acc.step(optimizer, lambda: precision.step(optimizer, clip_grad_norm=10.0))
             optimizer.zero_grad(set_to_none=True)
-
-With a loss that is a mean over the images of its micro-batch and equal micro-batches,
-the accumulated gradient equals the gradient of one big batch (BatchNorm layers in
-train mode still see micro-batch statistics).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from yolokit.accel.distributed import no_sync
+from yolokit.accel.batch_size import free_memory, is_oom_error
+from yolokit.accel.reduce import BatchNormSync, all_reduce_gradients
+
+INDEX_KEYS = ("targets",)  # batch-dict keys holding flat rows (image_index, ...), see ARCHITECTURE
+REDUCTIONS = ("mean", "sum")
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 class Accumulator:
-    """Counts micro-steps and says when to step the optimizer.
+    """The owner of an optimizer step's micro-batches (see the module docstring).
 
     Args:
-        nominal_batch: Batch size one optimizer step should represent, over all ranks.
-        batch_size: Micro-batch size per rank.
-        world_size: Number of data-parallel ranks.
+        model: The model being trained, on its device (plain, DDP-wrapped or compiled).
+            Build the Accumulator after moving the model.
+        nominal_batch: Images one optimizer step should represent, over all processes.
+        batch_size: Images per loader batch on this process.
+        world_size: Number of processes; default: the process group's (1 without one).
+        reduction: How micro-batch losses add up. ``"mean"``: ``weight = images /
+            effective_batch``, so a loss that is a mean over its images gives the gradient of
+            the mean over the step's images. ``"sum"``: ``weight = images`` (Ultralytics'
+            ``loss * batch_size``; the trainer's choice, so YOLOv8 SGD learning rates keep
+            their meaning).
+        min_micro_batch: Re-raise an out-of-memory error rather than split below this.
 
     Attributes:
-        steps: Micro-steps per optimizer step, ``max(1, round(nominal / (batch * world)))``.
-        count: Micro-steps done since the last optimizer step.
+        steps: Loader batches per optimizer step on each process,
+            ``max(1, round(nominal_batch / (batch_size * world_size)))``.
+        splits: Micro-batches each loader batch is cut into (grows on out-of-memory).
+        recoveries: Out-of-memory errors recovered from so far.
 
     Example:
-        >>> acc = Accumulator(64, 16)
-        >>> acc.steps, acc.effective_batch, acc.loss_weight
+        >>> acc = Accumulator(nn.Linear(2, 1), nominal_batch=64, batch_size=16)
+        >>> acc.steps, acc.effective_batch, acc.loss_weight(16)
         (4, 64, 0.25)
     """
 
-    def __init__(self, nominal_batch: int, batch_size: int, *, world_size: int = 1) -> None:
-        if nominal_batch < 1 or batch_size < 1 or world_size < 1:
-            raise ValueError("nominal_batch, batch_size and world_size must be >= 1")
-        self.batch_size = batch_size
-        self.world_size = world_size
-        self.steps = max(1, round(nominal_batch / (batch_size * world_size)))
-        self.count = 0
+    def __init__(self, model: nn.Module, *, nominal_batch: int, batch_size: int, world_size: int | None = None,
+                 reduction: str = "mean", min_micro_batch: int = 1) -> None:
+        world = _world()[1] if world_size is None else world_size
+        if nominal_batch < 1 or batch_size < 1 or world < 1:
+            raise ValueError("nominal_batch, batch_size and world_size must be >= 1, got "
+                             f"{nominal_batch}, {batch_size}, {world}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        self.model, self.batch_size, self.world_size = model, batch_size, world
+        self.reduction, self.min_micro_batch = reduction, min_micro_batch
+        self.steps = max(1, round(nominal_batch / (batch_size * world)))
+        self.splits, self.recoveries = 1, 0
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.batchnorm = BatchNormSync(model)
+        self._held: list[Any] = []        # this step's loader batches, for a replay after OOM
+        self._plan: list[int] | None = None  # loader batches per rank this epoch
+        self._step_index = 0              # optimizer steps taken this epoch
 
     def __repr__(self) -> str:
-        return f"Accumulator(steps={self.steps}, effective_batch={self.effective_batch})"
+        return (f"Accumulator(steps={self.steps}, effective_batch={self.effective_batch}, "
+                f"reduction={self.reduction!r}, splits={self.splits})")
 
     @property
     def effective_batch(self) -> int:
-        """Images per optimizer step over all ranks."""
+        """Images per optimizer step over all processes (nominal: the last step of an epoch may hold fewer)."""
         return self.steps * self.batch_size * self.world_size
 
-    @property
-    def loss_weight(self) -> float:
-        """Factor for each micro-batch's mean loss, ``1 / steps``."""
-        return 1.0 / self.steps
-
-    @property
-    def is_last(self) -> bool:
-        """Whether the next micro-step completes an optimizer step (gradients sync)."""
-        return self.count + 1 >= self.steps
+    def loss_weight(self, images: int) -> float:
+        """Factor for the loss of a micro-batch of ``images`` images (see ``reduction``)."""
+        return float(images) if self.reduction == "sum" else images / self.effective_batch
 
     @property
     def pending(self) -> int:
-        """Micro-steps accumulated but not yet stepped (flush them at the end of a run)."""
-        return self.count
+        """Loader batches run since the last optimizer step."""
+        return len(self._held)
 
-    @contextlib.contextmanager
-    def micro_step(self, model: nn.Module) -> Iterator[None]:
-        """Context for one micro-step's forward and backward.
+    def state_dict(self) -> dict[str, int]:
+        """The split reached after out-of-memory errors (for a checkpoint)."""
+        return {"splits": self.splits, "recoveries": self.recoveries}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.splits, self.recoveries = int(state.get("splits", 1)), int(state.get("recoveries", 0))
+
+    # --- an epoch --------------------------------------------------------------------------
+
+    def start_epoch(self, batches: int) -> None:
+        """Start an epoch in which this process will run ``batches`` loader batches.
+
+        Ranks may have different counts (uneven shards); every rank then takes
+        ``max over ranks of ceil(batches / steps)`` optimizer steps, and a rank with
+        fewer batches contributes nothing to the steps it has no batches for. One tiny
+        all-gather per epoch. Pending micro-batches of an unfinished step are an error.
+        """
+        if self._held:
+            raise RuntimeError(f"{len(self._held)} loader batches are still waiting for an optimizer step")
+        rank, world = _world()
+        if world > 1:
+            counts = [0] * world
+            dist.all_gather_object(counts, int(batches))
+            self._plan = counts
+        else:
+            self._plan = [int(batches)]
+        self._step_index = 0
+
+    @property
+    def epoch_steps(self) -> int | None:
+        """Optimizer steps every rank takes this epoch (None before :meth:`start_epoch`)."""
+        if self._plan is None:
+            return None
+        return max(math.ceil(n / self.steps) for n in self._plan)
+
+    @property
+    def step_index(self) -> int:
+        """Optimizer steps made due this epoch (by :meth:`should_step`)."""
+        return self._step_index
+
+    def _batches_this_step(self) -> int:
+        """Loader batches this rank runs in the current step."""
+        if self._plan is None:
+            return self.steps
+        mine = self._plan[_world()[0]] if len(self._plan) > 1 else self._plan[0]
+        return max(0, min(self.steps, mine - self._step_index * self.steps))
+
+    # --- micro-batches -------------------------------------------------------------------
+
+    def run(self, fn: Callable[[Any, float], Any], batch: Any) -> list[Any]:
+        """Forward and backward of one loader batch, as ``splits`` micro-batches.
 
         Args:
-            model: The (possibly DDP-wrapped) model; DDP skips the all-reduce unless
-                this is the last micro-step of the optimizer step.
-        """
-        with no_sync(model, enabled=not self.is_last):
-            yield
-        self.count += 1
+            fn: ``fn(micro_batch, weight)`` runs the forward and backward of a micro-batch
+                with its loss multiplied by ``weight``; its return value is collected.
+            batch: One loader batch (a Tensor[B, ...], a batch dict, or a tuple of fields;
+                see :func:`split_batch`).
 
-    def reset(self) -> None:
-        """Forget pending micro-steps (after stepping them early, e.g. at the end of an epoch)."""
-        self.count = 0
+        Returns:
+            What ``fn`` returned, one value per micro-batch of this batch.
+        """
+        if not self._held:
+            self.batchnorm.mark()
+        replay: list[Any] = []
+        while True:
+            try:
+                for held in replay:       # after a recovery: the step's earlier batches again
+                    self._run_split(fn, held)
+                out = self._run_split(fn, batch)
+                break
+            except Exception as exc:
+                if not is_oom_error(exc) or self._micro_size(batch) <= self.min_micro_batch:
+                    raise
+            self._recover(batch)
+            replay = self._held
+        self._held.append(batch)
+        return out
+
+    def _micro_size(self, batch: Any) -> int:
+        return math.ceil(_batch_len(batch) / self.splits)
+
+    def _run_split(self, fn: Callable[[Any, float], Any], batch: Any) -> list[Any]:
+        with _no_sync(self.model):
+            return [fn(micro, self.loss_weight(_batch_len(micro))) for micro in split_batch(batch, self.splits)]
+
+    def _recover(self, batch: Any) -> None:
+        for p in self.params:
+            p.grad = None
+        self.batchnorm.restore()
+        free_memory()
+        self.splits *= 2
+        self.recoveries += 1
+        warnings.warn(
+            f"out of memory: running the step's {len(self._held) + 1} loader batch(es) again as "
+            f"{self.splits} micro-batches of <= {self._micro_size(batch)} images each (effective batch unchanged)",
+            RuntimeWarning, stacklevel=3)
+
+    # --- the optimizer step --------------------------------------------------------------
 
     def should_step(self) -> bool:
-        """True once every ``steps`` micro-steps; resets the count when it returns True."""
-        if self.count >= self.steps:
-            self.count = 0
-            return True
-        return False
+        """True when the optimizer step is due; gradients and BatchNorm statistics are then synchronised.
+
+        Due when this rank has run its batches of the current step, or, after its loader is
+        exhausted, while other ranks still have steps to take this epoch (this rank then
+        contributes nothing). Without :meth:`start_epoch`, due every ``steps`` batches.
+        """
+        due = self._batches_this_step()
+        if self._plan is not None and self._step_index >= self.epoch_steps:
+            return False
+        if len(self._held) < due or (due == 0 and self._plan is None):
+            return False
+        if not self._held:
+            self.batchnorm.mark()          # an empty step: nothing of ours to add
+        all_reduce_gradients(self.params)
+        self.batchnorm.combine()
+        self._held.clear()
+        self._step_index += 1
+        return True
+
+    def step(self, optimizer: torch.optim.Optimizer, step_fn: Callable[[], Any] | None = None) -> Any:
+        """Run the optimizer step, retrying once after an out-of-memory error.
+
+        On the error the allocator's cache is freed and the step runs again with the
+        optimizer's multi-tensor (foreach) implementation off, which needs temporaries
+        of one parameter at a time. The retry is exact when the error came before the
+        optimizer changed a tensor (a foreach step allocates its temporaries first; the
+        fused ones allocate none); when an Adam-style step counter shows it had already
+        begun, the error is re-raised with that explanation.
+
+        Args:
+            optimizer: The optimizer stepped by ``step_fn``.
+            step_fn: Runs the step (e.g. ``lambda: precision.step(optimizer, clip_grad_norm=10)``);
+                default ``optimizer.step``.
+
+        Returns:
+            What ``step_fn`` returned.
+        """
+        step_fn = step_fn or optimizer.step
+        marker = _step_marker(optimizer)
+        try:
+            return step_fn()
+        except Exception as exc:
+            if not is_oom_error(exc):
+                raise
+            if _step_marker(optimizer) != marker:
+                raise RuntimeError("out of memory inside optimizer.step after it had begun to update its "
+                                   "state, so it cannot be retried exactly; resume from the last checkpoint "
+                                   "with a smaller batch") from exc
+        free_memory()
+        for group in optimizer.param_groups:
+            if "foreach" in group:
+                group["foreach"] = False
+        self.recoveries += 1
+        warnings.warn("out of memory in optimizer.step: retrying one parameter at a time (foreach off)",
+                      RuntimeWarning, stacklevel=2)
+        return step_fn()
+
+
+def _step_marker(optimizer: torch.optim.Optimizer) -> tuple[int, float | str | None] | None:
+    """What a step changes first in the state of the optimizer's first parameter.
+
+    ``(number of state entries, step counter)``: a first step creates the entries, and
+    Adam-style optimizers count steps before anything else (the counter is read only
+    when it lives on the host; on a device it is reported as ``"device"``).
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            step = state.get("step")
+            if isinstance(step, torch.Tensor):
+                step = float(step) if step.device.type == "cpu" else "device"
+            return len(state), step
+    return None
+
+
+def _no_sync(model: nn.Module):
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    inner = getattr(model, "_orig_mod", None)  # torch.compile around DDP
+    if isinstance(inner, DistributedDataParallel):
+        return inner.no_sync()
+    return _Null()
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        for key in ("images", "images_uint8"):
+            if isinstance(batch.get(key), torch.Tensor):
+                return batch[key].shape[0]
+    for v in batch.values() if isinstance(batch, dict) else batch:
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            return v.shape[0]
+    raise ValueError("cannot find the batch size: no tensor in the batch")
+
+
+def _slice(value: Any, n: int, lo: int, hi: int, key: Any = None) -> Any:
+    if key in INDEX_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2:
+        rows = value[(value[:, 0] >= lo) & (value[:, 0] < hi)].clone()
+        rows[:, 0] -= lo
+        return rows
+    if isinstance(value, torch.Tensor):
+        return value[lo:hi] if value.dim() > 0 and value.shape[0] == n else value
+    if isinstance(value, dict):
+        return {k: _slice(v, n, lo, hi, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        return value[lo:hi]
+    return value
+
+
+def split_batch(batch: Any, parts: int) -> list[Any]:
+    """Split a batch into ``parts`` micro-batches along the image dimension.
+
+    Tensors whose first dimension is the batch size ``B`` are sliced; in a dict, the
+    ``targets`` Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` are selected by
+    image index and re-indexed from 0; per-image lists (``paths``, ``orig_shapes``) are
+    sliced; anything else is passed through. A top-level list/tuple is a tuple of fields.
+    With ``parts == 1`` the batch itself is returned (no copy).
+
+    Args:
+        batch: Tensor[B, ...], a dict (the yolokit batch), or a tuple of fields.
+        parts: Number of micro-batches (capped at ``B``); sizes differ by at most one.
+
+    Returns:
+        The micro-batches, in order.
+    """
+    n = _batch_len(batch)
+    parts = max(1, min(parts, n))
+    if parts == 1:
+        return [batch]
+    sizes = [n // parts + (i < n % parts) for i in range(parts)]
+    out, lo = [], 0
+    for size in sizes:
+        hi = lo + size
+        if isinstance(batch, (list, tuple)) and not isinstance(batch, torch.Tensor):
+            out.append(type(batch)(_slice(v, n, lo, hi) for v in batch))
+        else:
+            out.append(_slice(batch, n, lo, hi))
+        lo = hi
+    return out

@@ -104,6 +104,7 @@ class Precision:
         self.max_nonfinite_steps = max_nonfinite_steps
         self.nonfinite_steps = 0  # consecutive skipped steps
         self._warned_low_scale = False
+        self._unscaled: set[int] = set()  # optimizers unscaled since the last scaler update
 
     def __repr__(self) -> str:
         return f"Precision({self.precision!r}, device={str(self.device)!r})"
@@ -138,7 +139,8 @@ class Precision:
 
         Gradients are unscaled before clipping, so ``clip_grad_norm`` is in true units. The
         loss scale is updated afterwards (halved after a skipped step). Gradients are not
-        zeroed: call ``optimizer.zero_grad()`` yourself.
+        zeroed: call ``optimizer.zero_grad()`` yourself. A call that raised inside
+        ``optimizer.step`` (out of memory) may be repeated: gradients are not unscaled twice.
 
         Args:
             optimizer: Optimizer whose parameters hold the accumulated gradients.
@@ -149,12 +151,15 @@ class Precision:
         """
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
+            if id(optimizer) not in self._unscaled:  # a retried step (after OOM) is unscaled already
+                self.scaler.unscale_(optimizer)
+                self._unscaled.add(id(optimizer))
             if clip_grad_norm is not None and params:
                 nn.utils.clip_grad_norm_(params, clip_grad_norm)
             scale_before = self.scaler.get_scale()
             self.scaler.step(optimizer)  # skips internally when unscale_ found inf/NaN
             self.scaler.update()
+            self._unscaled.clear()
             stepped = not self.scaler.get_scale() < scale_before
         else:
             if not params:

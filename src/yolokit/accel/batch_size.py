@@ -1,6 +1,8 @@
-"""Find the largest batch that fits, predict it from a memory model, survive OOM at run time.
+"""Find the largest batch that fits, and predict it from a memory model.
 
-Three tools, all catching ``torch.OutOfMemoryError`` and nothing else:
+Both tools treat as out-of-memory what :func:`is_oom_error` says is one
+(``torch.OutOfMemoryError``, and the allocation failures cuDNN and cuBLAS report as
+``RuntimeError``):
 
 - :func:`find_batch_size` runs real steps at growing sizes (doubling, then optionally a
   binary search) and returns the largest size that fit, less a safety margin.
@@ -8,27 +10,23 @@ Three tools, all catching ``torch.OutOfMemoryError`` and nothing else:
   ``peak_bytes(b) = fixed + per_sample * b`` from a few small probes and predict the
   size for a target fraction of device memory, cross-checked by a real step and, if
   that step does not fit, by a search below the prediction.
-- :class:`OOMGuard` wraps the forward/backward of one optimizer step: on an
-  out-of-memory error it discards the partial gradients, halves the micro-batch,
-  doubles the number of accumulated micro-batches and retries, so the effective batch
-  (and the learning curve) stay the same and the run continues.
+
+Surviving an out-of-memory error mid-run (same effective batch, smaller micro-batches)
+is :class:`yolokit.accel.accumulation.Accumulator`'s job.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
-from yolokit.accel.distributed import no_sync
-
-INDEX_KEYS = ("targets",)  # batch-dict keys holding flat rows (image_index, ...), see ARCHITECTURE
+# How cuDNN and cuBLAS report a failed allocation (a RuntimeError, not torch.OutOfMemoryError).
+_ALLOC_FAILURES = ("CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE")
 
 
 def free_memory() -> None:
@@ -38,11 +36,25 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def is_oom_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the device ran out of memory.
+
+    True for ``torch.OutOfMemoryError`` and for the ``RuntimeError`` cuDNN and cuBLAS raise
+    when their own allocation fails (``CUDNN_STATUS_ALLOC_FAILED``,
+    ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDNN_STATUS_NOT_ENOUGH_WORKSPACE``).
+    """
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(code in str(exc) for code in _ALLOC_FAILURES)
+
+
 def _fits(step_fn: Callable[[int], Any], size: int) -> bool:
     try:
         step_fn(size)
         ok = True
-    except torch.OutOfMemoryError:
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
         ok = False  # leaving the except block drops the traceback and the tensors it holds
     free_memory()
     return ok
@@ -186,150 +198,3 @@ def predict_batch_size(
         start = min(max(probe_sizes), size - 1) if size > 1 else 1
         size = find_batch_size(step_fn, start=max(1, start), max_size=size, mode="binsearch", margin=0.0)
     return size
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, dict) and isinstance(batch.get("images"), torch.Tensor):
-        return batch["images"].shape[0]
-    for v in batch.values() if isinstance(batch, dict) else batch:
-        if isinstance(v, torch.Tensor) and v.dim() > 0:
-            return v.shape[0]
-    raise ValueError("cannot find the batch size: no tensor in the batch")
-
-
-def _slice(value: Any, n: int, lo: int, hi: int, key: Any = None) -> Any:
-    if key in INDEX_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2:
-        rows = value[(value[:, 0] >= lo) & (value[:, 0] < hi)].clone()
-        rows[:, 0] -= lo
-        return rows
-    if isinstance(value, torch.Tensor):
-        return value[lo:hi] if value.dim() > 0 and value.shape[0] == n else value
-    if isinstance(value, dict):
-        return {k: _slice(v, n, lo, hi, k) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and len(value) == n:
-        return value[lo:hi]
-    return value
-
-
-def split_batch(batch: Any, parts: int) -> list[tuple[Any, float]]:
-    """Split a batch into ``parts`` micro-batches along the image dimension.
-
-    Tensors whose first dimension is the batch size ``B`` are sliced; in a dict, the
-    ``targets`` Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` are selected by
-    image index and re-indexed from 0; per-image lists (``paths``, ``orig_shapes``) are
-    sliced; anything else is passed through. A top-level list/tuple is a tuple of fields.
-
-    Args:
-        batch: Tensor[B, ...], a dict (the yolokit batch), or a tuple of fields.
-        parts: Number of micro-batches (capped at ``B``); sizes differ by at most one.
-
-    Returns:
-        ``(micro_batch, weight)`` pairs with ``weight = micro_size / B``.
-    """
-    n = _batch_len(batch)
-    parts = max(1, min(parts, n))
-    sizes = [n // parts + (i < n % parts) for i in range(parts)]
-    out, lo = [], 0
-    for size in sizes:
-        hi = lo + size
-        if isinstance(batch, (list, tuple)) and not isinstance(batch, torch.Tensor):
-            micro = type(batch)(_slice(v, n, lo, hi) for v in batch)
-        else:
-            micro = _slice(batch, n, lo, hi)
-        out.append((micro, size / n))
-        lo = hi
-    return out
-
-
-class OOMGuard:
-    """Run one optimizer step's forward/backward, splitting the batch further on OOM.
-
-    The batch given to :meth:`run` is one loader batch (one optimizer step, or one
-    micro-step of an outer gradient accumulation). It is cut into ``splits``
-    micro-batches; ``fn(micro_batch, weight)`` must run forward and backward on a
-    micro-batch with its loss multiplied by ``weight`` (its share of the batch). On
-    ``torch.OutOfMemoryError`` the gradients of ``model`` go back to what they were when
-    ``run`` started (gradients of earlier accumulation steps survive; a copy is kept only
-    while such gradients exist), memory is freed, ``splits`` doubles and the batch is
-    retried. Later batches keep the larger split.
-
-    With a loss that is a mean over images, the gradient equals the unsplit one, so the
-    weights follow the same path (BatchNorm in train mode sees micro-batch statistics).
-    Under DDP the all-reduce runs only on the last micro-batch; recovery is exact when the
-    error happens before that synchronising backward starts, which covers all but the
-    last micro-batch of the retry.
-
-    Args:
-        model: The model being trained (possibly DDP-wrapped).
-        min_micro_batch: Give up (re-raise) rather than split below this size.
-
-    Example:
-        >>> model = nn.Linear(4, 1)
-        >>> guard = OOMGuard(model)
-        >>> def micro_step(micro, weight):  # forward + backward of one micro-batch
-        ...     x, y = micro
-        ...     (nn.functional.mse_loss(model(x), y) * weight).backward()
-        ...     return len(x)
-        >>> guard.run(micro_step, (torch.randn(8, 4), torch.randn(8, 1)))  # then step, zero_grad
-        [8]
-    """
-
-    def __init__(self, model: nn.Module, *, min_micro_batch: int = 1) -> None:
-        self.model = model
-        self.min_micro_batch = min_micro_batch
-        self.splits = 1
-        self.recoveries = 0
-
-    def micro_batch(self, batch_size: int) -> int:
-        """Largest micro-batch used for a batch of ``batch_size`` at the current split."""
-        return math.ceil(batch_size / self.splits)
-
-    def run(self, fn: Callable[[Any, float], Any], batch: Any) -> list[Any]:
-        """Run ``fn`` over the micro-batches of ``batch``; retry with smaller ones on OOM.
-
-        Args:
-            fn: ``fn(micro_batch, weight)``; does forward and backward, returns anything.
-            batch: The batch of one optimizer step (see :func:`split_batch`).
-
-        Returns:
-            The values ``fn`` returned, one per micro-batch of the successful attempt.
-        """
-        n = _batch_len(batch)
-        kept = self._kept_gradients()
-        while True:
-            try:
-                return self._attempt(fn, batch)
-            except torch.OutOfMemoryError:
-                if self.micro_batch(n) <= self.min_micro_batch:
-                    raise
-            self._recover(n, kept)
-
-    def _kept_gradients(self) -> list[torch.Tensor | None] | None:
-        """Copies of gradients accumulated before this batch (an outer accumulation), if any."""
-        grads = [p.grad for p in self.model.parameters()]
-        if all(g is None for g in grads):
-            return None
-        return [None if g is None else g.detach().clone() for g in grads]
-
-    def _attempt(self, fn: Callable[[Any, float], Any], batch: Any) -> list[Any]:
-        chunks = split_batch(batch, self.splits)
-        out = []
-        for i, (micro, weight) in enumerate(chunks):
-            with no_sync(self.model, enabled=i < len(chunks) - 1):
-                out.append(fn(micro, weight))
-        return out
-
-    def _recover(self, n: int, kept: list[torch.Tensor | None] | None) -> None:
-        for i, p in enumerate(self.model.parameters()):
-            p.grad = None if kept is None or kept[i] is None else kept[i].clone()
-        free_memory()
-        self.splits *= 2
-        self.recoveries += 1
-        warnings.warn(
-            f"out of memory: retrying with {self.splits} micro-batches of <= {self.micro_batch(n)} "
-            "images (effective batch unchanged)",
-            RuntimeWarning,
-            stacklevel=3,
-        )

@@ -72,6 +72,7 @@ def setup(
     master_addr: str | None = None,
     master_port: int | None = None,
     timeout: float | datetime.timedelta = 1800.0,
+    device_type: str | None = None,
 ) -> torch.device:
     """Initialise the default process group and pick this rank's device.
 
@@ -88,14 +89,19 @@ def setup(
         master_addr: Address of rank 0 (default ``127.0.0.1``).
         master_port: Port of rank 0 (default ``29500``).
         timeout: Seconds (or a timedelta) any collective may wait before failing.
+        device_type: ``"cuda"`` or ``"cpu"``; ``None`` picks CUDA when it is available.
 
     Returns:
-        ``cuda:<local_rank>`` when CUDA is available, else ``cpu``.
+        ``cuda:<local_rank>`` (modulo the visible devices) for CUDA, else ``cpu``.
     """
     rank_ = _env_int("RANK", 0) if rank is None else rank
     world = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
     local = _env_int("LOCAL_RANK", rank_) if local_rank is None else local_rank
-    cuda = torch.cuda.is_available()
+    if device_type not in (None, "cuda", "cpu"):
+        raise ValueError(f"device_type must be 'cuda', 'cpu' or None, got {device_type!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device_type 'cuda' asked for, but CUDA is not available")
+    cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
     device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -232,3 +238,27 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     device = _collective_device() if dist.get_backend() == "nccl" else None
     dist.broadcast_object_list(box, src=src, device=device)
     return box[0]
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` when not distributed."""
+    if not is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+@torch.no_grad()
+def broadcast_module(model: nn.Module, src: int = 0) -> nn.Module:
+    """Copy rank ``src``'s parameters and buffers into every rank's ``model`` (in place).
+
+    What DDP does when it wraps a model; call it once after building the model when the
+    processes sum their gradients themselves (:class:`yolokit.accel.accumulation.Accumulator`).
+    A no-op when not distributed.
+    """
+    if is_initialized() and dist.get_world_size() > 1:
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=src)
+    return model
+

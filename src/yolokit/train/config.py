@@ -30,8 +30,8 @@ class TrainConfig:
     weights: str | None = None
     epochs: int = 100
     imgsz: int = 640
-    batch: Union[int, str] = 16
-    nbs: int = 64
+    batch: Union[int, str] = 16   # total over all processes (each runs batch / world), or "auto"
+    nbs: int = 64                  # nominal batch: images one optimizer step represents
     # optimizer and schedule
     optimizer: str = "auto"
     lr0: float = 0.01
@@ -63,6 +63,8 @@ class TrainConfig:
     fliplr: float = AugmentConfig.fliplr
     mosaic: float = AugmentConfig.mosaic
     mixup: float = AugmentConfig.mixup
+    mosaic_buffer: int = 64  # recent images Mosaic partners come from; 0: any image (augmentation then
+    #                          depends on (seed, epoch, image) only: the same for any number of processes)
     # speed
     precision: str = "auto"
     checkpointing: str | None = None
@@ -101,6 +103,8 @@ class TrainConfig:
             (self.checkpointing in (None, "backbone", "neck", "all"), f"checkpointing must be backbone/neck/all, got {self.checkpointing}"),
             (self.devices >= 1, f"devices must be >= 1, got {self.devices}"),
             (self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
+            (self.mosaic_buffer >= 0, f"mosaic_buffer must be >= 0, got {self.mosaic_buffer}"),
+            (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -21,6 +21,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
 
+from yolokit.accel import distributed
 from yolokit.data import to_device
 from yolokit.ops.boxes import unletterbox_boxes
 from yolokit.ops.nms import Detections
@@ -170,10 +171,15 @@ def validate(
 ) -> tuple[EvalResult, list[tuple[np.ndarray, Detections]]]:
     """Runs ``model`` over a validation loader and scores it in original image pixels.
 
+    Under several processes each rank runs its shard of the split (``build_dataloader``
+    shards it); the per-image predictions and ground truth of all ranks are gathered and
+    every rank scores the whole split, in dataset-index order (as one process does), so
+    the result equals a one-process validation of the same weights.
+
     Args:
         model: a ``Detector`` (not DDP-wrapped), put in eval mode for the pass.
         loader: batches of the batch contract (``images``, ``targets``, ``orig_shapes``,
-            ``ratio_pad``, ``paths``).
+            ``ratio_pad``, ``paths``, ``indices``).
         num_classes: number of classes.
         conf: score threshold (low, as for mAP).
         iou: NMS IoU threshold.
@@ -184,20 +190,24 @@ def validate(
         ``(result, samples)``.
     """
     device = next(model.parameters()).device
-    predictions, targets, shapes, samples = [], [], [], []
+    records, samples = [], []  # per image: (dataset index, detections, (boxes, labels), shape)
     for batch in loader:
         batch = to_device(batch, device, non_blocking=True)
         dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det,
                              orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"])
         rows = batch["targets"].cpu()
+        indices = batch.get("indices") or [len(records) + i for i in range(len(dets))]
         for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"])):
             mine = rows[rows[:, 0] == i]
             boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
-            predictions.append(det.to("cpu"))
-            targets.append((boxes.numpy(), mine[:, 1].long().numpy()))
-            shapes.append(tuple(shape))
+            det = det.to("cpu")
+            records.append((int(indices[i]), det, (boxes.numpy(), mine[:, 1].long().numpy()), tuple(shape)))
             if len(samples) < keep_samples:
-                samples.append((_read_rgb(batch["paths"][i], shape), det.to("cpu")))
+                samples.append((_read_rgb(batch["paths"][i], shape), det))
+    if distributed.world_size() > 1:
+        records = [r for part in distributed.all_gather_object(records) for r in part]
+    records.sort(key=lambda r: r[0])
+    predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
     return coco_evaluate(predictions, targets, shapes, num_classes), samples
 
 

@@ -1,23 +1,29 @@
 """The training loop, composed in plain sight.
 
-``Trainer(config).fit()`` reads top to bottom like a loop written by hand: build the
-data, the model and the loss; then each ``accel`` piece at the line where it acts
-(activation checkpointing, channels_last / compile, Precision, batch-size finder, DDP,
-Accumulator, OOMGuard); then epochs of forward / loss / backward / step, validation,
-atomic checkpoints and callbacks.
+``Trainer(config).fit()`` is three parts, each readable on its own: :meth:`Trainer.setup`
+builds the processes, data, model, loss and each ``accel`` piece at the line where it
+acts; :meth:`Trainer.train_epoch` is the loop a researcher writes by hand (the same as
+``examples/custom_loop.py``); :meth:`Trainer.end_epoch` validates, checkpoints and
+reports.
 
-Loss scale: yolokit's losses are normalized per batch; like Ultralytics' trainer, the
-loop backpropagates ``loss * images`` of each micro-batch, so the YOLOv8 SGD learning
-rates mean the same here. Gradients are summed over the accumulation steps of a nominal
-batch of ``nbs`` images and clipped to norm 10 before each step.
+Semantics that do not depend on the number of processes: ``batch`` is the total over all
+processes (each runs ``batch / world`` images per loader batch); an optimizer step
+accumulates ``round(nbs / batch)`` loader batches per process; the losses are normalized
+per batch and the loop backpropagates ``loss * images`` of each micro-batch (as
+Ultralytics does, so YOLOv8 SGD learning rates mean the same), summed over micro-batches
+and processes; weight decay is scaled by ``effective batch / nbs``; the learning-rate
+schedule counts optimizer steps. N processes therefore take the steps one process takes
+over the same micro-batches (:class:`yolokit.data.ShardedBatchSampler` hands them out,
+:class:`yolokit.accel.Accumulator` sums them), and validation covers the whole split.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +34,18 @@ from torch import nn
 from yolokit.accel import distributed, perf
 from yolokit.accel.accumulation import Accumulator
 from yolokit.accel.amp import Precision
-from yolokit.accel.batch_size import OOMGuard, find_batch_size
 from yolokit.accel.checkpointing import enable_activation_checkpointing
-from yolokit.data import DetectionDataset, build_dataloader, to_device
+from yolokit.data import DetectionDataset, DetectionLoader, build_dataloader, to_device
 from yolokit.losses import YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, create_model
+from yolokit.train.autobatch import resolve_batch
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar, TensorBoardLogger
 from yolokit.train.checkpoint import atomic_save, load_checkpoint, rng_states, set_rng_states
 from yolokit.train.config import TrainConfig
 from yolokit.train.ema import ModelEMA
 from yolokit.train.evaluate import EvalResult, validate
-from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
+from yolokit.train.meter import LossMeter
+from yolokit.train.optim import LRSchedule, build_optimizer, load_optimizer_state, resolve_optimizer
 from yolokit.train.weights import export_final, load_pretrained
 
 
@@ -55,13 +62,10 @@ def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
     return YOLOv3Loss(head.num_classes, head.anchors, head.strides)
 
 
-def seed_everything(seed: int, deterministic: bool) -> None:
+def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    if deterministic:
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
 
 
 def fitness(result: EvalResult) -> float:
@@ -85,6 +89,38 @@ def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None
     return config, None, run
 
 
+@dataclass
+class Run:
+    """Everything :meth:`Trainer.setup` builds for one training run."""
+
+    cfg: TrainConfig
+    device: torch.device
+    main: bool
+    run_dir: Path
+    callbacks: list[Callback]
+    names: list[str]
+    train_set: DetectionDataset
+    loader: DetectionLoader
+    val_loader: DetectionLoader
+    model: Detector
+    train_net: nn.Module
+    criterion: nn.Module
+    precision: Precision
+    accumulator: Accumulator
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    ema: ModelEMA | None
+    batch: int
+    channels_last: bool
+    start_epoch: int = 0
+    best: float = -1.0
+    stale: int = 0
+    steps: int = 0                      # optimizer steps taken in the run
+    result: EvalResult = field(default_factory=EvalResult)
+    epoch_started: float = 0.0
+    done: int = 0                       # epochs completed and checkpointed
+
+
 class Trainer:
     """Trains a detector as ``config`` says. ``fit()`` returns the final validation metrics."""
 
@@ -92,182 +128,186 @@ class Trainer:
         self.config = config
         self.user_callbacks = list(callbacks or [])
 
-    def fit(self) -> dict[str, float]:
-        # --- processes, run folder, seeds -----------------------------------------------
-        device = distributed.setup() if self.config.devices > 1 else _pick_device(self.config.device)
-        main = distributed.is_main()
+    def fit(self) -> dict[str, Any]:
+        run = self.setup()
+        epoch = run.done = run.start_epoch
+        try:
+            for epoch in range(run.start_epoch, run.cfg.epochs):
+                losses = self.train_epoch(run, epoch)
+                if self.end_epoch(run, epoch, losses):
+                    break
+        except KeyboardInterrupt:
+            if run.main and run.done == epoch:   # stopped mid-epoch: resuming restarts it from these weights
+                atomic_save(self._state(run, run.done, {}), run.run_dir / "weights" / "last.pt")
+            if run.main:
+                print(f"\ninterrupted: resume with `yolokit train --resume {run.run_dir}`")
+            raise
+        finally:
+            for cb in run.callbacks:
+                cb.on_train_end()
+        if run.main:
+            export_final(run.ema.module if run.ema else run.model, run.run_dir / "weights" / "model.pt",
+                         run.names, run.cfg)
+            print(f"results in {run.run_dir}")
+        distributed.teardown()
+        return {**run.result.as_dict(), "fitness": fitness(run.result), "run_dir": str(run.run_dir)}
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def setup(self) -> Run:
+        """Processes, run folder, data, model, loss, and each accel piece where it acts."""
+        device = _start_processes(self.config)
+        world, main = distributed.world_size(), distributed.is_main()
         cfg, resume, run_dir = resolve_run(self.config)
         run_dir = distributed.broadcast_object(run_dir)
-        seed_everything(cfg.seed + distributed.rank(), cfg.deterministic)
+        seed_everything(cfg.seed + distributed.rank())
+        perf.configure(deterministic=cfg.deterministic)   # deterministic kernels, no NaN fills
         callbacks = self._callbacks(run_dir, main)
 
-        # --- data --------------------------------------------------------------------------
-        train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment_config(),
-                                     cache_images=cfg.cache)
-        val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache)
+        # data: the main process builds (and caches) it first, then the others read it
+        train_set, val_set = _datasets(cfg, main)
         names = list(train_set.names.values()) if isinstance(train_set.names, dict) else list(train_set.names)
 
-        # --- model, loss, and the accel pieces where they act ------------------------------
+        # model and loss; every process starts from the main process's weights
         model = create_model(cfg.model, num_classes=len(names))
         if cfg.weights and resume is None:
             load_pretrained(model, cfg.weights)
         model.to(device)
+        distributed.broadcast_module(model)
         criterion = build_loss(model, cfg)
         if cfg.checkpointing:
             enable_activation_checkpointing(model.checkpoint_units(cfg.checkpointing))
         channels_last = cfg.uses_channels_last(device.type)
         perf.prepare_model(model, channels_last=channels_last or None)
-        if device.type == "cuda":
-            perf.configure(cudnn_benchmark=not cfg.deterministic)
+        if device.type == "cuda" and not cfg.deterministic:
+            perf.configure(cudnn_benchmark=True)
         precision = Precision(cfg.precision, device)
-        batch = self._batch_size(cfg, model, criterion, precision, device)
-        ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
-        net = distributed.wrap_ddp(model)                 # DDP (a no-op in one process)
-        train_net = perf.prepare_model(net, compile=cfg.compile)
-        accumulator = Accumulator(cfg.nbs, batch, world_size=distributed.world_size())
-        guard = OOMGuard(net)                             # halves micro-batches on OOM
 
-        loader = build_dataloader(train_set, batch, workers=cfg.workers, shuffle=True, seed=cfg.seed,
-                                  uint8_images=True)          # 4x fewer bytes; floats made on the device
-        val_loader = build_dataloader(val_set, batch * 2, workers=cfg.workers, shuffle=False, seed=cfg.seed,
+        # batch: the total over processes; "auto" is measured once, the smallest fit over ranks
+        batch = resolve_batch(cfg, model, criterion, precision, device, resumed=resume)
+        per_rank = batch // world
+        ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+        train_net = perf.prepare_model(model, compile=cfg.compile)
+        accumulator = Accumulator(train_net, nominal_batch=cfg.nbs, batch_size=per_rank, reduction="sum")
+        loader = build_dataloader(train_set, per_rank, workers=cfg.workers, shuffle=True, seed=cfg.seed,
+                                  uint8_images=True, accumulate=accumulator.steps)
+        val_loader = build_dataloader(val_set, per_rank * 2, workers=cfg.workers, shuffle=False, seed=cfg.seed,
                                       uint8_images=True)
-        iters = len(loader)
+
         opt_name, lr0, momentum = resolve_optimizer(
             cfg.optimizer, cfg.lr0, cfg.momentum, num_classes=len(names),
             iterations=math.ceil(len(train_set) / max(batch, cfg.nbs)) * cfg.epochs)
-        decay = cfg.weight_decay * batch * accumulator.steps * distributed.world_size() / cfg.nbs
+        decay = cfg.weight_decay * accumulator.effective_batch / cfg.nbs
         optimizer = build_optimizer(model, opt_name, lr0, momentum, decay)
-        schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, iters, cfg.warmup_epochs, cfg.warmup_momentum,
-                              cfg.warmup_bias_lr, momentum, cfg.cos_lr)
-
-        start_epoch, best, stale = 0, -1.0, 0
+        schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, loader.batch_sampler.steps_per_epoch, cfg.warmup_epochs,
+                              cfg.warmup_momentum, cfg.warmup_bias_lr, momentum, cfg.cos_lr)
+        run = Run(cfg, device, main, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net,
+                  criterion, precision, accumulator, optimizer, schedule, ema, batch, channels_last)
         if resume is not None:
-            start_epoch, best, stale = self._restore(resume, model, ema, optimizer, precision, guard)
+            self._restore(run, resume)
         if main:
-            print(f"yolokit train: {cfg.model} on {cfg.data} ({len(names)} classes), {device}, batch {batch} x "
-                  f"{accumulator.steps} accumulation, {opt_name} lr {lr0:g}, {precision.precision}, "
+            print(f"yolokit train: {cfg.model} on {cfg.data} ({len(names)} classes), {world} x {device}, batch "
+                  f"{batch} ({per_rank} per process) x {accumulator.steps} accumulation = "
+                  f"{accumulator.effective_batch} per step, {opt_name} lr {lr0:g}, {precision.precision}, "
                   f"{perf.describe(model)}\nconfig:\n{cfg.to_yaml()}")
             (run_dir / "weights").mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
         for cb in callbacks:
             cb.on_train_start(run_dir, cfg.to_dict())
+        return run
 
-        # --- epochs ----------------------------------------------------------------------------
-        result, done = EvalResult(), start_epoch
-        try:
-            for epoch in range(start_epoch, cfg.epochs):
-                train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic   # Mosaic off for the last K
-                loader.set_epoch(epoch)
-                net.train()
-                for cb in callbacks:
-                    cb.on_epoch_start(epoch, cfg.epochs, iters)
-                sums, bad, started = {}, 0, time.perf_counter()
-                for i, data in enumerate(loader):
-                    schedule.apply(optimizer, epoch, epoch * iters + i)
-                    data = to_device(data, device, non_blocking=True)
-                    images = data["images"]
-                    if channels_last:
-                        images = images.contiguous(memory_format=torch.channels_last)
-                    micro = {"images": images, "targets": data["targets"]}
+    # --- one epoch -------------------------------------------------------------------------
 
-                    def forward_backward(part: dict, weight: float) -> dict[str, torch.Tensor]:
-                        with precision.autocast():
-                            loss, parts = criterion(train_net(part["images"]), part["targets"])
-                        precision.backward(loss * len(part["images"]))  # NaN grads: the step is skipped
-                        return {k: v * weight for k, v in parts.items()}
+    def train_epoch(self, run: Run, epoch: int) -> dict[str, float]:
+        """Forward / loss / backward of every batch, an optimizer step every ``accumulate`` batches."""
+        cfg, acc = run.cfg, run.accumulator
+        run.epoch_started = time.perf_counter()
+        run.train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic   # Mosaic off for the last K
+        run.loader.set_epoch(epoch)
+        run.model.train()
+        for cb in run.callbacks:
+            cb.on_epoch_start(epoch, cfg.epochs, len(run.loader))
+        meter = LossMeter(run.device)
 
-                    with accumulator.micro_step(net):                     # DDP syncs on the last one
-                        outputs = guard.run(forward_backward, micro)      # split on OOM
-                    if accumulator.should_step():
-                        self._step(precision, optimizer, model, ema)
-                    parts = {k: float(sum(o[k] for o in outputs)) for k in outputs[0]}
-                    bad = bad + 1 if not all(math.isfinite(v) for v in parts.values()) else 0
-                    if bad >= cfg.max_bad_steps:
-                        raise TrainingDiverged(
-                            f"loss was not finite for {bad} steps in a row in epoch {epoch + 1}; stopped. The last "
-                            f"good checkpoint is {run_dir / 'weights' / 'last.pt'}; try a lower lr0 or precision=fp32")
-                    for k, v in parts.items():
-                        sums[k] = sums.get(k, 0.0) + (v if bad == 0 else 0.0)
-                    for cb in callbacks:
-                        cb.on_batch_end(parts, len(images), _memory_gb(device))
-                if accumulator.pending:                       # epochs are self-contained: flush
-                    accumulator.reset()
-                    self._step(precision, optimizer, model, ema)
-                losses = {f"train/{k}": distributed.all_reduce_mean(v / max(iters, 1)) for k, v in sums.items()}
+        def forward_backward(micro: dict, weight: float) -> tuple[dict[str, torch.Tensor], int]:
+            data = to_device(micro, run.device, non_blocking=True)
+            images = data["images"]
+            if run.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with run.precision.autocast():
+                loss, parts = run.criterion(run.train_net(images), data["targets"], max_boxes=micro["max_boxes"])
+            run.precision.backward(loss * weight)      # weight = images: Ultralytics' loss * batch
+            return parts, len(images)
 
-                last = epoch + 1 == cfg.epochs
-                evaluated = main and ((epoch + 1) % cfg.val_interval == 0 or last)
-                if evaluated:
-                    result, samples = validate(ema.module if ema else model, val_loader, num_classes=len(names),
-                                               conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det,
-                                               keep_samples=16 if last and cfg.plots else 0)
-                    for cb in callbacks:
-                        cb.on_validation_end(result, samples, names)
-                score = fitness(result)
-                improved = evaluated and score > best
-                best, stale = (score, 0) if improved else (best, stale + int(evaluated))
-                row = {"epoch": epoch + 1, **losses, **result.as_dict(), "fitness": score,
-                       "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - started}
-                if main:
-                    state = self._state(epoch + 1, cfg, model, ema, optimizer, precision, guard, best, stale, row)
-                    atomic_save(state, run_dir / "weights" / "last.pt")
-                    if improved:
-                        atomic_save(state, run_dir / "weights" / "best.pt")
-                done = epoch + 1
-                for cb in callbacks:
-                    cb.on_epoch_end(row)
-                if distributed.broadcast_object(stale >= cfg.patience):
-                    if main:
-                        print(f"early stop: no improvement for {cfg.patience} validations")
-                    break
-        except KeyboardInterrupt:
-            if main and done == epoch:   # stopped mid-epoch: resuming restarts it from these weights
-                state = self._state(done, cfg, model, ema, optimizer, precision, guard, best, stale, {})
-                atomic_save(state, run_dir / "weights" / "last.pt")
-            if main:
-                print(f"\ninterrupted: resume with `yolokit train --resume {run_dir}`")
-            raise
-        finally:
-            for cb in callbacks:
-                cb.on_train_end()
-        if main:
-            export_final(ema.module if ema else model, run_dir / "weights" / "model.pt", names, cfg)
-            print(f"results in {run_dir}")
-        distributed.teardown()
-        return {**result.as_dict(), "fitness": fitness(result), "run_dir": str(run_dir)}
+        acc.start_epoch(len(run.loader))
+        for i, batch in enumerate(run.loader):
+            meter.add(acc.run(forward_backward, batch))    # micro-batches; split and replayed on OOM
+            if acc.should_step():                          # gradients summed over processes
+                self._optimizer_step(run, epoch)
+            if meter.due(i):                               # the device is read every few batches only
+                self._check_finite(run, meter.longest_nonfinite_run(), epoch)
+            for cb in run.callbacks:
+                cb.on_batch_end(meter.running(), len(batch["indices"]), _memory_gb(run.device))
+        while acc.should_step():                           # uneven shards: the other ranks' last steps
+            self._optimizer_step(run, epoch)
+        self._check_finite(run, max(distributed.all_gather_object(meter.longest_nonfinite_run())), epoch)
+        return meter.epoch_means()
 
-    # --- pieces of the loop ----------------------------------------------------------------
+    def _optimizer_step(self, run: Run, epoch: int) -> None:
+        """Learning rate for this step, unscale / clip to norm 10 / step (skipped on inf/NaN), zero, EMA."""
+        step_in_epoch = run.accumulator.step_index - 1
+        run.schedule.apply(run.optimizer, epoch, epoch * run.schedule.iters_per_epoch + step_in_epoch)
+        stepped = run.accumulator.step(
+            run.optimizer, lambda: run.precision.step(run.optimizer, clip_grad_norm=10.0))
+        run.optimizer.zero_grad(set_to_none=True)
+        if stepped and run.ema is not None:
+            run.ema.update(run.model)
+        run.steps += 1
 
     @staticmethod
-    def _step(precision: Precision, optimizer: torch.optim.Optimizer, model: nn.Module,
-              ema: ModelEMA | None) -> None:
-        """Unscale, clip to norm 10, step (skipped on inf/NaN gradients), zero, EMA update."""
-        stepped = precision.step(optimizer, clip_grad_norm=10.0)
-        optimizer.zero_grad(set_to_none=True)
-        if stepped and ema is not None:
-            ema.update(model)
+    def _check_finite(run: Run, bad: int, epoch: int) -> None:
+        if bad >= run.cfg.max_bad_steps:
+            raise TrainingDiverged(
+                f"loss was not finite for {bad} steps in a row in epoch {epoch + 1}; stopped. The last good "
+                f"checkpoint is {run.run_dir / 'weights' / 'last.pt'}; try a lower lr0 or precision=fp32")
 
-    def _batch_size(self, cfg: TrainConfig, model: nn.Module, criterion: nn.Module, precision: Precision,
-                    device: torch.device) -> int:
-        if cfg.batch != "auto":
-            return int(cfg.batch)
-        if device.type != "cuda":
-            print("batch auto: no CUDA device to measure, using 16")
-            return 16
-        saved = {k: v.clone() for k, v in model.state_dict().items()}
+    # --- end of an epoch -------------------------------------------------------------------
 
-        def step(b: int) -> None:
-            images = torch.rand(b, 3, cfg.imgsz, cfg.imgsz, device=device)
-            targets = torch.tensor([[i, 0, 10.0, 10.0, 100.0, 100.0] for i in range(b)], device=device)
-            with precision.autocast():
-                loss, _ = criterion(model(images), targets)
-            loss.backward()
-            model.zero_grad(set_to_none=True)
+    def end_epoch(self, run: Run, epoch: int, losses: dict[str, float]) -> bool:
+        """Validate (every rank its shard), keep the best, write checkpoints and the results row.
 
-        size = find_batch_size(step, start=1, max_size=512, mode="binsearch")
-        model.load_state_dict(saved)
-        print(f"batch auto: {size} images per step fit on {device}")
-        return size
+        Returns:
+            True when training should stop early (the same answer on every rank).
+        """
+        cfg = run.cfg
+        last = epoch + 1 == cfg.epochs
+        evaluated = (epoch + 1) % cfg.val_interval == 0 or last
+        if evaluated:
+            run.result, samples = validate(run.ema.module if run.ema else run.model, run.val_loader,
+                                           num_classes=len(run.names), conf=cfg.conf, iou=cfg.iou,
+                                           max_det=cfg.max_det, keep_samples=16 if last and cfg.plots else 0)
+            for cb in run.callbacks:
+                cb.on_validation_end(run.result, samples, run.names)
+        score = fitness(run.result)
+        improved = evaluated and score > run.best
+        run.best, run.stale = (score, 0) if improved else (run.best, run.stale + int(evaluated))
+        row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **run.result.as_dict(),
+               "fitness": score, "lr": run.optimizer.param_groups[0]["lr"], "steps": run.steps,
+               "seconds": time.perf_counter() - run.epoch_started}
+        if run.main:
+            state = self._state(run, epoch + 1, row)
+            atomic_save(state, run.run_dir / "weights" / "last.pt")
+            if improved:
+                atomic_save(state, run.run_dir / "weights" / "best.pt")
+        run.done = epoch + 1
+        for cb in run.callbacks:
+            cb.on_epoch_end(row)
+        stop = run.stale >= cfg.patience
+        if stop and run.main:
+            print(f"early stop: no improvement for {cfg.patience} validations")
+        return stop
+
+    # --- pieces ------------------------------------------------------------------------------
 
     def _callbacks(self, run_dir: Path, main: bool) -> list[Callback]:
         if not main:
@@ -278,28 +318,57 @@ class Trainer:
         return built + self.user_callbacks
 
     @staticmethod
-    def _state(epoch: int, cfg: TrainConfig, model: nn.Module, ema: ModelEMA | None, optimizer: torch.optim.Optimizer,
-               precision: Precision, guard: OOMGuard, best: float, stale: int, metrics: dict) -> dict[str, Any]:
+    def _state(run: Run, epoch: int, metrics: dict) -> dict[str, Any]:
         """Everything exact resume needs, in weights_only-loadable types."""
         return {
-            "epoch": epoch, "model": model.state_dict(), "model_config": asdict(model.config),
-            "ema": ema.state_dict() if ema else None, "optimizer": optimizer.state_dict(),
-            "precision": precision.state_dict(), "oom_splits": guard.splits, "best_fitness": best,
-            "stale": stale, "train_config": cfg.to_dict(), "metrics": metrics, "rng": rng_states(),
+            "epoch": epoch, "model": run.model.state_dict(), "model_config": asdict(run.model.config),
+            "ema": run.ema.state_dict() if run.ema else None, "optimizer": run.optimizer.state_dict(),
+            "precision": run.precision.state_dict(), "accumulator": run.accumulator.state_dict(),
+            "batch": run.batch, "steps": run.steps, "best_fitness": run.best, "stale": run.stale,
+            "train_config": run.cfg.to_dict(), "metrics": metrics, "rng": rng_states(),
         }
 
     @staticmethod
-    def _restore(state: dict[str, Any], model: nn.Module, ema: ModelEMA | None, optimizer: torch.optim.Optimizer,
-                 precision: Precision, guard: OOMGuard) -> tuple[int, float, int]:
-        model.load_state_dict(state["model"])
-        if ema is not None and state.get("ema"):
-            ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        precision.load_state_dict(state["precision"])
-        guard.splits = int(state.get("oom_splits", 1))
+    def _restore(run: Run, state: dict[str, Any]) -> None:
+        run.model.load_state_dict(state["model"])
+        if run.ema is not None and state.get("ema"):
+            run.ema.load_state_dict(state["ema"])
+        load_optimizer_state(run.optimizer, state["optimizer"])  # keeps this run's fused/foreach choice
+        run.precision.load_state_dict(state["precision"])
+        run.accumulator.load_state_dict(state.get("accumulator", {}))
         set_rng_states(state["rng"])
-        print(f"resuming after epoch {state['epoch']}")
-        return int(state["epoch"]), float(state["best_fitness"]), int(state["stale"])
+        run.start_epoch, run.best, run.stale = int(state["epoch"]), float(state["best_fitness"]), int(state["stale"])
+        run.steps = int(state.get("steps", 0))
+        if run.main:
+            print(f"resuming after epoch {state['epoch']}")
+
+
+def _datasets(cfg: TrainConfig, main: bool) -> tuple[DetectionDataset, DetectionDataset]:
+    """The train and val splits; the main process builds them first (caches), then the others."""
+    def build() -> tuple[DetectionDataset, DetectionDataset]:
+        train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment_config(),
+                                     cache_images=cfg.cache, buffer_size=cfg.mosaic_buffer)
+        val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache)
+        return train_set, val_set
+
+    sets = build() if main else None
+    distributed.barrier()
+    return sets if sets is not None else build()
+
+
+def _start_processes(cfg: TrainConfig) -> torch.device:
+    """This process's device; joins the process group when torchrun (or ``train``) started several."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world == 1:
+        if cfg.devices > 1:
+            raise ValueError(f"devices={cfg.devices}: start the processes with yolokit.train.train(config) "
+                             "(or `yolokit train --devices N`), or run under torchrun")
+        return _pick_device(cfg.device)
+    if cfg.devices not in (1, world):
+        raise ValueError(f"devices={cfg.devices} but torchrun started {world} processes; leave devices unset "
+                         "under torchrun")
+    device_type = None if cfg.device == "auto" else torch.device(cfg.device).type
+    return distributed.setup(device_type=device_type)
 
 
 def _memory_gb(device: torch.device) -> float:
@@ -315,13 +384,18 @@ def _pick_device(name: str) -> torch.device:
     return device
 
 
-def _train_worker(config: TrainConfig) -> dict[str, float]:
+def _train_worker(config: TrainConfig) -> dict[str, Any]:
     return Trainer(config).fit()
 
 
-def train(config: TrainConfig) -> dict[str, float]:
-    """Trains with ``config.devices`` processes (accel.launch) and returns rank 0's final metrics."""
-    if config.devices > 1:
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Trains and returns the final metrics (of rank 0 when several processes train).
+
+    Under torchrun every process calls this and trains as one rank of the group (the world
+    comes from the environment). Otherwise ``config.devices`` > 1 starts that many local
+    processes (:func:`yolokit.accel.launch.launch`).
+    """
+    if config.devices > 1 and int(os.environ.get("WORLD_SIZE", "1") or 1) == 1:
         from yolokit.accel.launch import launch
         return launch(_train_worker, config.devices, config)[0]
     return Trainer(config).fit()

@@ -1,0 +1,157 @@
+"""What the processes computed, summed: gradients, and BatchNorm running statistics.
+
+Each process backpropagates its own micro-batches with no communication; before the
+optimizer step, :func:`all_reduce_gradients` sums the gradients over all processes in
+a few bucketed all-reduces (no overlap with the backward, so an out-of-memory error in
+any backward can still be retried). The sum over processes of the gradients of their
+micro-batches is what one process would hold after accumulating all of them.
+
+BatchNorm layers in train mode also update their running statistics once per forward:
+``s <- (1 - m) s + m x``. One process that runs the micro-batches of ranks 0, 1, ...,
+N - 1 one after another ends with::
+
+    s' = a^K s + sum_r a^(K_r+) (s_r - a^(k_r) s)        a = 1 - m
+
+where ``s`` is the value when the step began, ``s_r`` rank r's value after its ``k_r``
+updates, ``K`` the total number of updates and ``K_r+`` those of the ranks after r.
+:class:`BatchNormSync` computes exactly that, so every rank holds the running statistics
+the one process would hold. Layers with ``momentum=None`` (a cumulative average) get the
+mean over ranks instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+DEFAULT_BUCKET_MB = 32.0
+
+
+def _group() -> tuple[int, int] | None:
+    """(rank, world) of an initialised group of more than one process, else None."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+    """Replace every gradient by its sum over all processes (a no-op in one process).
+
+    Parameters whose gradient is ``None`` take part with zeros (and keep the summed
+    gradient), so ranks that ran nothing, or did not use a parameter, stay in step.
+    Gradients are packed into flat buckets of about ``bucket_mb`` MB per dtype; all
+    buckets are sent before the first is awaited.
+
+    Args:
+        params: The parameters, in the same order on every rank.
+        bucket_mb: Size of one flat buffer (the only extra memory used).
+    """
+    if _group() is None:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    limit = bucket_mb * 2**20
+    buckets: list[list[Tensor]] = []
+    sizes: dict[tuple, float] = {}
+    open_bucket: dict[tuple, list[Tensor]] = {}
+    for p in params:
+        g = p.grad
+        key = (g.dtype, g.device)
+        if key not in open_bucket or sizes[key] + g.numel() * g.element_size() > limit:
+            open_bucket[key] = []
+            buckets.append(open_bucket[key])
+            sizes[key] = 0.0
+        open_bucket[key].append(g)
+        sizes[key] += g.numel() * g.element_size()
+    pending = []
+    for grads in buckets:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        pending.append((grads, flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)))
+    for grads, flat, work in pending:
+        work.wait()
+        views = [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in grads]), grads)]
+        torch._foreach_copy_(grads, views)
+
+
+def _batchnorms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            and m.track_running_stats and m.running_mean is not None]
+
+
+class BatchNormSync:
+    """Keeps BatchNorm running statistics identical on every rank, as one process would have them.
+
+    Call :meth:`mark` when an optimizer step begins (before its first forward) and
+    :meth:`combine` when all of its micro-batches have run on every rank; every rank
+    then holds the statistics that one process would hold after running rank 0's
+    micro-batches, then rank 1's, and so on (see the module docstring). Costs one copy
+    of the running statistics and two small all-reduces per step; a no-op in one process.
+
+    Args:
+        model: The model (plain, DDP-wrapped or compiled: its modules are searched).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.layers = _batchnorms(model)
+        self.stats = [t for m in self.layers for t in (m.running_mean, m.running_var)]
+        self.counters = [m.num_batches_tracked for m in self.layers]
+        self._start: Tensor | None = None  # flat copy of the statistics when the step began
+        self._start_counts: Tensor | None = None
+        if self.layers:
+            sizes = [t.numel() for t in self.stats]
+            layer_of = torch.arange(len(self.layers)).repeat_interleave(2)
+            self._layer_of = layer_of.repeat_interleave(torch.tensor(sizes)).to(self.stats[0].device)
+            momentum = [m.momentum if m.momentum is not None else -1.0 for m in self.layers]
+            self._momentum = torch.tensor(momentum, dtype=torch.float64, device=self.stats[0].device)
+
+    def mark(self) -> None:
+        """Remember the statistics at the start of an optimizer step."""
+        if _group() is None or not self.layers:
+            return
+        with torch.no_grad():
+            self._start = torch.cat([t.reshape(-1) for t in self.stats])
+            self._start_counts = torch.stack(self.counters)
+
+    def restore(self) -> None:
+        """Put back the statistics of :meth:`mark` (before micro-batches are run again)."""
+        if self._start is None:
+            return
+        with torch.no_grad():
+            views = self._start.split([t.numel() for t in self.stats])
+            torch._foreach_copy_(self.stats, [v.view_as(t) for v, t in zip(views, self.stats)])
+            torch._foreach_copy_(self.counters, list(self._start_counts.unbind()))
+
+    @torch.no_grad()
+    def combine(self) -> None:
+        """Set every rank's statistics to the one-process sequence of all ranks' updates."""
+        group = _group()
+        if group is None or not self.layers:
+            return
+        if self._start is None:
+            raise RuntimeError("BatchNormSync.combine() without mark() at the start of the step")
+        rank, world = group
+        start, dtype = self._start, self._start.dtype
+        counts = torch.zeros(world, len(self.layers), dtype=torch.float64, device=start.device)
+        counts[rank] = (torch.stack(self.counters) - self._start_counts).to(torch.float64)
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)       # [N, L] updates per rank and layer
+        total = counts.sum(0)                                # K per layer
+        after = total - counts[: rank + 1].sum(0)            # K_r+: updates of the later ranks
+        cumulative = self._momentum < 0
+        keep = torch.where(cumulative, 1.0, 1.0 - self._momentum)  # a per layer
+        now = torch.cat([t.reshape(-1) for t in self.stats])
+        a = keep[self._layer_of]
+        mine = (a ** counts[rank][self._layer_of]).to(dtype)
+        later = (a ** after[self._layer_of]).to(dtype)
+        part = later * (now - mine * start)
+        # momentum=None layers: the mean of the ranks' values, start + mean(s_r - s)
+        mean_part = (now - start) / world
+        part = torch.where(cumulative[self._layer_of], mean_part, part)
+        dist.all_reduce(part, op=dist.ReduceOp.SUM)
+        base = torch.where(cumulative[self._layer_of], start, (a ** total[self._layer_of]).to(dtype) * start)
+        new = base + part
+        views = new.split([t.numel() for t in self.stats])
+        torch._foreach_copy_(self.stats, [v.view_as(t) for v, t in zip(views, self.stats)])
+        torch._foreach_copy_(self.counters, list((self._start_counts + total.to(torch.long)).unbind()))
+        self._start = self._start_counts = None

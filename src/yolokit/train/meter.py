@@ -1,0 +1,67 @@
+"""Loss parts summed on the device during an epoch, read only every few batches."""
+
+from __future__ import annotations
+
+import torch
+
+from yolokit.accel import distributed
+
+
+class LossMeter:
+    """Sums each loader batch's loss parts on the device; the host reads them rarely.
+
+    A batch's parts are the image-weighted mean of its micro-batches' parts. Batches with
+    a non-finite part are left out of the sums and counted as a run of bad batches; the
+    longest such run is kept on the device too.
+
+    Args:
+        device: Where the sums live.
+        every: :meth:`due` is true every ``every`` batches (when the trainer reads).
+    """
+
+    def __init__(self, device: torch.device, every: int = 16) -> None:
+        self.device, self.every = device, every
+        self.keys: list[str] = []
+        self._sums: torch.Tensor | None = None       # [P] sums of finite batches' parts
+        self._counts = torch.zeros(3, device=device)  # finite batches, current bad run, longest bad run
+        self._read: list[float] = []
+
+    def add(self, outputs: list[tuple[dict[str, torch.Tensor], int]]) -> None:
+        """One loader batch: ``(parts, images)`` per micro-batch, as the trainer's function returns them."""
+        if not self.keys:
+            self.keys = list(outputs[0][0])
+            self._sums = torch.zeros(len(self.keys), device=self.device)
+        images = sum(n for _, n in outputs)
+        parts = sum(torch.stack([p[k].float() for k in self.keys]) * (n / images) for p, n in outputs)
+        finite = torch.isfinite(parts).all()
+        self._sums += torch.where(finite, parts, 0.0)
+        bad_run = (self._counts[1] + 1) * (~finite)
+        self._counts = torch.stack([self._counts[0] + finite, bad_run, torch.maximum(self._counts[2], bad_run)])
+
+    def due(self, index: int) -> bool:
+        """Whether batch ``index`` (0-based) is one after which the trainer reads the meter."""
+        return (index + 1) % self.every == 0
+
+    def _refresh(self) -> None:
+        if self._sums is not None:
+            self._read = torch.cat([self._sums, self._counts]).tolist()   # one read of the device
+
+    def running(self) -> dict[str, float]:
+        """Mean parts over the finite batches so far, as of the last read (no device read here)."""
+        if not self._read:
+            return {}
+        n = max(self._read[len(self.keys)], 1.0)
+        return {k: v / n for k, v in zip(self.keys, self._read)}
+
+    def longest_nonfinite_run(self) -> int:
+        """Longest run of consecutive batches with a non-finite loss this epoch (reads the device)."""
+        self._refresh()
+        return int(self._read[-1]) if self._read else 0
+
+    def epoch_means(self) -> dict[str, float]:
+        """Mean parts over the finite batches of every process (a collective: call it on every rank)."""
+        if self._sums is None:
+            return {}
+        totals = distributed.all_reduce_mean(torch.cat([self._sums, self._counts[:1]]))
+        n = max(float(totals[-1]), 1e-12)
+        return {k: float(v) / n for k, v in zip(self.keys, totals[:-1])}
