@@ -10,7 +10,8 @@ from torch import nn
 
 import yolokit
 from yolokit.interop import DarknetHeader, darknet_order, load_darknet, load_darknet_model, save_darknet
-from yolokit.interop.darknet import darknet_count, darknet_num_classes, read_darknet
+from yolokit.interop import file_format
+from yolokit.interop.darknet import darknet_count, darknet_fits, darknet_num_classes, looks_like_darknet, read_darknet
 from yolokit.models.layers import Conv
 
 
@@ -116,7 +117,8 @@ def test_errors_name_the_file(tmp_path):
     write_weights(tmp_path / "odd.weights", DarknetHeader(), 1000)
     with pytest.raises(ValueError, match=r"odd\.weights: 1,000 values after the header fit no class count of yolov3-t"):
         yolokit.load(tmp_path / "odd.weights", model="yolov3-tiny")
-    with pytest.raises(ValueError, match=r"odd\.weights: Darknet \.weights do not say which network"):
+    with pytest.raises(ValueError, match=r"odd\.weights: a Darknet \.weights header, but its 1,000 values fit no "
+                                         r"YOLOv3-family variant \(yolov3: 61,576,342 \+ 5,385 per class"):
         yolokit.load(tmp_path / "odd.weights")
     with pytest.raises(ValueError, match=r"odd\.weights: Darknet weights need a YOLOv3-family variant"):
         yolokit.load(tmp_path / "odd.weights", model="yolov8n")
@@ -157,3 +159,34 @@ def test_darknet_order_lists_every_convolution_once():
         convs = [m for m in model.modules() if isinstance(m, (Conv, nn.Conv2d)) and not any(
             m is c.conv for c in model.modules() if isinstance(c, Conv))]
         assert len(order) == len({id(m) for m in order}) == len(convs)
+
+
+def test_variant_and_class_count_come_from_the_size_and_a_wrong_variant_is_named(tmp_path):
+    write_weights(tmp_path / "tiny80.weights", DarknetHeader(0, 2, 5, 1), 8_858_734)
+    model = yolokit.load(tmp_path / "tiny80.weights")  # no variant named: only yolov3-tiny fits
+    assert (model.name, model.num_classes) == ("yolov3-tiny", 80)
+    assert darknet_fits(8_858_734) == [("yolov3-tiny", 80)]
+    with pytest.raises(ValueError, match=r"fit no class count of yolov3 .*; it fits yolov3-tiny with 80 classes"):
+        yolokit.load(tmp_path / "tiny80.weights", model="yolov3")
+    with pytest.raises(ValueError, match=r"needs 8,678,554; it fits yolov3-tiny with 80 classes"):
+        load_darknet(yolokit.create_model("yolov3-tiny", num_classes=2), tmp_path / "tiny80.weights")
+    with torch.device("meta"):  # yolov3 and yolov3-spp are told apart by size too
+        count = darknet_count(yolokit.create_model("yolov3-spp", num_classes=3))
+    assert darknet_fits(count) == [("yolov3-spp", 3)]
+
+
+def test_recognised_by_header_and_size_not_by_suffix(tmp_path):
+    count = darknet_count(yolokit.create_model("yolov3-tiny", num_classes=2))
+    write_weights(tmp_path / "model.bin", DarknetHeader(0, 1, 0, 5), count)
+    assert file_format(tmp_path / "model.bin") == "darknet" and looks_like_darknet(tmp_path / "model.bin")
+    assert yolokit.load(tmp_path / "model.bin").num_classes == 2
+    (tmp_path / "notes.weights").write_text("these are not weights, just a text file of some length\n" * 3)
+    assert not looks_like_darknet(tmp_path / "notes.weights")
+    with pytest.raises(ValueError, match=r"notes\.weights: named \.weights but not a Darknet weights file"):
+        yolokit.load(tmp_path / "notes.weights")
+    (tmp_path / "odd.bin").write_bytes(DarknetHeader().to_bytes() + b"\0" * 10)  # not whole float32 values
+    assert not looks_like_darknet(tmp_path / "odd.bin")
+    with pytest.raises(ValueError, match="unknown weights format"):
+        file_format(tmp_path / "odd.bin")
+    (tmp_path / "big.bin").write_bytes(struct.pack("<3iq", 5000, 2, 0, 0) + b"\0" * 40)  # version far too large
+    assert not looks_like_darknet(tmp_path / "big.bin")

@@ -108,3 +108,25 @@ def test_save_native_needs_a_config(tmp_path):
     model.config = None
     with pytest.raises(ValueError, match="no config"):
         save_native(model, tmp_path / "m.safetensors")
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_class_names_travel_with_the_file(tmp_path, suffix):
+    model = yolokit.create_model("yolov8n", num_classes=3)
+    assert not model.has_names and model.names == ["0", "1", "2"]
+    plain = yolokit.load(yolokit.save(model, tmp_path / f"plain{suffix}"))
+    assert not plain.has_names
+    model.names = ["cat", "dog", "emu"]
+    loaded = yolokit.load(yolokit.save(model, tmp_path / f"named{suffix}"))
+    assert loaded.has_names and loaded.names == ["cat", "dog", "emu"]
+    with pytest.raises(ValueError, match="3 classes but 2 names"):
+        model.names = ["cat", "dog"]
+
+
+def test_a_runs_inference_file_gives_its_names(tmp_path):
+    from yolokit.train import TrainConfig
+    from yolokit.train.weights import export_final
+
+    model = yolokit.create_model("yolov8n", num_classes=2)
+    path = export_final(model, tmp_path / "model.pt", ["circle", "star"], TrainConfig())
+    assert yolokit.load(path).names == ["circle", "star"]

@@ -53,6 +53,7 @@ def test_checkpoint_loads_and_raw_maps_equal_theirs(tmp_path, their, variant, nc
         expected = theirs(x)
         for model in (yolokit.load(path), load_ultralytics(path)):
             assert (model.name, model.num_classes, model.training) == (variant, nc, False)
+            assert model.has_names and model.names == [f"class{i}" for i in range(nc)]  # the checkpoint's names
             assert next(model.parameters()).dtype == torch.float32
             assert max_diff(model(x), expected) < 1e-4
     assert not any(name.startswith("ultralytics") for name in sys.modules)

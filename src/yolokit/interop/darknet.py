@@ -9,8 +9,10 @@ convolution in the order the cfg lists them (``darknet_order``):
   running var, then the conv weight ``[out, in, k, k]``;
 - a convolution without batch norm (the detection layers): conv bias, conv weight.
 
-The file does not say which network it belongs to: the caller names the variant, and the
-class count follows from the number of values.
+The file does not say which network it belongs to. It is recognised by its header (a
+small version number, then ``seen``) and by its size: the number of values fits one
+variant of the family with a whole number of classes (``darknet_fits``). The caller may
+name the variant; a file that does not fit it is refused with what it does fit.
 """
 
 from __future__ import annotations
@@ -144,9 +146,11 @@ def load_darknet(model: Detector, path: str | Path, *, strict: bool = True) -> D
 def _fill(model: Detector, values: np.ndarray, *, source: str, strict: bool = True) -> None:
     need = darknet_count(model)
     if len(values) > need or (strict and len(values) != need):
+        fits = darknet_fits(len(values))
+        hint = (f"it fits {' or '.join(f'{n} with {c} classes' for n, c in fits)}" if fits
+                else f"is it a {model.name} file, with that class count?")
         raise ValueError(f"{source}: holds {len(values):,} values after its header but {model.name} with "
-                         f"{model.num_classes} classes needs {need:,}; is it a {model.name} file, "
-                         "with that class count?")
+                         f"{model.num_classes} classes needs {need:,}; {hint}")
     pos = 0
     for layer in darknet_order(model):
         if pos == len(values):
@@ -182,26 +186,88 @@ def save_darknet(model: Detector, path: str | Path, *, header: DarknetHeader | N
     return path
 
 
+def looks_like_darknet(path: str | Path) -> bool:
+    """Whether a file starts with a plausible Darknet header and holds whole float32 values after it.
+
+    The version numbers must be small (each below 100; published files are 0.1.0 to
+    0.2.5) and ``seen`` not negative.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(20)
+    try:
+        header = DarknetHeader.from_bytes(head)
+    except ValueError:
+        return False
+    body = path.stat().st_size - header.nbytes
+    return max(header.major, header.minor, header.revision) < 100 and header.seen >= 0 and body > 0 and body % 4 == 0
+
+
+def _count_rule(name: str) -> tuple[int, int]:
+    """(values for 1 class, values per extra class) of variant ``name``'s ``.weights``."""
+    with torch.device("meta"):
+        one, two = (darknet_count(build_model(replace(MODELS[name], num_classes=c))) for c in (1, 2))
+    return one, two - one
+
+
+def darknet_fits(count: int) -> list[tuple[str, int]]:
+    """Every (YOLOv3-family variant, class count) whose ``.weights`` hold exactly ``count`` values."""
+    fits = []
+    for name, config in MODELS.items():
+        if isinstance(config, YOLOv3Config):
+            one, per_class = _count_rule(name)
+            classes, rest = divmod(count - one, per_class)
+            if not rest and classes >= 0:
+                fits.append((name, classes + 1))
+    return fits
+
+
 def darknet_num_classes(name: str, count: int, *, source: str = "file") -> int:
-    """The class count for which variant ``name`` has ``count`` values in its ``.weights`` file."""
+    """The class count for which variant ``name`` has ``count`` values in its ``.weights`` file.
+
+    Raises:
+        ValueError: ``name`` is no YOLOv3-family variant, or no class count fits; the
+            message says which variants the file does fit, if any.
+    """
     base = MODELS.get(name)
     if not isinstance(base, YOLOv3Config):
         yolov3 = [n for n, c in MODELS.items() if isinstance(c, YOLOv3Config)]
         raise ValueError(f"{source}: Darknet weights need a YOLOv3-family variant ({', '.join(yolov3)}), got {name!r}")
-    with torch.device("meta"):
-        one, two = (darknet_count(build_model(replace(base, num_classes=c))) for c in (1, 2))
-    per_class = two - one
+    one, per_class = _count_rule(name)
     classes, rest = divmod(count - one, per_class)
     if rest or classes < 0:
+        fits = darknet_fits(count)
+        hint = (f"; it fits {' or '.join(f'{n} with {c} classes' for n, c in fits)}" if fits
+                else f"; is it a {name} file?")
         raise ValueError(f"{source}: {count:,} values after the header fit no class count of {name} "
-                         f"({one:,} for 1 class, +{per_class:,} per class); is it a {name} file?")
+                         f"({one:,} for 1 class, +{per_class:,} per class){hint}")
     return classes + 1
 
 
-def load_darknet_model(path: str | Path, name: str) -> Detector:
+def darknet_variant(count: int, *, source: str = "file") -> str:
+    """The one YOLOv3-family variant a ``.weights`` file of ``count`` values fits.
+
+    Raises:
+        ValueError: none fits, or several do (the caller must then name the variant).
+    """
+    fits = darknet_fits(count)
+    if len(fits) == 1:
+        return fits[0][0]
+    if not fits:
+        rules = ", ".join(f"{n}: {one:,} + {per:,} per class beyond 1" for n, (one, per) in
+                          ((n, _count_rule(n)) for n, c in MODELS.items() if isinstance(c, YOLOv3Config)))
+        raise ValueError(f"{source}: a Darknet .weights header, but its {count:,} values fit no YOLOv3-family "
+                         f"variant ({rules}); Darknet .weights do not say which network they hold, and this "
+                         "one is not yolov3, yolov3-spp or yolov3-tiny with a whole class count")
+    raise ValueError(f"{source}: Darknet .weights do not say which network they hold and {count:,} values fit "
+                     f"{' and '.join(f'{n} ({c} classes)' for n, c in fits)}; pass model=<variant>")
+
+
+def load_darknet_model(path: str | Path, name: str | None = None) -> Detector:
     """A ready Detector (eval mode) for variant ``name`` from a ``.weights`` file.
 
-    The class count is read from the file size; the header is kept as
+    The class count (and without ``name`` the variant, when only one fits) is read from
+    the file size; the header is kept as
     ``model.darknet_header`` so that ``save_darknet(model, ...)`` writes the same bytes.
 
     Example:
@@ -210,6 +276,7 @@ def load_darknet_model(path: str | Path, name: str) -> Detector:
         (80, 2)
     """
     header, values = read_darknet(path)
+    name = name or darknet_variant(len(values), source=str(path))
     num_classes = darknet_num_classes(name, len(values), source=str(path))
     with torch.device("meta"):
         model = build_model(replace(MODELS[name], num_classes=num_classes))

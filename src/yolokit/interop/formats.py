@@ -8,8 +8,12 @@ safetensors    u64 header length, then ``{``         yolokit file (config in met
 torch          zip archive or a pickle               yolokit dict, Ultralytics checkpoint
                                                      or plain state dict; always
                                                      ``weights_only=True``
-darknet        ``.weights`` suffix                   ``model`` names the YOLOv3 variant
+darknet        a Darknet header (small version,      variant and class count from the
+               ``seen``), whole float32s after it   size (``model`` may name the variant)
 =============  ===================================  ====================================
+
+Class names travel with the model: ``Detector.names`` is set from an Ultralytics
+checkpoint's ``names``, a yolokit run's ``model.pt`` and yolokit files that stored them.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from yolokit.interop.darknet import load_darknet, load_darknet_model, save_darknet
+from yolokit.interop.darknet import load_darknet, load_darknet_model, looks_like_darknet, save_darknet
 from yolokit.interop.native import (
+    attach_names,
     from_contents,
     from_torch_object,
     is_safetensors_file,
@@ -49,8 +54,11 @@ def file_format(path: str | Path) -> str:
         first = f.read(2)
     if zipfile.is_zipfile(path) or first[:1] == b"\x80":  # torch zip archive, or a (legacy) pickle
         return "torch"
-    if path.suffix == ".weights":
+    if looks_like_darknet(path):
         return "darknet"
+    if path.suffix == ".weights":
+        raise ValueError(f"{path}: named .weights but not a Darknet weights file (its header is no small "
+                         "version number followed by whole float32 values)")
     raise ValueError(f"{path}: unknown weights format (not safetensors, not a torch file, not a Darknet "
                      ".weights); yolokit reads .safetensors, .pt/.pth (yolokit, Ultralytics) and .weights")
 
@@ -60,14 +68,15 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
 
     yolokit files (safetensors or torch) rebuild their stored config; Ultralytics YOLOv8
     checkpoints and plain state dicts give their variant and class count through their
-    tensor shapes; Darknet ``.weights`` need the variant named, their class count comes
-    from the file size. Nothing in a file is ever run: pickles go through
+    tensor shapes; Darknet ``.weights`` give their variant and class count through their
+    size (name the variant when several fit). Stored class names are attached as
+    ``model.names``. Nothing in a file is ever run: pickles go through
     ``torch.load(weights_only=True)`` with inert stand-ins for Ultralytics' classes.
 
     Args:
         path: the file.
-        model: None, a variant name (required for Darknet; elsewhere checked or used to
-            pick the variant), or a Detector to load the weights into.
+        model: None, a variant name (checked, or used to pick the variant), or a
+            Detector to load the weights into.
 
     Raises:
         UnsafeFileError: a pickle that refers to functions or classes outside the allowlist.
@@ -76,7 +85,9 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
     Example:
         >>> yolokit.load("yolov8n.pt").name  # Ultralytics checkpoint
         'yolov8n'
-        >>> yolokit.load("yolov3-tiny.weights", model="yolov3-tiny").num_classes
+        >>> yolokit.load("yolov8n.pt").names[:2]
+        ['person', 'bicycle']
+        >>> yolokit.load("yolov3-tiny.weights").num_classes
         80
     """
     path, source = Path(path), str(path)
@@ -85,22 +96,19 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
         if isinstance(model, Detector):
             model.darknet_header = load_darknet(model, path)
             return model.eval()
-        if model is None:
-            raise ValueError(f"{source}: Darknet .weights do not say which network they hold; pass "
-                             "model='yolov3', 'yolov3-spp' or 'yolov3-tiny'")
         return load_darknet_model(path, model)
     if kind == "safetensors":
         state, metadata = read_safetensors(path)
         config = native_config(metadata, source=source)
         if config is None and is_ultralytics_state_dict(state):
             state = ultralytics_to_yolokit(state, source=source)
-        return from_contents(state, config, model=model, source=source)
+        return attach_names(from_contents(state, config, model=model, source=source), metadata.get("names"))
     def from_ultralytics(obj: Any) -> Detector | None:
         contents = ultralytics_contents(obj)
         if contents is None:
             return None
         state = ultralytics_to_yolokit(contents.state_dict, source=source)
-        return build_from_state_dict(state, model=model, source=source)
+        return attach_names(build_from_state_dict(state, model=model, source=source), contents.class_names)
 
     return from_torch_object(load_pickled(path), model=model, source=source, other=from_ultralytics,
                              what="a torch file, but neither a yolokit file, an Ultralytics checkpoint nor a "

@@ -1,9 +1,11 @@
 """yolokit's own files: safetensors with the model config, or a ``torch.save``-d dict.
 
 - ``.safetensors``: the state dict, and in the header metadata ``format`` = "yolokit",
-  ``format_version`` and ``config`` = the JSON of ``asdict(model.config)``.
+  ``format_version``, ``config`` = the JSON of ``asdict(model.config)`` and, when the
+  model has class names, ``names`` = their JSON list.
 - ``.pt`` / ``.pth``: ``{"format": "yolokit", "format_version": 1, "config":
-  asdict(config), "state_dict": {...}}``, read back with ``torch.load(weights_only=True)``.
+  asdict(config), "state_dict": {...}}`` (plus ``"names"``), read back with
+  ``torch.load(weights_only=True)``.
 
 Plain state dicts in yolokit's naming (either container) load too: the variant and
 class count are then read from the tensor shapes.
@@ -47,16 +49,38 @@ def save_native(model: Detector, path: str | Path) -> Path:
         raise ValueError(f"{path}: unknown suffix {path.suffix!r}; use .safetensors, .pt or .pth")
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     config = asdict(model.config)
+    names = {"names": model.names} if getattr(model, "has_names", False) else {}
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 
-        metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(config)}
+        metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(config),
+                    **{k: json.dumps(v) for k, v in names.items()}}
         save_file(state, str(tmp), metadata=metadata)
     else:
-        torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "config": config, "state_dict": state}, tmp)
+        torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "config": config, "state_dict": state,
+                    **names}, tmp)
     os.replace(tmp, path)
     return path
+
+
+def attach_names(model: Detector, names: Any) -> Detector:
+    """Sets ``model.names`` from what a file stored (a list, an ``{index: name}`` dict or their
+    JSON); anything else, or names of another class count, leaves the model as it is."""
+    if isinstance(names, str):
+        try:
+            names = json.loads(names)
+        except ValueError:
+            return model
+    if isinstance(names, Mapping):
+        try:
+            names = {int(k): str(v) for k, v in names.items()}
+        except (TypeError, ValueError):
+            return model
+        names = [names.get(i, str(i)) for i in range(model.num_classes)] if len(names) == model.num_classes else None
+    if isinstance(names, (list, tuple)) and len(names) == model.num_classes:
+        model.names = [str(n) for n in names]
+    return model
 
 
 def read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -125,7 +149,7 @@ def from_native_object(obj: Mapping[str, Any], *, model: str | Detector | None, 
     state = state_dict_in(obj)
     if state is None:
         raise ValueError(f"{source}: yolokit file without a state_dict")
-    return from_contents(state, config, model=model, source=source)
+    return attach_names(from_contents(state, config, model=model, source=source), obj.get("names"))
 
 
 def load_native(path: str | Path, *, model: str | Detector | None = None) -> Detector:
@@ -143,7 +167,8 @@ def load_native(path: str | Path, *, model: str | Detector | None = None) -> Det
     path, source = Path(path), str(path)
     if path.suffix == ".safetensors" or is_safetensors_file(path):
         state, metadata = read_safetensors(path)
-        return from_contents(state, native_config(metadata, source=source), model=model, source=source)
+        model = from_contents(state, native_config(metadata, source=source), model=model, source=source)
+        return attach_names(model, metadata.get("names"))
     return from_torch_object(load_pickled(path), model=model, source=source,
                              what="neither a yolokit file nor a state dict of tensors (an Ultralytics checkpoint? "
                                   "yolokit.load and load_ultralytics read those)")

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
-from yolokit.interop.native import is_safetensors_file, read_safetensors
+from yolokit.interop.native import attach_names, is_safetensors_file, read_safetensors
 from yolokit.interop.safe_load import StandIn, load_pickled, module_state_dict
 from yolokit.interop.state import build_from_state_dict
 from yolokit.models import Detector
@@ -181,8 +181,9 @@ def load_ultralytics(path: str | Path, *, model: str | Detector | None = None) -
 
     Example:
         >>> model = load_ultralytics("yolov8n.pt")
-        >>> model.name, model.num_classes
-        ('yolov8n', 80)
+        >>> model.name, model.num_classes, model.names[0]
+        ('yolov8n', 80, 'person')
     """
-    state = ultralytics_to_yolokit(read_ultralytics(path).state_dict, source=str(path))
-    return build_from_state_dict(state, model=model, source=str(path))
+    contents = read_ultralytics(path)
+    state = ultralytics_to_yolokit(contents.state_dict, source=str(path))
+    return attach_names(build_from_state_dict(state, model=model, source=str(path)), contents.class_names)
