@@ -1,10 +1,16 @@
 """Shared test settings: the `gpu` marker skips without CUDA; no test leaks distributed state."""
 
 import os
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+for folder in (TESTS, os.path.join(TESTS, "train")):  # shared helpers, and workers spawned children import
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,7 +61,8 @@ def run_train(args: argparse.Namespace) -> int:
     if config.data == "shapes" and not config.resume and not args.config:
         config = config.replace(**{k: v for k, v in SHAPES_PRESET.items() if k not in given})
     metrics = train(config)
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}))
+    if int(os.environ.get("RANK", "0") or 0) == 0:   # under torchrun, every rank returns the metrics
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}))
     return 0
 
 

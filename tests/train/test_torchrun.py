@@ -1,0 +1,67 @@
+"""`torchrun -m yolokit train`: the world comes from torchrun (no --devices), on one node or two.
+
+Two "machines" are two torchrun agents on this machine meeting at a c10d rendezvous on
+127.0.0.1; they must train exactly (bit for bit) what one agent with two processes trains.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from yolokit.accel.launch import free_port
+from yolokit.data import make_shapes
+from yolokit.train.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN}
+    env["OMP_NUM_THREADS"] = "1"   # the same kernels in both layouts (torchrun sets 1 only for several local processes)
+    return env
+
+
+def _torchrun(*flags: str, out, data, background: bool = False):
+    cmd = [sys.executable, "-m", "torch.distributed.run", *flags, "-m", "yolokit", "train", "--data", data,
+           "--imgsz", "64", "--batch", "4", "--nbs", "8", "--epochs", "2", "--workers", "0", "--no-plots",
+           "--mosaic-buffer", "0", "--close-mosaic", "1", "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc if background else _finish(proc)
+
+
+def _finish(proc) -> str:
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_two_nodes_train_exactly_like_one_node_with_two_processes(tmp_path):
+    data = str(make_shapes(tmp_path / "set", n_train=13, n_val=6, imgsz=64))
+    log = _torchrun("--nnodes", "1", "--nproc-per-node", "2", out=tmp_path / "one_node", data=data)
+    assert "2 x cpu, batch 4 (2 per process) x 2 accumulation = 8 per step" in log
+    assert log.count('"run_dir"') == 1   # the final metrics are printed once, by rank 0
+
+    rdzv = ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "yolokit-test")
+    nodes = [_torchrun(*rdzv, out=tmp_path / "two_nodes", data=data, background=True) for _ in range(2)]
+    logs = [_finish(p) for p in nodes]
+    assert sum("2 x cpu, batch 4 (2 per process)" in text for text in logs) == 1   # printed by rank 0 only
+
+    a = load_checkpoint(tmp_path / "one_node" / "weights" / "last.pt")
+    b = load_checkpoint(tmp_path / "two_nodes" / "weights" / "last.pt")
+    assert a["epoch"] == b["epoch"] == 2 and a["steps"] == b["steps"] > 0
+    for part in ("model",):
+        for key, value in a[part].items():
+            assert torch.equal(b[part][key], value), key
+    for key, value in a["ema"]["module"].items():
+        assert torch.equal(b["ema"]["module"][key], value), key
+    assert (tmp_path / "one_node" / "results.csv").read_text().splitlines()[1].split(",")[:-1] == \
+        (tmp_path / "two_nodes" / "results.csv").read_text().splitlines()[1].split(",")[:-1]
