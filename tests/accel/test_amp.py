@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from yolokit.accel.amp import NonFiniteGradientsError, Precision, check_precision, prediction_error, resolve_precision
+from yolokit.accel.amp import Precision, TrainingDiverged, check_precision, prediction_error, resolve_precision
 
 
 def _mlp(seed: int = 0) -> nn.Module:
@@ -136,7 +136,7 @@ def test_watchdog_warns_then_raises():
         assert not any("loss scale fell" in str(w.message) for w in caught)  # 4 -> 2 -> 1
         assert bad_step() is False
         assert any("loss scale fell" in str(w.message) for w in caught)  # -> 0.5 < 1
-        with pytest.raises(NonFiniteGradientsError):
+        with pytest.raises(TrainingDiverged):
             bad_step()
     assert prec.scale == 0.25
 

@@ -51,7 +51,7 @@ def fit_with_measured_batch(config: TrainConfig, per_rank: list[int] | None) -> 
             raise AssertionError("batch auto was measured again on resume")
         return per_rank[distributed.rank()]
 
-    autobatch._measure = measure
+    autobatch.measure_batch = measure
     result = Trainer(config).fit()
     return {"result": result, "rank": distributed.rank()}
 

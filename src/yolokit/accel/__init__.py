@@ -12,7 +12,7 @@ Imports torch only. Modules: :mod:`~yolokit.accel.amp` (mixed precision),
 
 from yolokit.accel import distributed
 from yolokit.accel.accumulation import Accumulator, split_batch
-from yolokit.accel.amp import NonFiniteGradientsError, Precision, check_precision, prediction_error, resolve_precision
+from yolokit.accel.amp import Precision, TrainingDiverged, check_precision, prediction_error, resolve_precision
 from yolokit.accel.batch_size import MemoryModel, find_batch_size, fit_memory_model, is_oom_error, predict_batch_size
 from yolokit.accel.checkpointing import (
     checkpointed_modules,
@@ -31,8 +31,8 @@ __all__ = [
     "DeviceStats",
     "LaunchError",
     "MemoryModel",
-    "NonFiniteGradientsError",
     "Precision",
+    "TrainingDiverged",
     "all_reduce_gradients",
     "check_precision",
     "checkpointed_modules",

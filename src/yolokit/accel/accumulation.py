@@ -271,7 +271,7 @@ class Accumulator:
         except Exception as exc:
             if not is_oom_error(exc):
                 raise
-            if _step_marker(optimizer) != marker:
+            if not _same_marker(_step_marker(optimizer), marker):
                 raise RuntimeError("out of memory inside optimizer.step after it had begun to update its "
                                    "state, so it cannot be retried exactly; resume from the last checkpoint "
                                    "with a smaller batch") from exc
@@ -285,21 +285,27 @@ class Accumulator:
         return step_fn()
 
 
-def _step_marker(optimizer: torch.optim.Optimizer) -> tuple[int, float | str | None] | None:
+def _step_marker(optimizer: torch.optim.Optimizer) -> tuple[int, Any] | None:
     """What a step changes first in the state of the optimizer's first parameter.
 
-    ``(number of state entries, step counter)``: a first step creates the entries, and
-    Adam-style optimizers count steps before anything else (the counter is read only
-    when it lives on the host; on a device it is reported as ``"device"``).
+    ``(number of state entries, a copy of the step counter)``: a first step creates the
+    entries, and Adam-style optimizers count steps before anything else. Copied, not read:
+    comparing happens only after an error.
     """
     for group in optimizer.param_groups:
         for p in group["params"]:
             state = optimizer.state.get(p, {})
             step = state.get("step")
-            if isinstance(step, torch.Tensor):
-                step = float(step) if step.device.type == "cpu" else "device"
-            return len(state), step
+            return len(state), step.clone() if isinstance(step, torch.Tensor) else step
     return None
+
+
+def _same_marker(a: tuple[int, Any] | None, b: tuple[int, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    if a[0] != b[0] or type(a[1]) is not type(b[1]):
+        return False
+    return torch.equal(a[1], b[1]) if isinstance(a[1], torch.Tensor) else a[1] == b[1]
 
 
 def _no_sync(model: nn.Module):

@@ -12,7 +12,7 @@ The user's loop stays visible::
 ``fp16`` uses :class:`torch.amp.GradScaler`; ``bf16`` and ``fp32`` have no scaler.
 :meth:`Precision.step` skips the optimizer step whenever a gradient is inf/NaN, in every
 mode, and a watchdog warns when that keeps happening and raises
-:class:`NonFiniteGradientsError` after ``max_nonfinite_steps`` skips in a row.
+:class:`TrainingDiverged` after ``max_nonfinite_steps`` skips in a row.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class NonFiniteGradientsError(RuntimeError):
-    """Raised after too many consecutive optimizer steps with inf/NaN gradients."""
+class TrainingDiverged(RuntimeError):
+    """Training produced inf/NaN for too long: optimizer steps skipped for inf/NaN gradients
+    (:meth:`Precision.check`), or a non-finite loss (the trainer's ``max_bad_steps``)."""
 
 
 def resolve_precision(precision: str, device: torch.device | str | None = None) -> str:
@@ -76,7 +77,7 @@ class Precision:
         growth_interval: Finite steps between scale doublings for fp16.
         warn_after: Consecutive skipped steps after which a warning is issued.
         max_nonfinite_steps: Consecutive skipped steps after which
-            :class:`NonFiniteGradientsError` is raised (``0`` disables the error).
+            :class:`TrainingDiverged` is raised (``0`` disables the error).
 
     Example:
         >>> precision = Precision("bf16", "cpu")
@@ -105,6 +106,8 @@ class Precision:
         self.nonfinite_steps = 0  # consecutive skipped steps
         self._warned_low_scale = False
         self._unscaled: set[int] = set()  # optimizers unscaled since the last scaler update
+        self._runs: torch.Tensor | None = None  # skipped steps on the device: current run, longest since check
+        self._warned_run = False
 
     def __repr__(self) -> str:
         return f"Precision({self.precision!r}, device={str(self.device)!r})"
@@ -134,7 +137,8 @@ class Precision:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
-    def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None = None) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None = None, *,
+             blocking: bool = True) -> bool | torch.Tensor:
         """Unscale, optionally clip, and step ``optimizer`` unless a gradient is inf/NaN.
 
         Gradients are unscaled before clipping, so ``clip_grad_norm`` is in true units. The
@@ -146,62 +150,86 @@ class Precision:
             optimizer: Optimizer whose parameters hold the accumulated gradients.
             clip_grad_norm: Maximum total L2 norm of the gradients, or ``None``.
 
+            blocking: ``False``: nothing is read back from the device. The step is skipped on
+                the device (fused optimizers and the fp16 scaler; other optimizers still read
+                the norm), the watchdog counts there, and :meth:`check` reads it when you call it.
+
         Returns:
-            True when the optimizer stepped, False when the step was skipped.
+            True when the optimizer stepped, False when the step was skipped (with
+            ``blocking=False``: the same as a 0-dim bool tensor on the device).
         """
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if self.scaler is not None:
             if id(optimizer) not in self._unscaled:  # a retried step (after OOM) is unscaled already
                 self.scaler.unscale_(optimizer)
                 self._unscaled.add(id(optimizer))
-            if clip_grad_norm is not None and params:
-                nn.utils.clip_grad_norm_(params, clip_grad_norm)
-            scale_before = self.scaler.get_scale()
-            self.scaler.step(optimizer)  # skips internally when unscale_ found inf/NaN
+            norm = _total_norm(params, clip_grad_norm)
+            self.scaler.step(optimizer)  # skips when unscale_ found inf/NaN (on the device for fused optimizers)
             self.scaler.update()
             self._unscaled.clear()
-            stepped = not self.scaler.get_scale() < scale_before
         else:
-            if not params:
-                norm = torch.zeros(())
-            elif clip_grad_norm is not None:
-                norm = nn.utils.clip_grad_norm_(params, clip_grad_norm)
-            else:
-                norm = nn.utils.get_total_norm([p.grad for p in params])
-            stepped = bool(torch.isfinite(norm))
-            if stepped:
+            norm = _total_norm(params, clip_grad_norm)
+            if getattr(optimizer, "_step_supports_amp_scaling", False):   # fused: skips on the device
+                optimizer.grad_scale, optimizer.found_inf = None, (~torch.isfinite(norm)).float()
+                try:
+                    optimizer.step()
+                finally:
+                    del optimizer.grad_scale, optimizer.found_inf
+            elif bool(torch.isfinite(norm)):   # other optimizers: the host decides
                 optimizer.step()
-        self._watch(stepped)
-        return stepped
+        stepped = torch.isfinite(norm)
+        self._count(stepped)
+        if not blocking:
+            return stepped
+        self.check()
+        return bool(stepped)
 
-    def _watch(self, stepped: bool) -> None:
-        if stepped:
-            self.nonfinite_steps = 0
+    def _count(self, stepped: torch.Tensor) -> None:
+        """Runs of skipped steps, counted on the device."""
+        if self._runs is None or self._runs.device != stepped.device:
+            self._runs = torch.zeros(2, dtype=torch.long, device=stepped.device)  # current run, longest since check
+        run = (self._runs[0] + 1) * (~stepped)
+        self._runs = torch.stack([run, torch.maximum(self._runs[1], run)])
+
+    def check(self) -> None:
+        """Read the skipped-step counters (one device read): warn, or raise :class:`TrainingDiverged`.
+
+        ``step()`` calls it after every step; with ``step(blocking=False)`` call it yourself
+        every few steps.
+        """
+        if self._runs is None:
             return
-        self.nonfinite_steps += 1
-        if self.nonfinite_steps == self.warn_after:
+        run, longest = (int(v) for v in self._runs.tolist())
+        self._runs[1] = run
+        self.nonfinite_steps = run
+        if longest >= self.warn_after and not self._warned_run:
+            self._warned_run = True
             warnings.warn(
-                f"{self.nonfinite_steps} optimizer steps in a row were skipped for inf/NaN "
+                f"{longest} optimizer steps in a row were skipped for inf/NaN "
                 f"gradients (precision={self.precision}, loss scale={self.scale:g}); "
                 "check the learning rate, the loss and the data",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if self.scaler is not None and self.scale < 1.0 and not self._warned_low_scale:
+        if run == 0:
+            self._warned_run = False
+        if self.scaler is not None and not self._warned_low_scale and self.scale < 1.0:
             self._warned_low_scale = True
             warnings.warn(
                 f"fp16 loss scale fell to {self.scale:g}: gradients overflow fp16 even unscaled; consider bf16 or fp32",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if self.max_nonfinite_steps and self.nonfinite_steps >= self.max_nonfinite_steps:
-            raise NonFiniteGradientsError(
-                f"{self.nonfinite_steps} consecutive optimizer steps had inf/NaN gradients "
+        if self.max_nonfinite_steps and longest >= self.max_nonfinite_steps:
+            raise TrainingDiverged(
+                f"{longest} consecutive optimizer steps had inf/NaN gradients "
                 f"(precision={self.precision}, loss scale={self.scale:g}); training has diverged"
             )
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in a checkpoint: precision name, scaler state, watchdog counter."""
+        if self._runs is not None:
+            self.nonfinite_steps = int(self._runs[0])
         return {
             "precision": self.precision,
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
@@ -213,6 +241,8 @@ class Precision:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
+        if self.nonfinite_steps:
+            self._runs = torch.tensor([self.nonfinite_steps] * 2, device=self.device)
 
 
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
@@ -329,3 +359,13 @@ def check_precision(
         stacklevel=2,
     )
     return Precision("fp32", device, **precision_kwargs)
+
+
+def _total_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:
+    """Total L2 norm of the gradients (a 0-dim tensor on their device), clipped to ``clip`` if given."""
+    if not params:
+        return torch.zeros(())
+    if clip is not None:
+        return nn.utils.clip_grad_norm_(params, clip)
+    return nn.utils.get_total_norm([p.grad for p in params])
+

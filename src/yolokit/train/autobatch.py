@@ -1,7 +1,18 @@
-"""The run's total batch: a number that divides among the processes, or "auto", measured once."""
+"""The run's total batch: a number that divides among the processes, or "auto", measured once.
+
+``batch="auto"`` probes real training steps at the dataset's worst case: square images of
+the training size, each holding the most boxes a training image can hold (the most boxes of
+one labelled image, times 4 with Mosaic and 2 with MixUp), with the gradients, the EMA and
+the optimizer's state allocated as the run will have them. It fits peak memory against
+batch size from a few small probes, takes the size whose peak is ``AUTO_FRACTION`` of the
+memory the device has for this process, checks it with one more step (and searches below
+it if that step runs out of memory), prints what it tried, and leaves no gradient,
+optimizer state or BatchNorm statistic behind.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -9,14 +20,18 @@ from torch import nn
 
 from yolokit.accel import distributed
 from yolokit.accel.amp import Precision
-from yolokit.accel.batch_size import find_batch_size
+from yolokit.accel.batch_size import free_memory, measure_peak_memory, predict_batch_size
+from yolokit.data import DetectionDataset
 from yolokit.train.config import TrainConfig
 
+AUTO_FRACTION = 0.8   # of the device memory free for this process when the run starts
 CPU_AUTO_BATCH = 16
+PROBE_SIZES = (1, 2, 4, 8)
 
 
-def resolve_batch(cfg: TrainConfig, model: nn.Module, criterion: nn.Module, precision: Precision,
-                  device: torch.device, *, resumed: dict[str, Any] | None = None) -> int:
+def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device: torch.device, *,
+                  resumed: dict[str, Any] | None = None,
+                  memory: tuple[float, Callable[[int], float]] | None = None) -> int:
     """Total images per loader batch over all processes.
 
     A number must divide by the number of processes (each runs ``batch / world``).
@@ -24,9 +39,13 @@ def resolve_batch(cfg: TrainConfig, model: nn.Module, criterion: nn.Module, prec
     result is stored in the run's checkpoints: a resumed run reuses it without measuring.
 
     Args:
-        cfg: The run's config (``batch``, ``imgsz``).
-        model, criterion, precision, device: What a training step runs.
+        cfg: The run's config (``batch``).
+        probe: ``probe(b)`` runs one worst-case training step of ``b`` images (see
+            :func:`training_probe`); needed for ``"auto"``.
+        device: This process's device; without CUDA (and without ``memory``) nothing is
+            measured and ``CPU_AUTO_BATCH`` images are shared among the processes.
         resumed: The checkpoint being resumed, if any.
+        memory: ``(budget_bytes, peak_bytes(b))`` instead of CUDA's own readings (tests).
 
     Returns:
         The total batch, a multiple of the world size.
@@ -40,31 +59,102 @@ def resolve_batch(cfg: TrainConfig, model: nn.Module, criterion: nn.Module, prec
         return batch
     if resumed is not None and resumed.get("batch"):
         return int(resumed["batch"])
-    per_rank = _measure(cfg, model, criterion, precision, device)
+    per_rank = measure_batch(probe, device, memory=memory)
     smallest = min(distributed.all_gather_object(per_rank))
     if distributed.is_main():
-        print(f"batch auto: {smallest} images per process fit ({smallest * world} in all)")
+        print(f"batch auto: {smallest} images per process ({smallest * world} in all)")
     return smallest * world
 
 
-def _measure(cfg: TrainConfig, model: nn.Module, criterion: nn.Module, precision: Precision,
-             device: torch.device) -> int:
-    """Images per process that fit one training step on this device."""
-    if device.type != "cuda":
+def measure_batch(probe: Callable[[int], None], device: torch.device, *, fraction: float = AUTO_FRACTION,
+                  max_size: int = 1024, memory: tuple[float, Callable[[int], float]] | None = None) -> int:
+    """Images per step whose peak memory is ``fraction`` of the budget (see the module docstring).
+
+    Without CUDA and without ``memory`` nothing is measured: ``CPU_AUTO_BATCH`` images
+    shared among the processes.
+    """
+    if memory is None and device.type != "cuda":
         per_rank = max(1, CPU_AUTO_BATCH // distributed.world_size())
         if distributed.is_main():
             print(f"batch auto: no CUDA device to measure, using {per_rank} per process")
         return per_rank
-    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    if memory is None:
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = float(free + torch.cuda.memory_reserved(device))   # what this process may use
+        peak = lambda b: float(measure_peak_memory(probe, b, device=device))  # noqa: E731
+    else:
+        budget, peak = memory
+    tried: list[str] = []
 
-    def step(b: int) -> None:
-        images = torch.rand(b, 3, cfg.imgsz, cfg.imgsz, device=device)
-        targets = torch.tensor([[i, 0, 10.0, 10.0, 100.0, 100.0] for i in range(b)], device=device)
-        with precision.autocast():
-            loss, _ = criterion(model(images), targets)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
+    def measured(b: int) -> float:
+        value = peak(b)
+        tried.append(f"{b}: {value / 2**20:.0f} MiB")
+        return value
 
-    size = find_batch_size(step, start=1, max_size=512, mode="binsearch")
-    model.load_state_dict(saved)
+    def checked(b: int) -> None:
+        try:
+            probe(b)
+        except Exception:
+            tried.append(f"{b}: out of memory")
+            raise
+        tried.append(f"{b}: fits")
+
+    size = predict_batch_size(checked, fraction=fraction, probe_sizes=PROBE_SIZES, max_size=max_size,
+                              total_bytes=budget, measure=measured)
+    print(f"batch auto on {device}: budget {fraction:.0%} of {budget / 2**30:.2f} GiB; tried "
+          f"{', '.join(tried)} -> {size} images per step")
     return size
+
+
+def worst_case_boxes(dataset: DetectionDataset, cfg: TrainConfig) -> int:
+    """Most boxes one training image can hold: the busiest labelled image, x4 with Mosaic, x2 with MixUp."""
+    most = max((len(labels) for labels in dataset.index.labels), default=0)
+    return max(1, most * (4 if cfg.mosaic > 0 else 1) * (2 if cfg.mixup > 0 else 1))
+
+
+def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module, precision: Precision,
+                   device: torch.device, *, imgsz: int, max_boxes: int, state_tensors: int,
+                   channels_last: bool, seed: int = 0) -> Callable[[int], None]:
+    """``probe(b)``: forward, loss and backward of ``b`` worst-case images, as the run would do them.
+
+    Every probe starts with the gradients allocated (accumulation keeps them) and
+    ``state_tensors`` zero tensors per parameter held as the optimizer's state (2 for
+    AdamW, 1 for SGD with momentum), and ends with both released and the model's
+    buffers (BatchNorm statistics) as they were.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = [b for b in model.buffers()]
+
+    def probe(b: int) -> None:
+        saved = [t.clone() for t in buffers]
+        state = [torch.zeros_like(p) for p in params for _ in range(state_tensors)]
+        try:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            gen = torch.Generator(device=device).manual_seed(seed)
+            images = torch.rand(b, 3, imgsz, imgsz, device=device, generator=gen)
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with precision.autocast():
+                loss, _ = criterion(train_net(images), _targets(b, max_boxes, imgsz, device, gen), max_boxes=max_boxes)
+            precision.backward(loss * b)
+        finally:
+            for p in params:
+                p.grad = None
+            with torch.no_grad():
+                for t, value in zip(buffers, saved):
+                    t.copy_(value)
+            del state
+            free_memory()
+
+    return probe
+
+
+def _targets(b: int, boxes: int, imgsz: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """Tensor[b * boxes, 6] of random boxes from 4 to imgsz / 2 pixels, ``boxes`` per image."""
+    n = b * boxes
+    size = 4 + torch.rand(n, 2, device=device, generator=gen) * (imgsz / 2 - 4)
+    corner = torch.rand(n, 2, device=device, generator=gen) * (imgsz - size)
+    image = torch.arange(b, device=device).repeat_interleave(boxes).float()
+    cls = torch.zeros(n, device=device)
+    return torch.cat([image[:, None], cls[:, None], corner, corner + size], 1)

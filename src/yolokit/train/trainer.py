@@ -33,12 +33,12 @@ from torch import nn
 
 from yolokit.accel import distributed, perf
 from yolokit.accel.accumulation import Accumulator
-from yolokit.accel.amp import Precision
+from yolokit.accel.amp import Precision, TrainingDiverged
 from yolokit.accel.checkpointing import enable_activation_checkpointing
 from yolokit.data import DetectionDataset, DetectionLoader, build_dataloader, to_device
 from yolokit.losses import YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, create_model
-from yolokit.train.autobatch import resolve_batch
+from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar, TensorBoardLogger
 from yolokit.train.checkpoint import atomic_save, load_checkpoint, rng_states, set_rng_states
 from yolokit.train.config import TrainConfig
@@ -47,10 +47,6 @@ from yolokit.train.evaluate import EvalResult, validate
 from yolokit.train.meter import LossMeter
 from yolokit.train.optim import LRSchedule, build_optimizer, load_optimizer_state, resolve_optimizer
 from yolokit.train.weights import export_final, load_pretrained
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss stayed non-finite for ``max_bad_steps`` steps; the last good checkpoint is kept."""
 
 
 def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
@@ -183,11 +179,15 @@ class Trainer:
             perf.configure(cudnn_benchmark=True)
         precision = Precision(cfg.precision, device)
 
-        # batch: the total over processes; "auto" is measured once, the smallest fit over ranks
-        batch = resolve_batch(cfg, model, criterion, precision, device, resumed=resume)
-        per_rank = batch // world
         ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
         train_net = perf.prepare_model(model, compile=cfg.compile)
+
+        # batch: the total over processes; "auto" probes the worst case once, the smallest fit over ranks
+        probe = training_probe(model, train_net, criterion, precision, device, imgsz=cfg.imgsz,
+                               max_boxes=worst_case_boxes(train_set, cfg), channels_last=channels_last,
+                               state_tensors=1 if cfg.optimizer.lower() == "sgd" else 2)
+        batch = resolve_batch(cfg, probe, device, resumed=resume)
+        per_rank = batch // world
         accumulator = Accumulator(train_net, nominal_batch=cfg.nbs, batch_size=per_rank, reduction="sum")
         loader = build_dataloader(train_set, per_rank, workers=cfg.workers, shuffle=True, seed=cfg.seed,
                                   uint8_images=True, accumulate=accumulator.steps)
@@ -246,21 +246,27 @@ class Trainer:
                 self._optimizer_step(run, epoch)
             if meter.due(i):                               # the device is read every few batches only
                 self._check_finite(run, meter.longest_nonfinite_run(), epoch)
+                run.precision.check()                      # skipped steps: warn, or stop
             for cb in run.callbacks:
                 cb.on_batch_end(meter.running(), len(batch["indices"]), _memory_gb(run.device))
         while acc.should_step():                           # uneven shards: the other ranks' last steps
             self._optimizer_step(run, epoch)
         self._check_finite(run, max(distributed.all_gather_object(meter.longest_nonfinite_run())), epoch)
+        run.precision.check()
         return meter.epoch_means()
 
     def _optimizer_step(self, run: Run, epoch: int) -> None:
-        """Learning rate for this step, unscale / clip to norm 10 / step (skipped on inf/NaN), zero, EMA."""
+        """Learning rate for this step, unscale / clip to norm 10 / step, zero, EMA; nothing read back.
+
+        A step with inf/NaN gradients is skipped on the device (counted there, read by
+        ``precision.check()``); the EMA is updated after every step, as in Ultralytics.
+        """
         step_in_epoch = run.accumulator.step_index - 1
         run.schedule.apply(run.optimizer, epoch, epoch * run.schedule.iters_per_epoch + step_in_epoch)
-        stepped = run.accumulator.step(
-            run.optimizer, lambda: run.precision.step(run.optimizer, clip_grad_norm=10.0))
+        run.accumulator.step(
+            run.optimizer, lambda: run.precision.step(run.optimizer, clip_grad_norm=10.0, blocking=False))
         run.optimizer.zero_grad(set_to_none=True)
-        if stepped and run.ema is not None:
+        if run.ema is not None:
             run.ema.update(run.model)
         run.steps += 1
 

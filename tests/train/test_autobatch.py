@@ -1,0 +1,147 @@
+"""batch auto: the worst case of the data, a probe that leaves nothing behind, a budget it aims at.
+
+CUDA's memory readings are replaced by an injected memory model whose cost grows with the
+images and the boxes per image; on a GPU the same code reads ``torch.cuda`` (gpu marker).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import yolokit
+from yolokit.accel.amp import Precision
+from yolokit.data import make_shapes
+from yolokit.losses import YOLOv8Loss
+from yolokit.train import TrainConfig
+from yolokit.train.autobatch import measure_batch, resolve_batch, training_probe, worst_case_boxes
+
+MiB = 2**20
+
+
+class FakeSet:
+    def __init__(self, counts):
+        self.index = type("Index", (), {"labels": [np.zeros((n, 5), np.float32) for n in counts]})()
+
+
+def test_worst_case_boxes_counts_mosaic_and_mixup():
+    data = FakeSet([0, 3, 7, 1])
+    assert worst_case_boxes(data, TrainConfig()) == 28                 # 4 images in a Mosaic
+    assert worst_case_boxes(data, TrainConfig(mixup=0.1)) == 56        # and MixUp blends two
+    assert worst_case_boxes(data, TrainConfig(mosaic=0.0)) == 7
+    assert worst_case_boxes(FakeSet([0, 0]), TrainConfig()) == 1
+
+
+def _parts(seen):
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolov8n", num_classes=3)
+    loss = YOLOv8Loss(3, model.strides)
+    original = loss.forward
+
+    def recording(maps, targets, max_boxes=None):
+        seen.append((maps[0].shape[0], tuple(targets.shape), max_boxes, all(p.grad is not None
+                                                                           for p in model.parameters()
+                                                                           if p.requires_grad)))
+        return original(maps, targets, max_boxes=max_boxes)
+
+    loss.forward = recording
+    return model, loss
+
+
+def test_the_probe_runs_the_worst_case_and_leaves_nothing_behind():
+    seen = []
+    model, loss = _parts(seen)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    probe = training_probe(model, model, loss, Precision("fp32", "cpu"), torch.device("cpu"), imgsz=64,
+                           max_boxes=30, state_tensors=2, channels_last=False)
+    probe(3)
+    assert seen == [(3, (90, 6), 30, True)]     # 30 boxes in each of 3 images, gradients allocated
+    assert all(p.grad is None for p in model.parameters())
+    for k, v in model.state_dict().items():      # weights and BatchNorm statistics as they were
+        assert torch.equal(v, before[k]), k
+
+
+def _fake_memory(probe, boxes, limit):
+    """Peak bytes of a step: 100 MiB fixed, 10 MiB per image, 0.05 MiB per box; OOM above ``limit``."""
+    cost = lambda b: (100 + b * (10 + 0.05 * boxes)) * MiB  # noqa: E731
+
+    def step(b):
+        probe(b)
+        if cost(b) > limit:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")   # counts as out of memory
+
+    return step, cost
+
+
+@pytest.mark.parametrize("boxes", [1, 400])
+def test_measure_aims_at_the_budget_and_boxes_cost_batch(boxes, capsys):
+    seen = []
+    model, loss = _parts(seen)
+    probe = training_probe(model, model, loss, Precision("fp32", "cpu"), torch.device("cpu"), imgsz=64,
+                           max_boxes=boxes, state_tensors=1, channels_last=False)
+    limit = 1000 * MiB
+    step, cost = _fake_memory(probe, boxes, limit)
+    size = measure_batch(step, torch.device("cpu"), fraction=0.8,
+                         memory=(limit, lambda b: (step(b), cost(b))[1]))
+    assert cost(size) <= 0.8 * limit < cost(size + 1)
+    assert size == (69 if boxes == 1 else 23)      # 400 boxes per image make each image 3x as costly
+    out = capsys.readouterr().out
+    first = "1: 110 MiB" if boxes == 1 else "1: 130 MiB"
+    assert "budget 80% of 0.98 GiB" in out and first in out and f"{size}: fits -> {size} images per step" in out
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_prediction_that_does_not_fit_is_searched_below(capsys):
+    seen = []
+    model, loss = _parts(seen)
+    probe = training_probe(model, model, loss, Precision("fp32", "cpu"), torch.device("cpu"), imgsz=64,
+                           max_boxes=4, state_tensors=1, channels_last=False)
+    step, cost = _fake_memory(probe, 4, limit=1000 * MiB)
+    # the memory model under-reads (peaks look 40% smaller than they are): the check step fails
+    size = measure_batch(lambda b: step(b) if cost(b) <= 600 * MiB else
+                         (_ for _ in ()).throw(torch.OutOfMemoryError("injected")), torch.device("cpu"),
+                         fraction=0.8, memory=(1000 * MiB, lambda b: (step(b), 0.6 * cost(b))[1]))
+    assert cost(size) <= 600 * MiB < cost(size + 1)
+    assert "out of memory" in capsys.readouterr().out
+
+
+def test_resolve_batch(tmp_path):
+    cpu = torch.device("cpu")
+    assert resolve_batch(TrainConfig(batch=12), None, cpu) == 12
+    assert resolve_batch(TrainConfig(batch="auto"), None, cpu) == 16   # nothing to measure on the CPU
+    assert resolve_batch(TrainConfig(batch="auto"), None, cpu, resumed={"batch": 40}) == 40
+
+
+@pytest.mark.slow
+def test_the_trainer_probes_its_dataset(tmp_path, monkeypatch, capsys):
+    from yolokit.train import autobatch, train
+
+    shapes = str(make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64, max_objects=5))
+    calls = []
+
+    def measure(probe, device, **kw):
+        probe(2)
+        calls.append(device.type)
+        return 4
+
+    monkeypatch.setattr(autobatch, "measure_batch", measure)
+    train(TrainConfig(data=shapes, imgsz=64, batch="auto", nbs=4, epochs=1, workers=0, plots=False,
+                      out=str(tmp_path / "run")))
+    assert calls == ["cpu"] and "batch 4 (4 per process)" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_cuda_measure_fits_and_leaves_memory_free():
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = yolokit.create_model("yolov8n", num_classes=80).to(device).train()
+    loss = YOLOv8Loss(80, model.strides)
+    probe = training_probe(model, model, loss, Precision("auto", device), device, imgsz=320, max_boxes=50,
+                           state_tensors=2, channels_last=False)
+    before = torch.cuda.memory_allocated(device)
+    size = measure_batch(probe, device, fraction=0.5, max_size=256)
+    assert 1 < size <= 256
+    probe(size)                                   # the size found runs
+    assert torch.cuda.memory_allocated(device) == before   # nothing left behind

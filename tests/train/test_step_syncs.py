@@ -1,0 +1,70 @@
+"""The trainer's steady-state step reads nothing back from the device.
+
+Every call that makes up a training step (micro-batches through the Accumulator, the loss
+meter, the optimizer step with its learning rate, clipping, skip-on-inf and EMA update) runs
+under ``count_host_syncs``; the reads the trainer makes on purpose (every 16 batches and at
+the end of the epoch) are outside those calls.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from _host_sync import count_host_syncs
+
+from yolokit.accel.accumulation import Accumulator
+from yolokit.data import make_shapes
+from yolokit.train import TrainConfig, Trainer
+from yolokit.train.meter import LossMeter
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=12, n_val=4, imgsz=64))
+
+
+def _counted(monkeypatch, owner, name, counts: Counter, calls: Counter):
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        with count_host_syncs() as syncs:
+            out = original(*args, **kwargs)
+        counts.update(syncs)
+        calls[name] += 1
+        return out
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+@pytest.mark.parametrize("model,precision", [("yolov8n", "fp32"), ("yolov3-tiny", "fp32"), ("yolov8n", "fp16")])
+def test_a_training_step_reads_nothing_back(shapes, tmp_path, monkeypatch, model, precision):
+    counts, calls = Counter(), Counter()
+    for owner, name in ((Accumulator, "run"), (Accumulator, "should_step"), (Trainer, "_optimizer_step"),
+                        (LossMeter, "add")):
+        _counted(monkeypatch, owner, name, counts, calls)
+    cfg = TrainConfig(model=model, data=shapes, imgsz=64, batch=2, nbs=4, epochs=1, workers=0, plots=False,
+                      out=str(tmp_path / "run"), warmup_epochs=1.0, precision=precision)
+    Trainer(cfg).fit()
+    assert calls["run"] == 6 and calls["_optimizer_step"] == 3 and calls["add"] == 6
+    assert not counts, dict(counts)
+
+
+def test_the_counter_sees_a_read_in_the_step(shapes, tmp_path, monkeypatch):
+    """The same harness catches a read put back into the optimizer step."""
+    counts, calls = Counter(), Counter()
+    original = Trainer._optimizer_step
+
+    def reading(self, run, epoch):
+        original(self, run, epoch)
+        float(next(run.model.parameters()).sum())
+
+    monkeypatch.setattr(Trainer, "_optimizer_step", reading)
+    _counted(monkeypatch, Trainer, "_optimizer_step", counts, calls)
+    cfg = TrainConfig(data=shapes, imgsz=64, batch=4, nbs=4, epochs=1, workers=0, plots=False,
+                      out=str(tmp_path / "run"))
+    Trainer(cfg).fit()
+    assert counts["_local_scalar_dense"] == calls["_optimizer_step"] == 3
