@@ -1,11 +1,18 @@
+import contextlib
+import csv
+import io
 import json
 import subprocess
 import sys
 
+import cv2
 import numpy as np
+import pytest
+import torch
 from PIL import Image
+from pycocotools.coco import COCO
 
-from yolokit.cli import main
+from yolokit.cli import main, resolve_device
 
 
 def test_demo_prints_detections_and_summary(tmp_path, capsys):
@@ -13,43 +20,104 @@ def test_demo_prints_detections_and_summary(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("Detections(n=5)") == 2
     assert "yolov3-tiny summary:" in out and "8,852,366 parameters" in out  # 80 classes by default
-    records = json.loads((tmp_path / "detections.json").read_text())
-    assert len(records) == 2 and len(records[0]["detections"]) == 5
-    assert (tmp_path / "demo0.jpg").is_file()
+    records = json.loads((tmp_path / "predictions.json").read_text())
+    assert len(records) == 10 and {r["image_id"] for r in records} == {"image0", "image1"}
+    assert (tmp_path / "image0.jpg").is_file() and (tmp_path / "image1.jpg").is_file()
 
 
-def test_predict_writes_drawn_images_and_json(tmp_path, capsys):
-    src = tmp_path / "in"
-    src.mkdir()
-    for i in range(2):
-        Image.fromarray(np.full((40, 70, 3), 60 * i, np.uint8)).save(src / f"p{i}.png")
+def write_tree(root):
+    """Two folders holding a same-named image, one nested deeper, and a text file."""
+    rng = np.random.default_rng(0)
+    for rel in ("a/p.png", "b/p.png", "b/deep/q.jpg"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (40, 70, 3), dtype=np.uint8)).save(root / rel)
+    (root / "a" / "notes.txt").write_text("not an image")
+
+
+def test_predict_mirrors_the_source_tree_and_saves_every_output(tmp_path, capsys):
+    write_tree(tmp_path / "in")
     out = tmp_path / "out"
-    code = main(["predict", str(src), "--model", "yolov8n", "--imgsz", "64", "--conf", "0", "--max-det", "3",
-                 "--out", str(out)])
+    code = main(["predict", str(tmp_path / "in"), "--model", "yolov8n", "--num-classes", "3", "--imgsz", "64",
+                 "--conf", "0", "--max-det", "3", "--batch", "2", "--device", "cpu", "--save-txt", "--save-conf",
+                 "--save-json", "--save-crop", "--out", str(out)])
     assert code == 0
-    records = json.loads((out / "detections.json").read_text())
-    assert [r["image"] for r in records] == [str(src / "p0.png"), str(src / "p1.png")]
-    for r in records:
-        assert 0 < len(r["detections"]) <= 3
-        for d in r["detections"]:
-            x1, y1, x2, y2 = d["box"]
-            assert 0 <= x1 <= x2 <= 70 and 0 <= y1 <= y2 <= 40
-    assert (out / "p0.jpg").is_file() and (out / "p1.jpg").is_file()
+    printed = capsys.readouterr().out
+    assert "3 images in" in printed and "on cpu" in printed
+    for rel in ("a/p.png", "b/p.png", "b/deep/q.jpg"):  # same-named files of two folders both kept
+        drawn = cv2.imread(str(out / rel))
+        assert drawn is not None and drawn.shape == (40, 70, 3)
+        labels = (out / "labels" / rel).with_suffix(".txt").read_text().splitlines()
+        assert len(labels) == 3
+        for line in labels:
+            cls, cx, cy, w, h, conf = line.split()
+            assert 0 <= int(cls) < 3 and all(0 <= float(v) <= 1 for v in (cx, cy, w, h)) and 0 <= float(conf) <= 1
+    crops = sorted(p.relative_to(out / "crops") for p in (out / "crops").rglob("*.jpg"))
+    assert len(crops) == 9 and all(p.parts[0] in ("0", "1", "2") for p in crops)
+    records = json.loads((out / "predictions.json").read_text())
+    assert len(records) == 9 and {r["image_id"] for r in records} == {"a/p", "b/p", "b/deep/q"}
+    gt = COCO()  # pycocotools takes the file as detection results of a matching ground truth
+    gt.dataset = {"images": [{"id": i} for i in ("a/p", "b/p", "b/deep/q")],
+                  "categories": [{"id": c} for c in range(3)], "annotations": []}
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+        dt = gt.loadRes(str(out / "predictions.json"))
+    assert len(dt.getAnnIds()) == 9
 
 
-def test_missing_source_is_a_clear_error(tmp_path, capsys):
-    assert main(["predict", str(tmp_path / "nope.jpg"), "--imgsz", "64"]) == 2
+def write_video(path, frames=7, fps=12.0, size=(64, 48)):
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, size)
+    for i in range(frames):
+        writer.write(np.full((size[1], size[0], 3), 30 * i, np.uint8))
+    writer.release()
+    return path
+
+
+def test_predict_on_a_video_writes_an_annotated_video_at_its_frame_rate(tmp_path, capsys):
+    video = write_video(tmp_path / "clip.avi")
+    out = tmp_path / "out"
+    assert main(["predict", str(video), "--num-classes", "2", "--imgsz", "64", "--conf", "0", "--max-det", "1",
+                 "--batch", "4", "--save-txt", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "clip.avi frame 6: 64x48" in printed and "7 images in" in printed
+    capture = cv2.VideoCapture(str(out / "clip.mp4"))
+    assert capture.get(cv2.CAP_PROP_FPS) == pytest.approx(12.0)
+    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 7
+    assert (capture.get(cv2.CAP_PROP_FRAME_WIDTH), capture.get(cv2.CAP_PROP_FRAME_HEIGHT)) == (64, 48)
+    capture.release()
+    assert sorted(p.name for p in (out / "labels").iterdir()) == sorted(f"clip_{i}.txt" for i in range(7))
+
+
+def test_default_run_folders_are_numbered_not_overwritten(tmp_path, monkeypatch, capsys):
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "x.png")
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert main(["predict", "x.png", "--num-classes", "1", "--imgsz", "32", "--save-txt"]) == 0
+    assert (tmp_path / "runs" / "predict" / "x.png").is_file() and (tmp_path / "runs" / "predict2" / "x.png").is_file()
+
+
+def test_missing_source_and_bad_devices_are_clear_errors(tmp_path, capsys):
+    assert main(["predict", str(tmp_path / "nope.jpg"), "--imgsz", "64", "--out", str(tmp_path / "o")]) == 2
     assert "nope.jpg" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path), "--device", "tpu", "--out", str(tmp_path / "o")]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["val", "--device", "cuda:0", "--imgsz", "64"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+        assert main(["predict", str(tmp_path), "--half", "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+        assert "--half needs a CUDA device" in capsys.readouterr().err
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_console_script_help():
     result = subprocess.run([sys.executable, "-m", "yolokit.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "demo" in result.stdout and "predict" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "yolokit.cli", "val", "--help"], capture_output=True, text=True)
+    assert "--device" in result.stdout and "--half" in result.stdout and "multi-label" in result.stdout
 
 
+@pytest.mark.slow
 def test_train_val_predict_export_on_a_tiny_set(tmp_path, capsys):
-    import pytest
-
     from yolokit.data import make_shapes
 
     data = str(make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64))
@@ -58,23 +126,33 @@ def test_train_val_predict_export_on_a_tiny_set(tmp_path, capsys):
                  "--out", str(run), "--no-plots"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_dir"] == str(run)
     weights = str(run / "weights" / "model.pt")
-    assert main(["val", "--weights", weights, "--data", data, "--imgsz", "64", "--workers", "0"]) == 0
+    val_out = tmp_path / "val"
+    assert main(["val", "--weights", weights, "--data", data, "--imgsz", "64", "--workers", "0", "--device", "cpu",
+                 "--out", str(val_out)]) == 0
     out = capsys.readouterr().out
-    assert "4 images: P" in out and "circle" in out and "star" in out
+    assert "Class     Images  Instances" in out and "all" in out and "4 images in" in out
+    rows = list(csv.DictReader((val_out / "per_class.csv").open()))
+    assert rows[0]["class"] == "all" and rows[0]["images"] == "4"
+    assert {r["class"] for r in rows[1:]} <= {"circle", "rectangle", "triangle", "star"}
+    assert sum(int(r["instances"]) for r in rows[1:]) == int(rows[0]["instances"]) > 0
+    for chart in ("pr_curve.png", "f1_curve.png", "confusion_matrix_normalized.png", "val_predictions.jpg"):
+        assert cv2.imread(str(val_out / chart)) is not None
     pred = tmp_path / "pred"
     assert main(["predict", str(tmp_path / "shapes" / "images" / "val"), "--weights", weights, "--imgsz", "64",
-                 "--conf", "0", "--max-det", "2", "--out", str(pred)]) == 0
-    records = json.loads((pred / "detections.json").read_text())
-    assert len(records) == 4 and all(d["name"] in ("circle", "rectangle", "triangle", "star")
-                                     for r in records for d in r["detections"])
+                 "--conf", "0", "--max-det", "2", "--save-crop", "--out", str(pred)]) == 0
+    assert {p.name for p in (pred / "crops").iterdir()} <= {"circle", "rectangle", "triangle", "star"}  # names
     pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")
-    assert main(["export", "--weights", weights, "--imgsz", "64", "--out", str(tmp_path / "m.onnx")]) == 0
+    assert main(["export", "--weights", weights, "--imgsz", "64", "--device", "cpu",
+                 "--out", str(tmp_path / "m.onnx")]) == 0
     assert (tmp_path / "m.onnx").stat().st_size > 1_000_000
     import onnx
 
-    ops = {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    model = onnx.load(str(tmp_path / "m.onnx"))
+    ops = {n.op_type for n in model.graph.node}
     assert "Conv" in ops and "BatchNormalization" not in ops  # exported fused
+    assert json.loads({p.key: p.value for p in model.metadata_props}["names"]) == ["circle", "rectangle",
+                                                                                   "triangle", "star"]
 
 
 def test_train_errors_are_named(tmp_path, capsys):

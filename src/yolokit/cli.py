@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,38 +21,55 @@ import torch
 import yolokit
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.interop import export_onnx, load
-from yolokit.ops.images import load_images
+from yolokit.models import Detector
+from yolokit.predict import ResultWriter, next_run_dir, predict_iter
 from yolokit.train import train, validate
 from yolokit.train.config import add_config_flags, config_from_args
-from yolokit.train.weights import class_names
-from yolokit.viz import draw_detections
+from yolokit.train.plots import validation_plots
 
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
 # these values, so the default run finishes in minutes on a laptop CPU.
 SHAPES_PRESET = {"epochs": 25, "imgsz": 256, "batch": 16, "nbs": 16, "warmup_epochs": 1.0, "close_mosaic": 5}
 
 
-def _model_from(args: argparse.Namespace) -> torch.nn.Module:
-    """The model a command names: ``--weights`` (any format yolokit reads) or a fresh ``--model``."""
+def resolve_device(name: str) -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        ValueError: CUDA asked for but not available, or no such device index.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r} asked for, but there are {torch.cuda.device_count()} CUDA devices")
+    return device
+
+
+def _model_from(args: argparse.Namespace) -> Detector:
+    """The model a command names: ``--weights`` (any format yolokit reads; ``--model`` checks or
+    picks the variant) or a fresh ``--model``."""
     if getattr(args, "weights", None):
-        return load(args.weights, model=args.model if args.model and args.weights.endswith(".weights") else None)
-    return yolokit.create_model(args.model, num_classes=args.num_classes)
+        return load(args.weights, model=args.model)
+    return yolokit.create_model(args.model or "yolov8n", num_classes=args.num_classes)
 
 
-def _write_results(images: Sequence[np.ndarray], names: Sequence[str], detections: list, out: Path,
-                   class_list: Sequence[str] | None = None) -> None:
-    """Drawn images plus ``detections.json`` (boxes xyxy in original pixels) in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    records = []
-    for image, name, det in zip(images, names, detections):
-        drawn = draw_detections(image, det, class_list)
-        cv2.imwrite(str(out / f"{Path(name).stem}.jpg"), drawn[..., ::-1])
-        d = det.numpy()
-        records.append({"image": name, "detections": [
-            {"box": [round(float(v), 2) for v in b], "score": round(float(s), 4), "label": int(c),
-             **({"name": class_list[int(c)]} if class_list and int(c) < len(class_list) else {})}
-            for b, s, c in zip(d.boxes, d.scores, d.labels)]})
-    (out / "detections.json").write_text(json.dumps(records, indent=1))
+def _inference_model(args: argparse.Namespace) -> Detector:
+    """The named model on ``--device``, eval mode, batch norms fused, float16 with ``--half``."""
+    device = resolve_device(args.device)
+    half = getattr(args, "half", False)
+    if half and device.type != "cuda":
+        raise ValueError(f"--half needs a CUDA device (got {device}); float16 convolutions on the CPU are slow")
+    model = _model_from(args).to(device).eval().fuse()
+    return model.half() if half else model
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -67,38 +85,58 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_val(args: argparse.Namespace) -> int:
-    """COCO mAP of a model on a dataset split, with per-class AP."""
-    model = _model_from(args).eval().fuse()
+    """COCO mAP of a model on a dataset split, by the usual protocol; per-class table, CSV and charts."""
+    model = _inference_model(args)
     dataset = DetectionDataset(args.data, args.split, imgsz=args.imgsz, rect=True, stride=max(model.strides))
-    if len(dataset.names) != model.num_classes:
-        raise ValueError(f"{args.data} has {len(dataset.names)} classes but the model has {model.num_classes}")
-    loader = build_dataloader(dataset, args.batch, workers=args.workers, shuffle=False)
-    result, _ = validate(model, loader, num_classes=model.num_classes, conf=args.conf, iou=args.iou,
-                         max_det=args.max_det)
     names = list(dataset.names.values()) if isinstance(dataset.names, dict) else list(dataset.names)
-    print(f"{len(dataset)} images: P {result.precision:.3f}  R {result.recall:.3f}  "
-          f"mAP50 {result.map50:.3f}  mAP50-95 {result.map50_95:.3f}")
-    for name, ap in zip(names, result.per_class_ap):
-        print(f"  {name:>20s}  AP50-95 {'-' if np.isnan(ap) else f'{ap:.3f}'}")
+    if len(names) != model.num_classes:
+        raise ValueError(f"{args.data} has {len(names)} classes but the model has {model.num_classes}")
+    if model.has_names and model.names != names:
+        print(f"note: the weights name their classes {model.names[:5]}..., the data {names[:5]}...; "
+              "the table uses the data's names")
+    loader = build_dataloader(dataset, args.batch, workers=args.workers, shuffle=False)
+    out = Path(args.out) if args.out else next_run_dir(Path("runs") / "val")
+    started = time.perf_counter()
+    result, samples = validate(model, loader, num_classes=model.num_classes, conf=args.conf, iou=args.iou,
+                               max_det=args.max_det, multi_label=not args.single_label, progress=True,
+                               keep_samples=8 if args.plots else 0)
+    seconds = time.perf_counter() - started
+    print(result.format_table(names))
+    print(f"{len(dataset)} images in {seconds:.1f} s on {next(model.parameters()).device}"
+          f"{' (float16)' if args.half else ''}; NMS {'single' if args.single_label else 'multi'}-label, conf "
+          f"{args.conf:g}, iou {args.iou:g}, max_det {args.max_det}; mAP is COCO's (101-point)")
+    result.write_csv(out / "per_class.csv", names)
+    if args.plots:
+        validation_plots(result, samples, names, out)
+    print(f"per-class table{' and charts' if args.plots else ''} written to {out}")
     return 0
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    """Predicts on files or folders and writes drawn images plus ``detections.json``."""
-    model = _model_from(args).eval().fuse()
-    images, names = load_images(args.source)
-    detections = model.predict(images, conf=args.conf, iou=args.iou, max_det=args.max_det, imgsz=args.imgsz)
-    arrays = [im.permute(1, 2, 0).numpy() for im in images]
-    _write_results(arrays, names, detections, Path(args.out), class_names(args.weights) if args.weights else None)
-    for name, det in zip(names, detections):
-        print(f"{name}: {len(det)} detections")
-    print(f"results written to {args.out}")
+    """Predicts on images, folders, globs, lists, videos or streams; saves into a run folder as it goes."""
+    model = _inference_model(args)
+    source = args.source if len(args.source) > 1 else args.source[0]
+    out = Path(args.out) if args.out else next_run_dir(Path("runs") / "predict")
+    count, started = 0, time.perf_counter()
+    with ResultWriter(out, save=args.save, save_txt=args.save_txt, save_conf=args.save_conf,
+                      save_json=args.save_json, save_crop=args.save_crop) as writer:
+        for result in predict_iter(model, source, imgsz=args.imgsz, conf=args.conf, iou=args.iou,
+                                   max_det=args.max_det, batch=args.batch, classes=args.classes,
+                                   agnostic=args.agnostic, vid_stride=args.vid_stride):
+            writer.write(result)
+            count += 1
+            where = result.path if result.frame is None else f"{result.path} frame {result.frame}"
+            h, w = result.orig_shape
+            print(f"{where}: {w}x{h} {result.summary()}")
+    seconds = time.perf_counter() - started
+    print(f"{count} images in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f}/s) on "
+          f"{next(model.parameters()).device}; results written to {out}")
     return 0
 
 
 def run_export(args: argparse.Namespace) -> int:
     """Writes the model as ONNX (decode included, NMS optional)."""
-    model = _model_from(args).eval()
+    model = _model_from(args).to(resolve_device(args.device)).eval()  # traced from a float32 CPU copy
     out = Path(args.out or f"{model.name}.onnx")
     export_onnx(model, out, imgsz=args.imgsz, nms=args.nms, conf=args.conf, iou=args.iou, max_det=args.max_det)
     print(f"exported {model.name} to {out}")
@@ -126,15 +164,16 @@ def _demo_images(n: int, size: int, seed: int) -> list[np.ndarray]:
 def run_demo(args: argparse.Namespace) -> int:
     """Builds a model, runs it on generated images, prints detections and the model summary."""
     torch.manual_seed(args.seed)
-    model = yolokit.create_model(args.model, num_classes=args.num_classes).eval()
+    model = yolokit.create_model(args.model or "yolov8n", num_classes=args.num_classes).eval()
     images = _demo_images(args.images, args.imgsz, args.seed)
-    detections = model.predict(images, conf=args.conf, iou=args.iou, max_det=args.max_det, imgsz=args.imgsz)
-    print(f"{args.model}: untrained weights, so these are the highest-scoring boxes of a random network")
-    for i, det in enumerate(detections):
-        print(f"image {i}: {det}")
+    print(f"{model.name}: untrained weights, so these are the highest-scoring boxes of a random network")
+    with ResultWriter(args.out, save_json=True) as writer:
+        for i, result in enumerate(predict_iter(model, images, conf=args.conf, iou=args.iou, max_det=args.max_det,
+                                                imgsz=args.imgsz, batch=len(images))):
+            print(f"image {i}: {result.detections}")
+            writer.write(result)
     print(model.summary(args.imgsz))
-    _write_results(images, [f"demo{i}" for i in range(len(images))], detections, Path(args.out))
-    print(f"drawn images and detections.json written to {args.out}")
+    print(f"drawn images and predictions.json written to {args.out}")
     return 0
 
 
@@ -151,9 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def model_flags(p: argparse.ArgumentParser, conf: float, imgsz: int, weights: bool = True) -> None:
-        p.add_argument("--model", default="yolov8n", choices=yolokit.list_models(), help="model variant")
+        p.add_argument("--model", choices=yolokit.list_models(),
+                       help="model variant (default yolov8n); with --weights, checks or picks the variant")
         if weights:
-            p.add_argument("--weights", help="weights file (yolokit, Ultralytics .pt, Darknet .weights with --model)")
+            p.add_argument("--weights", help="weights file (yolokit, Ultralytics .pt, Darknet .weights)")
+            p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
         p.add_argument("--num-classes", type=int, default=80, help="classes of a fresh model (without --weights)")
         p.add_argument("--imgsz", type=int, default=imgsz, help="image size in pixels")
         p.add_argument("--conf", type=float, default=conf, help="score threshold")
@@ -166,18 +207,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(tr)
     tr.set_defaults(func=run_train)
 
-    val = sub.add_parser("val", help="COCO mAP of a model on a dataset")
+    val = sub.add_parser("val", help="COCO mAP of a model on a dataset (multi-label NMS, conf 0.001, iou 0.7)",
+                         description="Validates by the usual protocol of the published YOLOv8 numbers: "
+                                     "multi-label NMS, conf 0.001, iou 0.7, max_det 300, rectangular batches. "
+                                     "Prints the per-class table and writes it (per_class.csv) with the charts "
+                                     "into the run folder.")
     model_flags(val, conf=0.001, imgsz=640)
     val.add_argument("--data", default="shapes", help="data.yaml, COCO json, or 'shapes'")
     val.add_argument("--split", default="val", help="train, val or test")
     val.add_argument("--batch", type=int, default=16)
     val.add_argument("--workers", type=int, default=2)
+    val.add_argument("--half", action="store_true", help="float16 inference (CUDA only)")
+    val.add_argument("--single-label", action="store_true", help="keep only each box's best class in NMS")
+    val.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
+                     help="PR / F1 curves, confusion matrix, labels vs predictions")
+    val.add_argument("--out", help="run folder (default: runs/val, runs/val2, ...)")
     val.set_defaults(func=run_val)
 
-    predict = sub.add_parser("predict", help="detect objects in images or folders")
-    predict.add_argument("source", nargs="+", help="image files or folders")
+    predict = sub.add_parser("predict", help="detect objects in images, folders, videos or streams",
+                             description="Sources: image or video files, folders (recursive), globs "
+                                         "('imgs/**/*.jpg'), a .txt list of paths, a camera index, a stream URL. "
+                                         "Outputs mirror the sources' relative paths inside the run folder.")
+    predict.add_argument("source", nargs="+", help="files, folders, globs, .txt lists, videos, camera index, URL")
     model_flags(predict, conf=0.25, imgsz=640)
-    predict.add_argument("--out", default="runs/predict", help="output folder")
+    predict.add_argument("--batch", type=int, default=1, help="images per forward pass")
+    predict.add_argument("--half", action="store_true", help="float16 inference (CUDA only)")
+    predict.add_argument("--classes", type=int, nargs="+", help="keep only these class indices")
+    predict.add_argument("--agnostic", action="store_true", help="class-agnostic NMS")
+    predict.add_argument("--vid-stride", type=int, default=1, help="keep every n-th video frame")
+    predict.add_argument("--save", action=argparse.BooleanOptionalAction, default=True,
+                         help="annotated images and videos (videos keep the source's frame rate)")
+    predict.add_argument("--save-txt", action="store_true", help="YOLO label files under labels/")
+    predict.add_argument("--save-conf", action="store_true", help="scores in the label files")
+    predict.add_argument("--save-json", action="store_true", help="COCO results in predictions.json")
+    predict.add_argument("--save-crop", action="store_true", help="each detection's crop under crops/<class>/")
+    predict.add_argument("--out", help="run folder (default: runs/predict, runs/predict2, ...)")
     predict.set_defaults(func=run_predict)
 
     export = sub.add_parser("export", help="export to ONNX")

@@ -51,6 +51,7 @@ def test_export_matches_decode_with_dynamic_batch(tmp_path, name):
     props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     assert json.loads(props["yolokit_config"])["name"] == name
     assert json.loads(props["imgsz"]) == list(imgsz) and json.loads(props["strides"]) == list(model.strides)
+    assert json.loads(props["names"]) == model.names
 
 
 def nms_graph(num_classes):

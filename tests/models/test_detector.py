@@ -69,19 +69,17 @@ def model():
     return yolokit.create_model("yolov8n", num_classes=3).eval()
 
 
-def test_predict_accepts_every_input_kind_alike(model, tmp_path):
+def test_predict_accepts_every_in_memory_kind_alike(model):
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (72, 100, 3), dtype=np.uint8)
-    write_image(tmp_path / "img.png", image)
     kwargs = dict(conf=0.0, max_det=20, imgsz=64)
     ref = model.predict(image, **kwargs)[0]
     assert 0 < len(ref) <= 20 and ref.boxes.shape == (len(ref), 4)
     same = [
-        model.predict(str(tmp_path / "img.png"), **kwargs)[0],
-        model.predict(tmp_path, **kwargs)[0],
         model.predict(Image.fromarray(image), **kwargs)[0],
         model.predict(torch.from_numpy(image).permute(2, 0, 1), **kwargs)[0],
         model.predict(torch.from_numpy(image).permute(2, 0, 1).float() / 255, **kwargs)[0],
+        model.predict(np.ascontiguousarray(image[..., ::-1])[..., ::-1], **kwargs)[0],  # a negative-stride view
         model.predict([image, image], **kwargs)[1],
     ]
     for det in same:
@@ -91,6 +89,48 @@ def test_predict_accepts_every_input_kind_alike(model, tmp_path):
     assert (ref.boxes[:, 0::2] >= 0).all() and (ref.boxes[:, 0::2] <= 100).all()
     assert (ref.boxes[:, 1::2] >= 0).all() and (ref.boxes[:, 1::2] <= 72).all()
     assert model.training is False
+
+
+def test_paths_are_refused_with_a_pointer_to_yolokit_predict(model, tmp_path):
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "img.png")
+    for source in (str(tmp_path / "img.png"), tmp_path, [tmp_path / "img.png"]):
+        with pytest.raises(TypeError, match="yolokit.predict"):
+            model.predict(source, imgsz=64)
+
+
+def test_list_input_runs_in_batches_with_the_same_results(model):
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 255, (40, 56, 3), dtype=np.uint8) for _ in range(5)]
+    whole = model.predict(images, conf=0.0, max_det=4, imgsz=64, batch=5)
+    for batch in (1, 2):
+        for a, b in zip(model.predict(images, conf=0.0, max_det=4, imgsz=64, batch=batch), whole, strict=True):
+            torch.testing.assert_close(a.boxes, b.boxes)
+            torch.testing.assert_close(a.scores, b.scores)
+
+
+def test_multi_label_keeps_a_box_once_per_class(model, monkeypatch):
+    def fake_decode(maps):
+        out = torch.zeros(1, 1, 7)
+        out[0, 0, :4] = torch.tensor([10.0, 10.0, 30.0, 30.0])
+        out[0, 0, 4:] = torch.tensor([0.9, 0.6, 0.1])
+        return out
+
+    monkeypatch.setattr(model, "decode", fake_decode)
+    image = np.zeros((64, 64, 3), np.uint8)
+    assert model.predict(image, imgsz=64, conf=0.25)[0].labels.tolist() == [0]
+    (multi,) = model.predict(image, imgsz=64, conf=0.25, multi_label=True)
+    assert multi.labels.tolist() == [0, 1] and multi.scores.tolist() == pytest.approx([0.9, 0.6])
+
+
+def test_class_names_default_to_indices_and_check_their_count():
+    model = yolokit.create_model("yolov8n", num_classes=3)
+    assert model.names == ["0", "1", "2"] and not model.has_names
+    model.names = {0: "cat", 2: "emu"}
+    assert model.names == ["cat", "1", "emu"] and model.has_names
+    with pytest.raises(ValueError, match="3 classes but 4 names"):
+        model.names = ["a", "b", "c", "d"]
+    model.names = None
+    assert not model.has_names
 
 
 def test_predict_maps_boxes_back_to_original_pixels(model, monkeypatch):

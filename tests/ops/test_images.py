@@ -3,7 +3,7 @@ import pytest
 import torch
 from PIL import Image
 
-from yolokit.ops.images import image_files, letterbox, load_images, read_image, to_image_tensor
+from yolokit.ops.images import letterbox, letterbox_batch, load_images, to_image_tensor
 
 
 def test_letterbox_keeps_ratio_and_pads_grey():
@@ -23,32 +23,35 @@ def test_letterbox_no_scaleup():
     assert rw == 1.0 and (pw, ph) == (22.0, 27.0) and out.shape == (3, 64, 64)
 
 
-def test_inputs_of_every_kind(tmp_path):
+def test_letterbox_batch_rectangle_for_one_shape_square_for_mixed():
+    same = [torch.zeros(3, 100, 200, dtype=torch.uint8)] * 2
+    batch, pads = letterbox_batch(same, 60, 32)  # 60 rounds up to 64
+    assert batch.shape == (2, 3, 32, 64) and pads[0] == ((0.32, 0.32), (0.0, 0.0))
+    mixed, pads = letterbox_batch([same[0], torch.zeros(3, 50, 50, dtype=torch.uint8)], 64, 32)
+    assert mixed.shape == (2, 3, 64, 64) and pads[1] == ((1.28, 1.28), (0.0, 0.0))
+
+
+def test_in_memory_images_of_every_kind():
     rgb = np.zeros((20, 30, 3), dtype=np.uint8)
     rgb[..., 0] = 200  # red
-    Image.fromarray(rgb).save(tmp_path / "a.png")
-    Image.fromarray(rgb).convert("L").save(tmp_path / "b.jpg")
-    (tmp_path / "notes.txt").write_text("not an image")
-    assert [p.name for p in image_files(tmp_path)] == ["a.png", "b.jpg"]
-    from_file = read_image(tmp_path / "a.png")
-    assert from_file.shape == (3, 20, 30) and from_file[0].max() == 200 and from_file[1].max() == 0
-    assert read_image(tmp_path / "b.jpg").shape == (3, 20, 30)  # grayscale -> RGB
-    assert torch.equal(to_image_tensor(rgb), from_file)
-    assert torch.equal(to_image_tensor(Image.fromarray(rgb).convert("RGBA")), from_file)
-    images, names = load_images([tmp_path, rgb, torch.zeros(2, 3, 8, 8)][:2])
-    assert len(images) == 3 and names[:2] == [str(tmp_path / "a.png"), str(tmp_path / "b.jpg")]
-    batch_images, _ = load_images(torch.zeros(2, 3, 8, 8))
-    assert len(batch_images) == 2
+    expected = torch.from_numpy(rgb).permute(2, 0, 1)
+    assert torch.equal(to_image_tensor(rgb), expected)
+    assert torch.equal(to_image_tensor(Image.fromarray(rgb).convert("RGBA")), expected)
+    assert torch.equal(to_image_tensor(np.ascontiguousarray(rgb[..., ::-1])[..., ::-1]), expected)  # negative strides
+    readonly = rgb.copy()
+    readonly.flags.writeable = False
+    assert torch.equal(to_image_tensor(readonly), expected)
+    gray = to_image_tensor(np.full((5, 6), 7, np.uint8))
+    assert gray.shape == (3, 5, 6) and (gray == 7).all()
+    assert len(load_images([rgb, Image.fromarray(rgb)])) == 2
+    assert [t.shape for t in load_images(torch.zeros(2, 3, 8, 8))] == [(3, 8, 8)] * 2
+    assert load_images(rgb)[0].shape == (3, 20, 30)
 
 
 def test_bad_inputs_name_the_problem(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.jpg"):
-        load_images(tmp_path / "missing.jpg")
-    with pytest.raises(FileNotFoundError, match="no images"):
-        image_files(tmp_path)
-    bad = tmp_path / "broken.jpg"
-    bad.write_bytes(b"\xff\xd8\xff not really a jpeg")
-    with pytest.raises(ValueError, match="broken.jpg"):
-        read_image(bad)
     with pytest.raises(ValueError, match="HxWx3"):
         to_image_tensor(np.zeros((4, 4, 5), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"Tensor\[3, H, W\]"):
+        to_image_tensor(torch.zeros(1, 4, 4))
+    with pytest.raises(TypeError, match="yolokit.predict"):
+        to_image_tensor(tmp_path / "a.jpg")

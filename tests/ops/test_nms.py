@@ -95,3 +95,21 @@ def test_many_candidates_keep_what_one_full_nms_keeps(iou):
         full = batched_nms(boxes.double(), best.double(), label, iou)[:max_det]
         assert det.scores.tolist() == pytest.approx(best[full].tolist())
         assert torch.equal(det.labels, label[full]) and torch.equal(det.boxes, boxes[full])
+
+
+def test_multi_label_matches_a_reference_loop_over_point_class_pairs():
+    g = torch.Generator().manual_seed(1)
+    xy = torch.rand(150, 2, generator=g) * 100
+    boxes = torch.cat((xy, xy + torch.rand(150, 2, generator=g) * 30 + 1), 1)
+    scores = torch.rand(150, 3, generator=g)
+    (det,) = non_max_suppression(torch.cat((boxes, scores), 1)[None], conf=0.4, iou=0.5, multi_label=True,
+                                 max_det=1000)
+    point, label = (scores > 0.4).nonzero(as_tuple=True)  # every (point, class) above conf is a candidate
+    b, s, lab = boxes[point], scores[point, label], label
+    kept = []
+    for i in s.argsort(descending=True).tolist():  # plain greedy NMS per class
+        if all(lab[j] != lab[i] or _iou(b[i], b[j]) <= 0.5 for j in kept):
+            kept.append(i)
+    assert det.scores.tolist() == pytest.approx(s[kept].tolist())
+    assert torch.equal(det.labels, lab[kept])
+    assert len(det) > len(non_max_suppression(torch.cat((boxes, scores), 1)[None], conf=0.4, iou=0.5)[0])

@@ -88,8 +88,9 @@ def export_onnx(
         opset: ONNX opset (default: the exporter's).
 
     Returns:
-        ``path``. The model config, strides, input size and output layout are stored in the
-        file's metadata (``yolokit_config``, ``strides``, ``imgsz``, ``output``).
+        ``path``. The model config, strides, input size, class names and output layout are
+        stored in the file's metadata (``yolokit_config``, ``strides``, ``imgsz``,
+        ``names``, ``output``).
 
     Example:
         >>> export_onnx(create_model("yolov8n"), "yolov8n.onnx", imgsz=320)
@@ -126,6 +127,7 @@ def export_onnx(
         "yolokit_config": json.dumps(asdict(model.config)) if model.config is not None else "",
         "strides": json.dumps(list(model.strides)),
         "imgsz": json.dumps([h, w]),
+        "names": json.dumps(model.names),
         "output": "detections [K, 7]: image_index, x1, y1, x2, y2, score, label" if nms
         else "predictions [B, P, 4 + C]: x1, y1, x2, y2, class scores",
     }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from yolokit.models.layers import Conv
 from yolokit.models.necks import neck_units
 from yolokit.ops.boxes import unletterbox_boxes
-from yolokit.ops.images import letterbox, load_images
+from yolokit.ops.images import letterbox_batch, load_images
 from yolokit.ops.nms import Detections, non_max_suppression
 
 
@@ -47,13 +46,33 @@ class Detector(nn.Module):
         head: exposes ``num_classes``, ``strides`` and ``decode``.
         config: the variant's config dataclass (kept for checkpoints).
         name: variant name used in summaries.
+        names: class names by index (weights files that store them set this on load).
     """
 
     def __init__(self, backbone: nn.Module, neck: nn.Module, head: nn.Module, *, config: Any = None,
-                 name: str = "detector"):
+                 name: str = "detector", names: Sequence[str] | None = None):
         super().__init__()
         self.backbone, self.neck, self.head = backbone, neck, head
         self.config, self.name = config, name
+        self.names = names
+
+    @property
+    def names(self) -> list[str]:
+        """Class names by index: those a weights file stored, else ``"0"``, ``"1"``, ..."""
+        return list(self._names) if self._names else [str(i) for i in range(self.num_classes)]
+
+    @names.setter
+    def names(self, names: Sequence[str] | dict[int, str] | None) -> None:
+        if isinstance(names, dict):
+            names = [str(names.get(i, i)) for i in range(self.num_classes)]
+        if names is not None and len(names) != self.num_classes:
+            raise ValueError(f"{self.name} has {self.num_classes} classes but {len(names)} names were given")
+        self._names = None if names is None else [str(n) for n in names]
+
+    @property
+    def has_names(self) -> bool:
+        """Whether real class names were attached (by a weights file or the user)."""
+        return bool(self._names)
 
     @property
     def num_classes(self) -> int:
@@ -78,7 +97,7 @@ class Detector(nn.Module):
     @torch.inference_mode()
     def predict(
         self,
-        source: Any,
+        images: Any,
         *,
         conf: float = 0.25,
         iou: float = 0.7,
@@ -86,16 +105,22 @@ class Detector(nn.Module):
         imgsz: int = 640,
         classes: Sequence[int] | None = None,
         agnostic: bool = False,
+        multi_label: bool = False,
+        batch: int = 16,
         orig_shapes: Sequence[tuple[int, int]] | None = None,
         ratio_pad: Sequence[Any] | None = None,
     ) -> list[Detections]:
-        """Detects objects in images; boxes come back in original image pixels.
+        """Detects objects in images held in memory; boxes come back in original image pixels.
+
+        Files, folders, globs, videos and streams go through ``yolokit.predict``
+        (``predict(model, source)``, ``predict_iter``), which reads and batches them with
+        constant memory; this method takes what is already decoded.
 
         Args:
-            source: a file or folder path, a numpy HWC uint8 RGB image, a PIL image, a
-                Tensor[3, H, W] (uint8, or float in [0, 1]), a list of these, or a
-                Tensor[B, 3, H, W] float batch. With ``orig_shapes`` a batch is taken as
-                already letterboxed (a data loader batch) and only mapped back.
+            images: a numpy HxWx3 uint8 RGB image, a PIL image, a Tensor[3, H, W] (uint8,
+                or float in [0, 1]), a list of these, or a Tensor[B, 3, H, W] batch. With
+                ``orig_shapes`` a float batch is taken as already letterboxed (a data
+                loader batch) and only mapped back.
             conf: score threshold.
             iou: NMS IoU threshold.
             max_det: most detections per image.
@@ -103,20 +128,39 @@ class Detector(nn.Module):
                 aspect ratio and are padded with grey.
             classes: keep only these classes.
             agnostic: class-agnostic NMS.
+            multi_label: a box may be kept once per class scoring above ``conf`` (the
+                validation protocol); otherwise only its best class.
+            batch: images per forward pass when given a list.
             orig_shapes: (h, w) per image of a ready batch.
             ratio_pad: per image ((ratio_w, ratio_h), (pad_w, pad_h)) of a ready batch;
                 without it the batch is taken as a plain resize of the originals.
 
         Returns:
-            One ``Detections`` per image.
+            One ``Detections`` per image, on the model's device.
+
+        Example:
+            >>> model = yolokit.create_model("yolov8n", num_classes=3)
+            >>> (det,) = model.predict(np.zeros((48, 64, 3), np.uint8), conf=0.0, max_det=5, imgsz=64)
+            >>> det.boxes.shape
+            torch.Size([5, 4])
         """
-        if isinstance(source, Tensor) and source.ndim == 4 and orig_shapes is not None:
-            batch = source
+        nms = dict(conf=conf, iou=iou, classes=classes, agnostic=agnostic, multi_label=multi_label, max_det=max_det)
+        if isinstance(images, Tensor) and images.ndim == 4 and orig_shapes is not None:
             if ratio_pad is None:
-                h, w = batch.shape[-2:]
+                h, w = images.shape[-2:]
                 ratio_pad = [((w / ow, h / oh), (0.0, 0.0)) for oh, ow in orig_shapes]
-        else:
-            batch, orig_shapes, ratio_pad = self._letterbox_batch(source, imgsz)
+            return self._detect(images, list(orig_shapes), list(ratio_pad), nms)
+        tensors = load_images(images)
+        out = []
+        for start in range(0, len(tensors), max(1, batch)):
+            chunk = tensors[start:start + max(1, batch)]
+            device = next(self.parameters()).device
+            boxed, pads = letterbox_batch([t.to(device) for t in chunk], imgsz, max(self.strides))
+            out += self._detect(boxed, [tuple(t.shape[-2:]) for t in chunk], pads, nms)
+        return out
+
+    def _detect(self, batch: Tensor, orig_shapes: list, ratio_pad: list, nms: dict[str, Any]) -> list[Detections]:
+        """Forward (eval mode), decode and NMS of a letterboxed Tensor[B, 3, H, W]; boxes mapped back."""
         param = next(self.parameters())
         was_training = self.training
         self.eval()
@@ -124,19 +168,9 @@ class Detector(nn.Module):
             preds = self.decode(self(batch.to(param.device, param.dtype)))
         finally:
             self.train(was_training)
-        dets = non_max_suppression(preds, conf=conf, iou=iou, classes=classes, agnostic=agnostic, max_det=max_det)
+        dets = non_max_suppression(preds, **nms)
         return [Detections(unletterbox_boxes(d.boxes, rp, shape), d.scores, d.labels)
                 for d, rp, shape in zip(dets, ratio_pad, orig_shapes)]
-
-    def _letterbox_batch(self, source: Any, imgsz: int) -> tuple[Tensor, list, list]:
-        """Loads and letterboxes images into one batch; same-shape images get the smaller rectangle."""
-        stride = max(self.strides)
-        size = math.ceil(imgsz / stride) * stride
-        images, _ = load_images(source)
-        same = len({tuple(im.shape[-2:]) for im in images}) == 1
-        boxed = [letterbox(im, (size, size), stride=stride, auto=same) for im in images]
-        batch = torch.stack([b for b, _ in boxed])
-        return batch, [tuple(im.shape[-2:]) for im in images], [rp for _, rp in boxed]
 
     def fuse(self, channels_last: bool | None = None) -> Detector:
         """Prepares the model for inference: folds every batch norm into its convolution.

@@ -1,74 +1,47 @@
-"""Inference-side image handling: read, convert and letterbox images as tensors.
+"""Images already in memory as tensors: conversion and letterbox, in torch alone.
 
-The training pipeline (``yolokit.data``) has its own numpy/OpenCV transforms; these are
-the pieces ``Detector.predict`` needs to accept paths, folders, numpy arrays, PIL images
-and tensors. Files are decoded with OpenCV (torchvision's decoders are deprecated); all
-resizing and padding happens on tensors.
+Files are decoded by ``yolokit.data.images``; files, folders, globs and videos are read
+and batched by ``yolokit.predict``. What comes here is an image the caller holds: a
+Tensor[3, H, W], a numpy HxWx3 (or HxW) array, or a PIL image. All resizing and padding
+happens on tensors, on whatever device they live.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
 RatioPad = tuple[tuple[float, float], tuple[float, float]]
 
 
-def image_files(source: str | Path) -> list[Path]:
-    """The image files a path names: itself, or a folder's images sorted by name.
-
-    Raises:
-        FileNotFoundError: the path does not exist, or a folder holds no image.
-    """
-    path = Path(source)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in folder {path}")
-        return files
-    if not path.is_file():
-        raise FileNotFoundError(f"image source not found: {path}")
-    return [path]
-
-
-def read_image(path: str | Path) -> Tensor:
-    """Reads an image file as Tensor[3, H, W] uint8 RGB, EXIF orientation applied.
-
-    Grayscale, RGBA and 16-bit files are converted to 8-bit RGB.
-
-    Raises:
-        ValueError: the file cannot be decoded (the message names it).
-    """
-    data = np.fromfile(str(path), dtype=np.uint8)
-    image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
-    if image is None:
-        raise ValueError(f"cannot decode image {path}")
-    return torch.from_numpy(np.ascontiguousarray(image[..., ::-1].transpose(2, 0, 1)))
-
-
 def to_image_tensor(image: Any) -> Tensor:
-    """One image as Tensor[3, H, W] (uint8 RGB, or float in [0, 1] if given as float).
+    """One in-memory image as Tensor[3, H, W] (uint8 RGB, or float in [0, 1] if given as float).
 
-    Accepts a numpy HWC array (uint8 RGB, or HW grayscale), a PIL image (converted to
-    RGB), or a Tensor[3, H, W].
+    Accepts a Tensor[3, H, W], a numpy HxWx3 / HxWx4 array in RGB(A) order (or HxW
+    grayscale), or a PIL image (converted to RGB).
+
+    Raises:
+        TypeError: a path (read those with ``yolokit.predict``).
+        ValueError: an array or tensor of another shape.
     """
+    if isinstance(image, (str, Path)):
+        raise TypeError(f"{image}: a path; files, folders, globs and videos are read by yolokit.predict "
+                        "(predict(model, source) or predict_iter), Detector.predict takes images in memory")
     if isinstance(image, Tensor):
         if image.ndim != 3 or image.shape[0] != 3:
             raise ValueError(f"an image tensor must be Tensor[3, H, W], got shape {tuple(image.shape)}")
         return image
     if hasattr(image, "convert") and hasattr(image, "size"):  # PIL.Image, duck-typed
-        image = image.convert("RGB")
-    array = np.asarray(image)
-    array = torch.from_numpy(array if array.flags.writeable else array.copy())
+        from torchvision.transforms.v2.functional import pil_to_tensor
+
+        return pil_to_tensor(image.convert("RGB"))
+    array = torch.as_tensor(image.copy() if hasattr(image, "strides") else image)  # numpy: any strides
     if array.ndim == 2:
         array = array[..., None].expand(-1, -1, 3)
     if array.ndim != 3 or array.shape[2] not in (3, 4):
@@ -76,30 +49,17 @@ def to_image_tensor(image: Any) -> Tensor:
     return array[..., :3].permute(2, 0, 1).contiguous()
 
 
-def load_images(sources: Any) -> tuple[list[Tensor], list[str]]:
-    """Every image named by ``sources`` as Tensor[3, H, W], with a name for each.
+def load_images(images: Any) -> list[Tensor]:
+    """In-memory images as a list of Tensor[3, H, W] (see ``to_image_tensor``).
 
     Args:
-        sources: a path (file or folder), an image (numpy, PIL, Tensor[3, H, W]), a
-            Tensor[B, 3, H, W] batch, or a list of any of these.
-
-    Returns:
-        ``(images, names)``: file paths for files, ``"image{i}"`` otherwise.
+        images: one image, a list of images, or a Tensor[B, 3, H, W] batch.
     """
-    if isinstance(sources, Tensor) and sources.ndim == 4:
-        sources = list(sources)
-    elif isinstance(sources, (str, Path)) or not isinstance(sources, Iterable) or hasattr(sources, "shape"):
-        sources = [sources]
-    images, names = [], []
-    for source in sources:
-        if isinstance(source, (str, Path)):
-            for path in image_files(source):
-                images.append(read_image(path))
-                names.append(str(path))
-        else:
-            images.append(to_image_tensor(source))
-            names.append(f"image{len(names)}")
-    return images, names
+    if isinstance(images, Tensor) and images.ndim == 4:
+        return list(images)
+    if isinstance(images, (list, tuple)):
+        return [to_image_tensor(im) for im in images]
+    return [to_image_tensor(images)]
 
 
 def letterbox(
@@ -141,3 +101,19 @@ def letterbox(
     top, left = (th - nh) // 2, (tw - nw) // 2
     img = F.pad(img, (left, tw - nw - left, top, th - nh - top), value=pad_value)
     return img, ((nw / w, nh / h), (float(left), float(top)))
+
+
+def letterbox_batch(images: Sequence[Tensor], imgsz: int, stride: int) -> tuple[Tensor, list[RatioPad]]:
+    """Letterboxes images into one batch Tensor[B, 3, S, S] float in [0, 1].
+
+    ``imgsz`` is rounded up to a multiple of ``stride``. When every image has the same
+    shape the batch is the smallest stride-aligned rectangle around them (less padding,
+    faster), otherwise the square.
+
+    Returns:
+        ``(batch, ratio_pads)``, one ``((ratio_w, ratio_h), (pad_w, pad_h))`` per image.
+    """
+    size = math.ceil(imgsz / stride) * stride
+    same = len({tuple(im.shape[-2:]) for im in images}) == 1
+    boxed = [letterbox(im, (size, size), stride=stride, auto=same) for im in images]
+    return torch.stack([b for b, _ in boxed]), [rp for _, rp in boxed]

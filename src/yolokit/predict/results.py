@@ -1,0 +1,119 @@
+"""``Result``: the detections of one image or frame, with what is needed to show and save them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from yolokit.ops.nms import Detections
+from yolokit.viz import draw_detections
+
+
+@dataclass
+class Result:
+    """Detections of one image or video frame, boxes in its original pixels.
+
+    Attributes:
+        boxes: Tensor[K, 4] float32 xyxy in original pixels (CPU).
+        scores: Tensor[K] float32 confidences.
+        labels: Tensor[K] int64 class indices.
+        names: class names by index.
+        path: the source: a file path, a stream URL, ``camera<i>`` or ``image<i>``.
+        name: the relative path of its outputs in a run folder (see ``Frame.name``).
+        orig_shape: (height, width) of the original image.
+        image: the original image, Tensor[3, H, W] RGB (uint8, or float in [0, 1]).
+        frame: index of the frame in its video or stream; None for a still image.
+        fps: the video's frame rate; None for a still image.
+    """
+
+    boxes: Tensor
+    scores: Tensor
+    labels: Tensor
+    names: list[str]
+    path: str
+    name: str
+    orig_shape: tuple[int, int]
+    image: Tensor
+    frame: int | None = None
+    fps: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def detections(self) -> Detections:
+        return Detections(self.boxes, self.scores, self.labels)
+
+    @property
+    def orig_img(self) -> np.ndarray:
+        """The original image as an HxWx3 uint8 RGB array."""
+        image = self.image
+        if image.is_floating_point():
+            image = (image.clamp(0, 1) * 255).round().to(torch.uint8)
+        return np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy())
+
+    def class_name(self, label: int) -> str:
+        return self.names[label] if 0 <= label < len(self.names) else str(label)
+
+    def plot(self, *, scores: bool = True, line_width: int | None = None) -> np.ndarray:
+        """The original image with boxes, class names (and scores) drawn: HxWx3 uint8 RGB.
+
+        Line width and font grow with the image (2 px and a small font up to ~700 px).
+        """
+        h, w = self.orig_shape
+        width = line_width or max(2, round((h + w) / 2 * 0.003))
+        return draw_detections(self.orig_img, self.detections, self.names, thickness=width,
+                               font_scale=max(0.4, width / 4), show_scores=scores)
+
+    def records(self) -> list[dict[str, Any]]:
+        """One dict per detection: ``name``, ``class``, ``confidence``, ``box`` {x1, y1, x2, y2}."""
+        return [{"name": self.class_name(c), "class": c, "confidence": round(s, 5),
+                 "box": dict(zip(("x1", "y1", "x2", "y2"), (round(v, 2) for v in b)))}
+                for b, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist())]
+
+    def to_json(self) -> str:
+        """``records()`` as a JSON string."""
+        return json.dumps(self.records())
+
+    def txt_lines(self, *, save_conf: bool = False) -> list[str]:
+        """YOLO label lines: ``class cx cy w h`` normalized to [0, 1] (then the score with ``save_conf``)."""
+        h, w = self.orig_shape
+        lines = []
+        for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist()):
+            values = [(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h]
+            conf = f" {s:.6g}" if save_conf else ""
+            lines.append(f"{c} " + " ".join(f"{v:.6f}" for v in values) + conf)
+        return lines
+
+    def coco(self, image_id: int | str) -> list[dict[str, Any]]:
+        """COCO detection results: ``image_id``, ``category_id`` (the class index), ``bbox``
+        [x, y, w, h] in pixels, ``score``."""
+        return [{"image_id": image_id, "category_id": c, "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3),
+                                                                  round(y2 - y1, 3)], "score": round(s, 5)}
+                for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist())]
+
+    def crops(self) -> list[tuple[int, np.ndarray]]:
+        """(class, HxWx3 uint8 RGB cut-out) per detection; boxes rounded outwards, at least 1 px."""
+        image = self.orig_img
+        h, w = image.shape[:2]
+        out = []
+        for (x1, y1, x2, y2), c in zip(self.boxes.tolist(), self.labels.tolist()):
+            left, top = min(max(int(np.floor(x1)), 0), w - 1), min(max(int(np.floor(y1)), 0), h - 1)
+            right, bottom = max(min(int(np.ceil(x2)), w), left + 1), max(min(int(np.ceil(y2)), h), top + 1)
+            out.append((c, image[top:bottom, left:right].copy()))
+        return out
+
+    def summary(self) -> str:
+        """``"2 circle, 1 star"`` (or ``"no detections"``), most frequent first."""
+        counts = Counter(self.class_name(c) for c in self.labels.tolist())
+        return ", ".join(f"{n} {name}" for name, n in counts.most_common()) or "no detections"
+
+    def __repr__(self) -> str:
+        where = self.path if self.frame is None else f"{self.path} frame {self.frame}"
+        return f"Result({where}, {self.orig_shape[0]}x{self.orig_shape[1]}: {self.summary()})"

@@ -1,0 +1,107 @@
+"""predict_iter / predict: batching, equality with Detector.predict, streaming, constant memory."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import yolokit
+from yolokit.predict import batches, predict, predict_iter
+from yolokit.predict.predictor import read_ahead
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolov8n", num_classes=3).eval()
+    model.names = ["cat", "dog", "emu"]
+    return model
+
+
+def test_batches_and_read_ahead():
+    assert list(batches(range(7), 3)) == [[0, 1, 2], [3, 4, 5], [6]]
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        list(batches(range(3), 0))
+    assert list(read_ahead(iter(range(5)))) == [0, 1, 2, 3, 4]
+
+    def failing():
+        yield 1
+        raise ValueError("cannot read image z.jpg")
+
+    with pytest.raises(ValueError, match="z.jpg"):  # errors of the reading thread reach the caller
+        list(read_ahead(failing()))
+
+
+def test_results_equal_detector_predict_whatever_the_batch(model, tmp_path, write_image):
+    images = [write_image(tmp_path / f"{i}.png", h=48, w=64, seed=i) for i in range(5)]
+    kwargs = dict(imgsz=64, conf=0.0, max_det=7)
+    expected = model.predict(images, **kwargs)
+    for batch in (1, 2, 5):
+        got = list(predict_iter(model, tmp_path, batch=batch, **kwargs))
+        assert [r.name for r in got] == [f"{i}.png" for i in range(5)]
+        for r, e in zip(got, expected):
+            torch.testing.assert_close(r.boxes, e.boxes)
+            torch.testing.assert_close(r.scores, e.scores)
+            assert torch.equal(r.labels, e.labels) and r.orig_shape == (48, 64) and r.names == model.names
+            assert r.boxes.device.type == "cpu" and len(r) == 7
+
+
+def test_one_result_per_video_frame(model, tmp_path, write_video):
+    video = write_video(tmp_path / "v.avi", frames=9, fps=10.0)
+    got = list(predict_iter(model, video, imgsz=64, batch=4, conf=0.0, max_det=2))
+    assert [r.frame for r in got] == list(range(9)) and {r.fps for r in got} == {10.0}
+    assert all(r.orig_shape == (48, 64) and len(r) == 2 for r in got)
+
+
+def test_predict_streams_lazily_and_saves(model, tmp_path, write_image):
+    for i in range(3):
+        write_image(tmp_path / "in" / f"{i}.jpg", seed=i)
+    stream = predict(model, tmp_path / "in", stream=True, out=tmp_path / "run", save_txt=True, imgsz=64,
+                     conf=0.0, max_det=2)
+    assert not (tmp_path / "run" / "labels").exists()  # nothing runs before iteration
+    first = next(stream)
+    assert first.name == "0.jpg" and (tmp_path / "run" / "labels" / "0.txt").is_file()
+    rest = list(stream)
+    assert len(rest) == 2 and (tmp_path / "run" / "2.jpg").is_file()
+    listed = predict(model, [np.zeros((30, 40, 3), np.uint8)] * 2, imgsz=64, conf=0.0, max_det=1)
+    assert isinstance(listed, list) and [r.name for r in listed] == ["image0.jpg", "image1.jpg"]
+
+
+PEAK = textwrap.dedent("""
+    import sys, torch, yolokit
+    from yolokit.predict import predict_iter
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolov8n", num_classes=1).eval().fuse()
+    count = sum(1 for _ in predict_iter(model, sys.argv[1], imgsz=128, batch=8, conf=0.5))
+    peak = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+    print(count, int(peak) / 1024)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
+def test_peak_memory_does_not_grow_with_the_folder(tmp_path):
+    """60 vs 300 images of 128x128: stacking them all (the old way) would add ~60 MB (uint8 + float
+    letterboxed copies of 240 more images); streaming in batches of 8 adds nothing."""
+    import cv2
+
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        folder = tmp_path / ("small" if i < 60 else "more")
+        folder.mkdir(exist_ok=True)
+        cv2.imwrite(str(folder / f"{i:04d}.jpg"), rng.integers(0, 255, (128, 128, 3), dtype=np.uint8))
+    (tmp_path / "all").mkdir()
+    for p in list((tmp_path / "small").iterdir()) + list((tmp_path / "more").iterdir()):
+        (tmp_path / "all" / p.name).symlink_to(p)
+    peaks = {}
+    for name, count in (("small", 60), ("all", 300)):
+        out = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / name)], capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert int(out[0]) == count
+        peaks[count] = float(out[1])
+    print(f"peak RSS: 60 images {peaks[60]:.1f} MB, 300 images {peaks[300]:.1f} MB")
+    assert abs(peaks[300] - peaks[60]) < 12, peaks

@@ -1,0 +1,63 @@
+"""Result: labels, COCO records, JSON, crops and drawing of one image's detections."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from yolokit.predict import Result
+from yolokit.viz import class_colour
+
+
+def make_result(image=None):
+    image = torch.zeros(3, 100, 200, dtype=torch.uint8) if image is None else image
+    image[:, 10:50, 20:60] = 255  # a white square where the first box is
+    return Result(boxes=torch.tensor([[20.0, 10.0, 60.0, 50.0], [100.5, 20.25, 199.9, 99.5]]),
+                  scores=torch.tensor([0.9, 0.4]), labels=torch.tensor([1, 0]), names=["cat", "dog"],
+                  path="in/x.jpg", name="x.jpg", orig_shape=(100, 200), image=image)
+
+
+def test_yolo_label_lines_are_normalized_centre_size():
+    lines = make_result().txt_lines()
+    assert lines[0] == "1 0.200000 0.300000 0.200000 0.400000"
+    cls, *values = lines[1].split()
+    assert cls == "0" and [float(v) for v in values] == pytest.approx([0.751, 0.59875, 0.497, 0.7925], abs=1e-6)
+    assert make_result().txt_lines(save_conf=True)[0].endswith(" 0.9")
+
+
+def test_coco_records_and_json():
+    coco = make_result().coco(image_id=42)
+    assert coco[0] == {"image_id": 42, "category_id": 1, "bbox": [20.0, 10.0, 40.0, 40.0], "score": 0.9}
+    assert coco[1]["bbox"] == pytest.approx([100.5, 20.25, 99.4, 79.25], abs=1e-3)
+    records = json.loads(make_result().to_json())
+    assert records[0] == {"name": "dog", "class": 1, "confidence": 0.9,
+                          "box": {"x1": 20.0, "y1": 10.0, "x2": 60.0, "y2": 50.0}}
+    assert records[1]["name"] == "cat" and records[1]["confidence"] == pytest.approx(0.4)
+
+
+def test_crops_cut_the_boxes_out_of_the_original():
+    crops = make_result().crops()
+    assert [c for c, _ in crops] == [1, 0]
+    assert crops[0][1].shape == (40, 40, 3) and (crops[0][1] == 255).all()
+    assert crops[1][1].shape == (80, 100, 3)  # floor/ceil outwards, clipped to the image
+
+
+def test_plot_draws_on_a_copy_in_class_colours():
+    result = make_result()
+    drawn = result.plot()
+    assert drawn.shape == (100, 200, 3) and drawn.dtype == np.uint8
+    assert (np.abs(drawn.astype(int) - class_colour(1)).sum(-1) < 10).sum() > 100  # the "dog" box outline
+    assert int(result.image.sum()) == 255 * 3 * 40 * 40  # the source image is left as it was
+    floats = make_result(torch.zeros(3, 100, 200)).orig_img
+    assert floats.dtype == np.uint8 and floats.max() == 255  # float [0, 1] images come back as uint8
+
+
+def test_summary_and_repr():
+    result = make_result()
+    assert len(result) == 2 and result.summary() == "1 dog, 1 cat"
+    assert repr(result) == "Result(in/x.jpg, 100x200: 1 dog, 1 cat)"
+    empty = Result(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.long), [], "v.mp4", "v.mp4",
+                   (4, 4), torch.zeros(3, 4, 4, dtype=torch.uint8), frame=3)
+    assert empty.summary() == "no detections" and "v.mp4 frame 3" in repr(empty)
+    assert empty.txt_lines() == [] and empty.crops() == [] and empty.to_json() == "[]"
