@@ -2,12 +2,14 @@ import csv
 
 import cv2
 import numpy as np
+import pytest
 import torch
 
 from yolokit.ops.nms import Detections
 from yolokit.train.callbacks import CSVLogger, Plotter, ProgressBar
 from yolokit.train.evaluate import EvalResult
-from yolokit.train.plots import draw_grid, line_plots
+from yolokit.train.plots import results_plot, smooth, validation_plots
+from yolokit.viz import class_colour
 
 
 def test_csv_logger_appends_rows_under_one_header(tmp_path):
@@ -28,45 +30,74 @@ def test_progress_bar_reports_means(capsys):
     assert "mAP50 0.400" in capsys.readouterr().out
 
 
-def test_line_plot_draws_the_series(tmp_path):
-    path = line_plots([1, 2, 3], {"loss": [3.0, 2.0, 1.0]}, tmp_path / "l.png", "t")
-    image = cv2.imread(str(path))
-    assert image.shape == (300, 800, 3)
-    coloured = (np.abs(image.astype(int) - image.mean(-1, keepdims=True)) > 40).any(-1)
-    ys, xs = np.nonzero(coloured[:, :400])
-    # a falling line: its leftmost coloured pixels sit higher than its rightmost
-    assert ys[xs == xs.min()].mean() < ys[xs == xs.max()].mean()
-
-
-def test_plotter_writes_all_pngs(tmp_path):
-    plotter = Plotter(tmp_path)
-    for e in (1, 2):
-        plotter.on_epoch_end({"epoch": e, "train/box": 2.0 / e, "train/cls": 1.0, "precision": 0.5,
-                              "recall": 0.4, "mAP50": 0.3 * e, "mAP50-95": 0.1 * e})
+def fake_result(num_classes=2):
+    """An EvalResult as coco_evaluate fills it, for two classes."""
     r = np.linspace(0, 1, 101)
-    result = EvalResult(pr_recall=r, pr_precision=np.stack([1 - r, -np.ones(101)]))
-    det = Detections(torch.tensor([[5.0, 5.0, 40.0, 40.0]]), torch.tensor([0.9]), torch.tensor([0]))
-    plotter.on_validation_end(result, [(np.zeros((64, 64, 3), np.uint8), det)] * 5, ["a", "b"])
-    plotter.on_train_end()
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["losses.png", "metrics.png", "pr_curve.png", "val_predictions.jpg"]
-    grid = cv2.imread(str(tmp_path / "val_predictions.jpg"))
-    assert grid.shape == (2 * 256, 4 * 256, 3)
+    x = np.linspace(0, 1, 1000)
+    p_curve = np.stack([1 - 0.5 * x, 0.5 + 0 * x])
+    r_curve = np.stack([1 - x, 0.8 * (1 - x)])
+    return EvalResult(map50=0.7, map50_95=0.5, per_class_ap50=np.array([0.75, 0.6]),
+                      pr_recall=r, pr_precision=np.stack([1 - r, np.full(101, 0.6)]), conf_points=x,
+                      conf_precision=p_curve, conf_recall=r_curve, conf_f1=2 * p_curve * r_curve / (p_curve + r_curve),
+                      class_instances=np.array([5, 3]), best_conf=0.3, confusion=np.array([[4, 1, 2], [0, 2, 1],
+                                                                                            [1, 0, 0]]))
 
 
-def test_draw_grid_single_image(tmp_path):
-    det = Detections(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.long))
-    path = draw_grid([(np.full((100, 50, 3), 255, np.uint8), det)], [], tmp_path / "g.png")
+def ink(path):
+    """Fraction of pixels that are not near-white."""
     image = cv2.imread(str(path))
-    assert image.shape == (256, 256, 3) and (image[:, :128] == 255).all() and (image[:, 200:] == 114).all()
+    assert image is not None, path
+    return (image.min(-1) < 200).mean(), image.shape
 
 
-def test_draw_grid_hides_low_scores(tmp_path):
-    from yolokit.viz import class_colour
+def test_smooth_keeps_ends_and_nans():
+    y = np.array([1.0, 1.0, 1.0, np.nan, 1.0, 1.0])
+    np.testing.assert_allclose(smooth(y)[[0, 1, 2, 4, 5]], 1.0)  # a constant stays constant, ends included
+    assert np.isnan(smooth(y)[3])
+    noisy = np.array([0.0, 1.0] * 10)
+    assert smooth(noisy).std() < 0.2 * noisy.std()
 
-    det = Detections(torch.tensor([[4.0, 4.0, 30.0, 30.0], [36.0, 36.0, 60.0, 60.0]]), torch.tensor([0.9, 0.01]),
-                     torch.tensor([0, 1]))
-    image = cv2.imread(str(draw_grid([(np.zeros((64, 64, 3), np.uint8), det)], ["a", "b"], tmp_path / "g.png",
-                                     tile=64)))[..., ::-1]
-    is_colour = lambda c: (np.abs(image.astype(int) - c).sum(-1) < 30)
-    assert is_colour(class_colour(0)).sum() > 20 and is_colour(class_colour(1)).sum() == 0
+
+def test_results_plot_has_a_panel_per_quantity(tmp_path):
+    rows = [{"epoch": e, "train/box": 2.0 / e, "train/cls": 1.0 / e, "train/dfl": 1.5, "precision": 0.1 * e,
+             "recall": 0.1 * e, "mAP50": 0.05 * e, "mAP50-95": 0.03 * e, "lr": 0.01} for e in range(1, 8)]
+    path = results_plot(rows, tmp_path / "results.png")
+    share, shape = ink(path)
+    assert shape == (580, 1440, 3) and 0.03 < share < 0.5  # 2 rows x 4 panels of 360x290 px at 100 dpi
+    assert results_plot([], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    assert results_plot([{"epoch": 1, "train/box": 1.0}], tmp_path / "one.png").is_file()  # a single point
+
+
+def test_validation_charts(tmp_path):
+    result = fake_result()
+    truth = Detections(torch.tensor([[5.0, 5.0, 40.0, 40.0]]), torch.ones(1), torch.tensor([1]))
+    det = Detections(torch.tensor([[5.0, 5.0, 40.0, 40.0], [1.0, 1.0, 3.0, 3.0]]), torch.tensor([0.9, 0.1]),
+                     torch.tensor([1, 0]))
+    paths = validation_plots(result, [(np.zeros((64, 48, 3), np.uint8), det, truth)] * 3, ["a", "b"], tmp_path)
+    assert sorted(p.name for p in paths) == sorted([
+        "pr_curve.png", "f1_curve.png", "precision_curve.png", "recall_curve.png", "confusion_matrix_normalized.png",
+        "confusion_matrix.png", "val_predictions.jpg"])
+    for path in paths:
+        share, _ = ink(path)
+        assert 0.01 < share < 0.9, path
+    grid = cv2.imread(str(tmp_path / "val_predictions.jpg"))[..., ::-1]
+    is_colour = lambda c: (np.abs(grid.astype(int) - c).sum(-1) < 40).sum()
+    assert is_colour(class_colour(1)) > 100 and is_colour(class_colour(0)) == 0  # the 0.1 score is hidden
+
+
+def test_plotter_writes_every_chart_and_never_raises(tmp_path):
+    plotter = Plotter(tmp_path)
+    for e in (1, 2, 3):
+        plotter.on_epoch_end({"epoch": e, "train/box": 2.0 / e, "train/cls": 1.0, "precision": 0.5, "recall": 0.4,
+                              "mAP50": 0.3 * e, "mAP50-95": 0.1 * e})
+    truth = Detections(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    plotter.on_validation_end(fake_result(), [(np.zeros((64, 64, 3), np.uint8), truth, truth)], ["a", "b"])
+    plotter.on_train_end()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
+        "results.png", "pr_curve.png", "f1_curve.png", "precision_curve.png", "recall_curve.png",
+        "confusion_matrix_normalized.png", "confusion_matrix.png", "val_predictions.jpg"])
+    broken = Plotter(tmp_path / "b")
+    broken.on_epoch_end({"epoch": 1, "mAP50": 0.1})
+    broken.on_validation_end(object(), [], [])  # not an EvalResult: the charts fail, the run goes on
+    with pytest.warns(UserWarning, match="plots of .* not drawn"):
+        broken.on_train_end()

@@ -1,4 +1,5 @@
 import contextlib
+import csv
 import io
 import json
 
@@ -9,7 +10,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from yolokit.ops.nms import Detections
-from yolokit.train.evaluate import coco_evaluate
+from yolokit.train.evaluate import coco_evaluate, greedy_match, matches_at_iou, validate
 
 
 def handmade():
@@ -78,3 +79,102 @@ def test_no_detections_gives_zeros():
     assert result.map50 == 0 and result.map50_95 == 0
     with pytest.raises(ValueError, match="predictions"):
         coco_evaluate([empty, empty], targets, [(20, 20)], num_classes=1)
+
+
+def test_matching_is_greedy_by_score():
+    gt_boxes, gt_labels = np.array([[0.0, 0, 10, 10]]), np.array([0])
+    dets = np.array([[1.0, 1, 10, 10], [0.0, 0, 10, 10]])  # the lower-scoring one fits better
+    assert matches_at_iou(dets, np.array([0.9, 0.8]), np.array([0, 0]), gt_boxes, gt_labels, 0.5).tolist() == [
+        True, False]
+    assert matches_at_iou(dets, np.array([0.7, 0.8]), np.array([0, 0]), gt_boxes, gt_labels, 0.5).tolist() == [
+        False, True]
+    assert matches_at_iou(dets, np.array([0.9, 0.8]), np.array([1, 0]), gt_boxes, gt_labels, 0.5).tolist() == [
+        False, True]  # another class never matches
+    iou = np.array([[0.5, 0.45], [0.6, 0.0]])
+    assert greedy_match(iou, np.array([0.9, 0.8]), 0.5).tolist() == [0, -1]  # 0.5 >= 0.5 taken first
+    assert greedy_match(iou, np.array([0.9, 0.8]), 0.5, inclusive=False).tolist() == [-1, 0]
+
+
+def confusion_case():
+    """Image 1: a hit, a wrong class on a box, a false positive, a low score; image 2: a miss."""
+    targets = [(np.array([[0, 0, 20, 20], [40, 40, 60, 60]], float), np.array([0, 1])),
+               (np.array([[5, 5, 25, 25]], float), np.array([1]))]
+    preds = [Detections(torch.tensor([[0.0, 0, 20, 20], [40, 41, 60, 60], [80, 80, 90, 90], [0, 0, 20, 19]]),
+                        torch.tensor([0.9, 0.6, 0.5, 0.1]), torch.tensor([0, 0, 1, 1])),
+             Detections(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.long))]
+    return preds, targets, [(100, 100), (30, 30)]
+
+
+def test_confusion_matrix_counts_hits_confusions_misses_and_false_positives():
+    preds, targets, shapes = confusion_case()
+    result = coco_evaluate(preds, targets, shapes, num_classes=2)
+    np.testing.assert_array_equal(result.confusion, [[1, 1, 0], [0, 0, 1], [0, 1, 0]])
+    assert result.class_images.tolist() == [1, 2] and result.class_instances.tolist() == [1, 2]
+
+
+def test_precision_recall_at_the_best_f1_confidence():
+    preds, targets, shapes = handmade()
+    result = coco_evaluate(preds, targets, shapes, num_classes=2)
+    # class 0: 2 boxes, hits at 0.9 and 0.6, a false positive at 0.3; class 1: 3 boxes, hits at 0.8 and 0.7.
+    # Curves interpolate linearly between detections' scores. The mean F1 peaks at 0.6 (class 0 P = R = 1,
+    # class 1 F1 0.8) and falls faster to the right, so the smoothed best sits a little below 0.6.
+    assert 0.5 < result.best_conf <= 0.6
+    assert result.per_class_recall.tolist() == pytest.approx([1.0, 2 / 3])
+    p0 = 2 / 3 + (result.best_conf - 0.3) / 0.3 / 3  # class 0 precision between its 0.3 and 0.6 detections
+    assert result.per_class_precision.tolist() == pytest.approx([p0, 1.0], abs=1e-3)
+    assert (result.precision, result.recall) == pytest.approx(((p0 + 1) / 2, (1 + 2 / 3) / 2), abs=1e-3)
+    k = int(np.argmin(np.abs(result.conf_points - 0.45)))
+    assert result.conf_f1[1, k] == pytest.approx(0.8) and result.conf_recall[0, 0] == pytest.approx(1.0)
+    assert result.conf_precision[0, 0] == pytest.approx(2 / 3)  # at conf 0 every detection counts
+    assert (result.conf_precision[:, -1] == 1).all() and (result.conf_recall[:, -1] == 0).all()
+    assert result.per_class_ap50.tolist() == pytest.approx([1.0, 67 / 101])  # COCO's 101 recall points
+
+
+def test_table_csv_and_text(tmp_path):
+    preds, targets, shapes = handmade()
+    result = coco_evaluate(preds, targets, shapes, num_classes=3)  # class 2 has no ground truth: no row
+    rows = result.table(["cat", "dog", "emu"])
+    assert [r["class"] for r in rows] == ["all", "cat", "dog"]
+    assert (rows[0]["images"], rows[0]["instances"]) == (3, 5) and (rows[2]["images"], rows[2]["instances"]) == (2, 3)
+    assert rows[1]["mAP50-95"] == pytest.approx(result.per_class_ap[0])
+    text = result.format_table(["cat", "dog", "emu"]).splitlines()
+    assert text[0].split() == ["Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95"]
+    assert text[1].split()[:3] == ["all", "3", "5"] and f"{result.map50_95:.3f}" in text[1]
+    written = list(csv.DictReader(result.write_csv(tmp_path / "per_class.csv", ["cat", "dog", "emu"]).open()))
+    assert [r["class"] for r in written] == ["all", "cat", "dog"]
+    assert float(written[0]["mAP50"]) == pytest.approx(result.map50, abs=1e-5)
+
+
+class FakeDetector(torch.nn.Module):
+    """Answers predict() with one box per image at a fixed place (scores 0.9, 0.8, ...), recording the keywords."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.calls = []
+
+    def predict(self, images, **kwargs):
+        self.calls.append(kwargs)
+        return [Detections(torch.tensor([[0.0, 0.0, 10.0, 10.0]]), torch.tensor([0.9 - 0.1 * i]), torch.tensor([0]))
+                for i in range(len(images))]
+
+
+def test_validate_uses_the_protocol_and_returns_labelled_samples(tmp_path):
+    from PIL import Image
+
+    Image.fromarray(np.full((20, 20, 3), 50, np.uint8)).save(tmp_path / "a.png")
+    batch = {"images": torch.zeros(2, 3, 32, 32), "orig_shapes": [(20, 20), (20, 20)],
+             "ratio_pad": [((1.0, 1.0), (0.0, 0.0))] * 2, "paths": [str(tmp_path / "a.png"), "missing.png"],
+             "indices": [1, 0], "targets": torch.tensor([[0, 0, 0.0, 0.0, 10.0, 10.0], [1, 0, 5.0, 5.0, 15.0, 15.0]])}
+    model = FakeDetector()
+    result, samples = validate(model, [batch], num_classes=1, keep_samples=2, progress=True)
+    assert model.calls[0]["multi_label"] is True and model.calls[0]["conf"] == 0.001
+    assert model.calls[0]["iou"] == 0.7 and model.calls[0]["max_det"] == 300
+    assert result.images == 2 and result.class_instances.tolist() == [2]
+    assert result.map50 == pytest.approx(51 / 101 * 1.0)  # the surer box hits, the other misses: R <= 0.5
+    image, pred, truth = samples[0]
+    assert image.shape == (20, 20, 3) and image[0, 0, 0] == 50 and len(pred) == 1
+    assert truth.boxes.tolist() == [[0.0, 0.0, 10.0, 10.0]] and truth.scores.tolist() == [1.0]
+    assert (samples[1][0] == 114).all()  # an unreadable image shows grey
+    validate(model, [batch], num_classes=1, multi_label=False)
+    assert model.calls[-1]["multi_label"] is False

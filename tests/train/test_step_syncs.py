@@ -68,3 +68,28 @@ def test_the_counter_sees_a_read_in_the_step(shapes, tmp_path, monkeypatch):
                       out=str(tmp_path / "run"))
     Trainer(cfg).fit()
     assert counts["_local_scalar_dense"] == calls["_optimizer_step"] == 3
+
+
+@pytest.mark.slow
+def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypatch):
+    """The trainer's compile (aot_eager here: the same graphs as inductor, no C++ build) with
+    activation checkpointing, channels_last and an accumulation over an uneven epoch trains
+    what the eager run trains."""
+    import csv
+
+    from yolokit.accel import perf
+
+    original = perf.prepare_model
+    monkeypatch.setattr(perf, "prepare_model",
+                        lambda model, **kw: original(model, **kw, **({"compile_backend": "aot_eager"}
+                                                                       if kw.get("compile") else {})))
+    rows = {}
+    for compiled in (False, True):
+        cfg = TrainConfig(data=shapes, imgsz=64, batch=4, nbs=8, epochs=2, workers=0, plots=False,
+                          checkpointing="all", compile=compiled, mosaic_buffer=0, close_mosaic=1,
+                          out=str(tmp_path / f"run{int(compiled)}"))
+        Trainer(cfg).fit()
+        rows[compiled] = list(csv.DictReader((tmp_path / f"run{int(compiled)}" / "results.csv").open()))
+    for eager, comp in zip(rows[False], rows[True], strict=True):
+        for k in ("train/box", "train/cls", "train/dfl", "lr", "steps"):
+            assert float(comp[k]) == pytest.approx(float(eager[k]), rel=1e-4), k

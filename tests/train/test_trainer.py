@@ -43,7 +43,8 @@ def test_two_epochs_write_the_run_folder(shapes, tmp_path, model, capsys):
     final = yolokit.load(run / "weights" / "model.pt")
     assert final.name == model and final.num_classes == 4
     assert all(t.is_contiguous() for t in torch.load(run / "weights" / "model.pt", weights_only=True)["state_dict"].values())
-    assert {p.name for p in run.iterdir()} >= {"losses.png", "metrics.png", "pr_curve.png", "val_predictions.jpg"}
+    assert {p.name for p in run.iterdir()} >= {"results.png", "pr_curve.png", "f1_curve.png",
+                                                 "confusion_matrix_normalized.png", "val_predictions.jpg"}
 
 
 class StopAfter(Callback):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from yolokit.train.plots import draw_grid, line_plots, pr_curve_plot
+from yolokit.train.plots import results_plot, validation_plots
 
 
 class Callback:
@@ -31,7 +32,9 @@ class Callback:
 
     def on_epoch_end(self, row: dict[str, float]) -> None: ...
 
-    def on_validation_end(self, result: Any, samples: Sequence[tuple[np.ndarray, Any]], names: Sequence[str]) -> None: ...
+    def on_validation_end(self, result: Any, samples: Sequence[tuple[np.ndarray, Any, Any]],
+                          names: Sequence[str]) -> None:
+        """After a validation: its ``EvalResult``, (image, predictions, ground truth) samples, class names."""
 
     def on_train_end(self) -> None: ...
 
@@ -104,7 +107,8 @@ class TensorBoardLogger(Callback):
 
 
 class Plotter(Callback):
-    """End-of-run PNGs: losses, metrics, the precision-recall curve, labelled validation predictions."""
+    """End-of-run charts (matplotlib): ``results.png`` (losses and metrics per epoch) and, from the
+    last validation, PR / F1 / P / R curves, the confusion matrix and labels vs predictions."""
 
     def __init__(self, run_dir: Path):
         self.run_dir, self.rows, self.result, self.samples, self.names = run_dir, [], None, [], []
@@ -112,20 +116,14 @@ class Plotter(Callback):
     def on_epoch_end(self, row: dict[str, float]) -> None:
         self.rows.append(dict(row))
 
-    def on_validation_end(self, result: Any, samples: Sequence[tuple[np.ndarray, Any]], names: Sequence[str]) -> None:
+    def on_validation_end(self, result: Any, samples: Sequence[tuple[np.ndarray, Any, Any]],
+                          names: Sequence[str]) -> None:
         self.result, self.samples, self.names = result, list(samples), list(names)
 
     def on_train_end(self) -> None:
-        if not self.rows:
-            return
-        epochs = [r["epoch"] for r in self.rows]
-        series = lambda keys: {k: [r.get(k, float("nan")) for r in self.rows] for k in keys if k in self.rows[0]}
-        line_plots(epochs, series(["train/box", "train/cls", "train/dfl", "train/obj"]),
-                   self.run_dir / "losses.png", "losses per epoch")
-        line_plots(epochs, series(["precision", "recall", "mAP50", "mAP50-95"]),
-                   self.run_dir / "metrics.png", "validation metrics")
-        if self.result is not None:
-            pr_curve_plot(self.result.pr_recall, self.result.pr_precision, self.names,
-                          self.run_dir / "pr_curve.png")
-        if self.samples:
-            draw_grid(self.samples, self.names, self.run_dir / "val_predictions.jpg")
+        try:
+            results_plot(self.rows, self.run_dir / "results.png")
+            if self.result is not None:
+                validation_plots(self.result, self.samples, self.names, self.run_dir)
+        except Exception as exc:  # a chart must never cost the run its final weights
+            warnings.warn(f"plots of {self.run_dir} not drawn: {type(exc).__name__}: {exc}", stacklevel=2)

@@ -1,28 +1,36 @@
-"""COCO box metrics: mAP50-95, mAP50, per-class AP, a PR curve.
+"""Box metrics of a validation split: COCO mAP, per-class table, P/R/F1 curves, confusion matrix.
 
 Predictions and ground truth are given per image in the same (original image) pixel
-frame. By default they are scored by ``yolokit.train.cocoeval`` (pycocotools'
-``COCOeval`` algorithm on whole arrays: the same numbers, tens of times faster);
-``backend="pycocotools"`` builds in-memory COCO structures and runs ``COCOeval`` itself.
+frame. mAP50 and mAP50-95 are COCO's: by default scored by ``yolokit.train.cocoeval``
+(pycocotools' ``COCOeval`` algorithm on whole arrays: the same numbers, tens of times
+faster); ``backend="pycocotools"`` runs ``COCOeval`` itself. Precision and recall are
+read as the usual YOLO validators read them: detections matched to ground truth of their
+class at IoU 0.5, precision and recall per class as functions of the confidence, both
+taken at the confidence where the class-mean F1 (lightly smoothed) is best. The
+confusion matrix counts detections above confidence 0.25 matched to any ground truth at
+IoU 0.45 (``confusion_matrix``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
+from tqdm import tqdm
 
 from yolokit.accel import distributed
 from yolokit.data import to_device
+from yolokit.data.images import ImageError, read_image
 from yolokit.ops.boxes import unletterbox_boxes
 from yolokit.ops.nms import Detections
 from yolokit.train.cocoeval import RECALL_THRESHOLDS, evaluate_boxes
@@ -35,11 +43,24 @@ class EvalResult:
     Attributes:
         map50_95: mean AP over IoU 0.50:0.95 (COCO's AP).
         map50: mean AP at IoU 0.50.
-        precision: mean precision over classes at the confidence of best mean F1 (IoU 0.5).
-        recall: mean recall at that point.
-        per_class_ap: AP50-95 per class index, NaN for classes absent from the ground truth.
+        precision: mean precision over classes with ground truth, at ``best_conf``.
+        recall: mean recall at ``best_conf``.
+        per_class_ap: [C] AP50-95 per class index, NaN for classes absent from the ground truth.
+        per_class_ap50: [C] AP50 per class, NaN likewise.
+        per_class_precision: [C] precision at ``best_conf`` (IoU 0.5), NaN likewise.
+        per_class_recall: [C] recall at ``best_conf``, NaN likewise.
+        class_images: [C] images holding the class in their ground truth.
+        class_instances: [C] ground truth boxes of the class.
+        images: images evaluated.
+        best_conf: the confidence of best mean F1.
         pr_recall: the 101 recall points of COCO's PR curve.
         pr_precision: [C, 101] interpolated precision at IoU 0.5 (-1 where undefined).
+        conf_points: [1000] confidences in [0, 1] of the curves below.
+        conf_precision: [C, 1000] precision of detections scoring at least each confidence.
+        conf_recall: [C, 1000] recall likewise.
+        conf_f1: [C, 1000] their F1.
+        confusion: [C + 1, C + 1] counts, rows predicted class, columns true class; the
+            last row and column are background (missed boxes, false detections).
         stats: COCOeval's 12 summary numbers.
     """
 
@@ -48,12 +69,55 @@ class EvalResult:
     precision: float = 0.0
     recall: float = 0.0
     per_class_ap: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    per_class_ap50: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    per_class_precision: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    per_class_recall: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    class_images: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    class_instances: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    images: int = 0
+    best_conf: float = 0.0
     pr_recall: np.ndarray = field(default_factory=lambda: np.linspace(0, 1, 101))
     pr_precision: np.ndarray = field(default_factory=lambda: np.zeros((0, 101)))
+    conf_points: np.ndarray = field(default_factory=lambda: CONF_POINTS.copy())
+    conf_precision: np.ndarray = field(default_factory=lambda: np.zeros((0, len(CONF_POINTS))))
+    conf_recall: np.ndarray = field(default_factory=lambda: np.zeros((0, len(CONF_POINTS))))
+    conf_f1: np.ndarray = field(default_factory=lambda: np.zeros((0, len(CONF_POINTS))))
+    confusion: np.ndarray = field(default_factory=lambda: np.zeros((1, 1), np.int64))
     stats: np.ndarray = field(default_factory=lambda: np.zeros(12))
 
     def as_dict(self) -> dict[str, float]:
         return {"precision": self.precision, "recall": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}
+
+    def table(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Rows ``class, images, instances, P, R, mAP50, mAP50-95``: "all" first, then each class
+        with ground truth."""
+        names = list(names) if names is not None else [str(k) for k in range(len(self.per_class_ap))]
+        rows = [{"class": "all", "images": self.images, "instances": int(self.class_instances.sum()),
+                 "P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}]
+        for k in np.flatnonzero(self.class_instances > 0):
+            rows.append({"class": names[k] if k < len(names) else str(k), "images": int(self.class_images[k]),
+                         "instances": int(self.class_instances[k]), "P": float(self.per_class_precision[k]),
+                         "R": float(self.per_class_recall[k]), "mAP50": float(self.per_class_ap50[k]),
+                         "mAP50-95": float(self.per_class_ap[k])})
+        return rows
+
+    def format_table(self, names: Sequence[str] | None = None) -> str:
+        """``table()`` as aligned text, as the usual YOLO validators print it."""
+        head = f"{'Class':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}"
+        lines = [head] + [f"{r['class']:>22.22}{r['images']:>11}{r['instances']:>11}" + "".join(
+            f"{r[k]:>11.3f}" for k in ("P", "R", "mAP50", "mAP50-95")) for r in self.table(names)]
+        return "\n".join(lines)
+
+    def write_csv(self, path: str | Path, names: Sequence[str] | None = None) -> Path:
+        """``table()`` as CSV (full precision)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"])
+            writer.writeheader()
+            for row in self.table(names):
+                writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        return path
 
 
 def coco_structures(
@@ -87,7 +151,7 @@ def coco_evaluate(
     *,
     backend: str = "yolokit",
 ) -> EvalResult:
-    """Scores detections against ground truth with COCO's box AP.
+    """Scores detections against ground truth: COCO's box AP, per-class table, curves, confusion.
 
     Args:
         predictions: per image, ``Detections`` in original pixels.
@@ -98,64 +162,181 @@ def coco_evaluate(
             ``"pycocotools"`` (``COCOeval`` itself).
 
     Returns:
-        ``EvalResult``; all zeros when there is no ground truth or no detection.
+        ``EvalResult``; AP, P and R are zero when there is no ground truth or no detection.
     """
     if not (len(predictions) == len(targets) == len(shapes)):
         raise ValueError(f"got {len(predictions)} predictions, {len(targets)} targets, {len(shapes)} shapes")
     if backend not in ("yolokit", "pycocotools"):
         raise ValueError(f"backend must be 'yolokit' or 'pycocotools', got {backend!r}")
-    empty = EvalResult(per_class_ap=np.full(num_classes, np.nan), pr_precision=np.zeros((num_classes, 101)))
+    gt_boxes = [np.asarray(b, np.float64).reshape(-1, 4) for b, _ in targets]
+    gt_labels = [np.asarray(label, np.int64).reshape(-1) for _, label in targets]
+    dets = [d.numpy() for d in predictions]
+    coco = _coco_precision(predictions, targets, shapes, num_classes, backend, gt_boxes, gt_labels)
+    result = _result(*coco, num_classes) if coco is not None else EvalResult(
+        per_class_ap=np.full(num_classes, np.nan), per_class_ap50=np.full(num_classes, np.nan),
+        pr_precision=np.zeros((num_classes, 101)))
+    result.images = len(targets)
+    result.class_instances = np.bincount(np.concatenate(gt_labels + [np.zeros(0, np.int64)]), minlength=num_classes)
+    result.class_images = np.bincount(np.concatenate([np.unique(g) for g in gt_labels] + [np.zeros(0, np.int64)]),
+                                      minlength=num_classes)
+    tp = [matches_at_iou(d.boxes, d.scores, d.labels, b, g, 0.5) for d, b, g in zip(dets, gt_boxes, gt_labels)]
+    _confidence_metrics(result, _joined_np([d.scores for d in dets], np.float64), _joined_np(tp, bool),
+                        _joined_np([d.labels for d in dets], np.int64))
+    result.confusion = confusion_matrix(dets, gt_boxes, gt_labels, num_classes)
+    return result
+
+
+def _coco_precision(predictions: Sequence[Detections], targets: Sequence, shapes: Sequence, num_classes: int,
+                    backend: str, gt_boxes: list[np.ndarray], gt_labels: list[np.ndarray]):
+    """(COCOeval precision [T, R, K, A, M], stats), or None without ground truth or detections."""
+    counts = [len(d) for d in predictions]
+    if not sum(len(b) for b in gt_boxes) or not sum(counts):
+        return None
     if backend == "pycocotools":
         gt_dict, results = coco_structures(predictions, targets, shapes, num_classes)
-        if not gt_dict["annotations"] or not results:
-            return empty
         with contextlib.redirect_stdout(io.StringIO()):
             gt = COCO()
             gt.dataset = gt_dict
             gt.createIndex()
-            dt = gt.loadRes(results)
-            evaluator = COCOeval(gt, dt, "bbox")
+            evaluator = COCOeval(gt, gt.loadRes(results), "bbox")
             evaluator.evaluate()
             evaluator.accumulate()
             evaluator.summarize()
-        return _result(evaluator.eval["precision"], evaluator.stats, num_classes)
-    gt_boxes = [np.asarray(b, np.float64).reshape(-1, 4) for b, _ in targets]
-    gt_labels = [np.asarray(label, np.int64).reshape(-1) for _, label in targets]
-    counts = [len(d) for d in predictions]
-    if not sum(len(b) for b in gt_boxes) or not sum(counts):
-        return empty
+        return evaluator.eval["precision"], evaluator.stats
     box_eval = evaluate_boxes(
         np.concatenate(gt_boxes), np.concatenate(gt_labels),
         np.repeat(np.arange(len(targets)), [len(b) for b in gt_boxes]),
         _joined([d.boxes.reshape(-1, 4) for d in predictions]), _joined([d.scores.reshape(-1) for d in predictions]),
         _joined([d.labels.reshape(-1) for d in predictions]),
         np.repeat(np.arange(len(predictions)), counts), num_classes)
-    return _result(box_eval.precision[..., None], box_eval.stats, num_classes)
+    return box_eval.precision[..., None], box_eval.stats
 
 
 def _joined(tensors: list[torch.Tensor]) -> np.ndarray:
     return torch.cat(tensors).detach().cpu().numpy()
 
 
+def _joined_np(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype).reshape(-1) for a in arrays] + [np.zeros(0, dtype)])
+
+
 def _result(precision: np.ndarray, stats: np.ndarray, num_classes: int) -> EvalResult:
-    """EvalResult from COCOeval's [T, R, K, A, M] precision (class k at index k) and its stats."""
+    """EvalResult's COCO part from COCOeval's [T, R, K, A, M] precision (class k at index k) and its stats."""
     precision = precision[:, :, :, 0, -1]  # [T, R, K], area all, most detections
-    per_class = np.full(num_classes, np.nan)
+    per_class, per_class50 = np.full(num_classes, np.nan), np.full(num_classes, np.nan)
     for k in range(precision.shape[2]):
         p = precision[:, :, k]
         if (p > -1).any():  # -1 marks a class without ground truth
-            per_class[k] = p[p > -1].mean()
-    pr50 = precision[0].T  # [K, R]
-    recall_points = RECALL_THRESHOLDS
-    valid = pr50 > -1
-    mean_p = np.where(valid, pr50, 0).sum(0) / np.maximum(valid.sum(0), 1)
-    f1 = 2 * mean_p * recall_points / np.maximum(mean_p + recall_points, 1e-9)
-    best = int(f1.argmax())
-    return EvalResult(
-        map50_95=float(stats[0]), map50=float(stats[1]),
-        precision=float(mean_p[best]), recall=float(recall_points[best]) if f1[best] > 0 else 0.0,
-        per_class_ap=per_class, pr_recall=recall_points.copy(), pr_precision=pr50, stats=np.array(stats, np.float64),
-    )
+            per_class[k], per_class50[k] = p[p > -1].mean(), p[0][p[0] > -1].mean()
+    return EvalResult(map50_95=float(stats[0]), map50=float(stats[1]), per_class_ap=per_class,
+                      per_class_ap50=per_class50, pr_recall=RECALL_THRESHOLDS.copy(), pr_precision=precision[0].T,
+                      stats=np.array(stats, np.float64))
+
+
+def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of xyxy boxes a [N, 4] and b [M, 4] -> [N, M] (float64)."""
+    a, b = np.asarray(a, np.float64).reshape(-1, 4), np.asarray(b, np.float64).reshape(-1, 4)
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(-1)
+    area = lambda x: (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])
+    union = area(a)[:, None] + area(b)[None, :] - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def greedy_match(iou: np.ndarray, scores: np.ndarray, threshold: float, *, inclusive: bool = True) -> np.ndarray:
+    """[D] index of the ground truth box each detection takes (-1: none), greedy by score.
+
+    The detections in descending score order (ties: input order) each take the not yet
+    taken box of highest IoU, when that IoU is at least (``inclusive``) or above
+    ``threshold``; this is how COCO and the usual YOLO validators match.
+
+    Args:
+        iou: [D, G] IoU of detections and ground truth (0 where they may not match).
+        scores: [D] detection scores.
+    """
+    taken_by = np.full(len(scores), -1)
+    if not iou.size:
+        return taken_by
+    passes = (lambda v: v >= threshold) if inclusive else (lambda v: v > threshold)
+    free = iou.copy()
+    for d in np.argsort(-np.asarray(scores), kind="stable"):
+        g = int(free[d].argmax())
+        if passes(free[d, g]):
+            taken_by[d] = g
+            free[:, g] = -1.0
+    return taken_by
+
+
+def matches_at_iou(det_boxes: np.ndarray, det_scores: np.ndarray, det_labels: np.ndarray, gt_boxes: np.ndarray,
+                   gt_labels: np.ndarray, threshold: float) -> np.ndarray:
+    """[D] bool: the detection takes a ground truth box of its class at IoU >= ``threshold``
+    (``greedy_match``)."""
+    iou = pairwise_iou(det_boxes, gt_boxes) * (np.asarray(det_labels)[:, None] == np.asarray(gt_labels)[None, :])
+    return greedy_match(iou, det_scores, threshold) >= 0
+
+
+CONF_POINTS = np.linspace(0, 1, 1000)
+
+
+def _confidence_metrics(result: EvalResult, scores: np.ndarray, tp: np.ndarray, labels: np.ndarray) -> None:
+    """Fills the per-class precision / recall / F1 curves over ``CONF_POINTS``, the best-F1
+    confidence, and precision and recall there (per class and their mean over classes with
+    ground truth)."""
+    num_classes = len(result.class_instances)
+    shape = (num_classes, len(CONF_POINTS))
+    p_curve, r_curve = np.zeros(shape), np.zeros(shape)
+    order = np.argsort(-scores, kind="stable")
+    scores, tp, labels = scores[order], tp[order], labels[order]
+    present = np.flatnonzero(result.class_instances > 0)
+    for k in present:
+        mine = labels == k
+        if not mine.any():
+            continue
+        hits = np.cumsum(tp[mine])
+        recall = hits / result.class_instances[k]
+        precision = hits / np.arange(1, len(hits) + 1)
+        r_curve[k] = np.interp(-CONF_POINTS, -scores[mine], recall, left=0)  # scores fall as we go
+        p_curve[k] = np.interp(-CONF_POINTS, -scores[mine], precision, left=1)
+    f1 = 2 * p_curve * r_curve / np.maximum(p_curve + r_curve, 1e-16)
+    result.conf_points, result.conf_precision, result.conf_recall, result.conf_f1 = CONF_POINTS.copy(), p_curve, \
+        r_curve, f1
+    result.per_class_precision = np.full(num_classes, np.nan)
+    result.per_class_recall = np.full(num_classes, np.nan)
+    if not len(present):
+        return
+    width = round(len(CONF_POINTS) * 0.1 / 2)  # a box filter over 10% of the range, as the reference smooths
+    mean_f1 = f1[present].mean(0)
+    smooth = np.convolve(np.pad(mean_f1, width, mode="edge"), np.ones(2 * width + 1) / (2 * width + 1), "valid")
+    best = int(smooth.argmax())
+    result.best_conf = float(CONF_POINTS[best])
+    result.per_class_precision[present], result.per_class_recall[present] = p_curve[present, best], \
+        r_curve[present, best]
+    result.precision, result.recall = float(p_curve[present, best].mean()), float(r_curve[present, best].mean())
+
+
+def confusion_matrix(dets: Sequence[Detections], gt_boxes: Sequence[np.ndarray], gt_labels: Sequence[np.ndarray],
+                     num_classes: int, *, conf: float = 0.25, iou: float = 0.45) -> np.ndarray:
+    """[C + 1, C + 1] counts over images, rows predicted class, columns true class, last background.
+
+    Detections scoring above ``conf`` take ground truth boxes of any class with IoU above
+    ``iou`` (``greedy_match``); a matched pair counts as (predicted class, true class), an
+    unmatched detection as (its class, background), an unmatched box as (background, its class).
+    """
+    matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64)
+    for det, boxes, labels in zip(dets, gt_boxes, gt_labels):
+        keep = np.asarray(det.scores) > conf
+        d_labels, d_scores = np.asarray(det.labels)[keep], np.asarray(det.scores)[keep]
+        taken_by = greedy_match(pairwise_iou(np.asarray(det.boxes).reshape(-1, 4)[keep], boxes), d_scores, iou,
+                                inclusive=False)
+        hit = taken_by >= 0
+        np.add.at(matrix, (d_labels[hit], labels[taken_by[hit]]), 1)
+        np.add.at(matrix, (d_labels[~hit], num_classes), 1)
+        np.add.at(matrix, (num_classes, np.delete(labels, taken_by[hit])), 1)
+    return matrix
+
+
+Sample = tuple[np.ndarray, Detections, Detections]  # (original RGB image, predictions, ground truth)
 
 
 @torch.inference_mode()
@@ -168,42 +349,55 @@ def validate(
     iou: float = 0.7,
     max_det: int = 300,
     keep_samples: int = 0,
-) -> tuple[EvalResult, list[tuple[np.ndarray, Detections]]]:
+    multi_label: bool = True,
+    progress: bool = False,
+) -> tuple[EvalResult, list[Sample]]:
     """Runs ``model`` over a validation loader and scores it in original image pixels.
+
+    The defaults are the usual YOLO validation protocol (the published YOLOv8 numbers):
+    multi-label NMS (a box kept once per class scoring above ``conf``), conf 0.001, IoU
+    0.7, at most 300 detections per image.
 
     Under several processes each rank runs its shard of the split (``build_dataloader``
     shards it); the per-image predictions and ground truth of all ranks are gathered and
     every rank scores the whole split, in dataset-index order (as one process does), so
-    the result equals a one-process validation of the same weights.
+    the result (metrics, per-class table, confusion matrix) equals a one-process
+    validation of the same weights.
 
     Args:
-        model: a ``Detector`` (not DDP-wrapped), put in eval mode for the pass.
+        model: a ``Detector`` (not DDP-wrapped), put in eval mode for the pass; inputs are
+            cast to its parameters' dtype (a ``.half()`` model on CUDA runs in float16).
         loader: batches of the batch contract (``images``, ``targets``, ``orig_shapes``,
             ``ratio_pad``, ``paths``, ``indices``).
         num_classes: number of classes.
         conf: score threshold (low, as for mAP).
         iou: NMS IoU threshold.
         max_det: detections kept per image.
-        keep_samples: also return this many (original RGB image, detections) pairs, for plots.
+        keep_samples: also return this many (original RGB image, predictions, ground
+            truth) triples of this rank, for plots; ground truth scores are 1.
+        multi_label: multi-label NMS (the protocol); False keeps each box's best class only.
+        progress: show a tqdm progress bar over the batches.
 
     Returns:
         ``(result, samples)``.
     """
     device = next(model.parameters()).device
     records, samples = [], []  # per image: (dataset index, detections, (boxes, labels), shape)
-    for batch in loader:
+    batches = tqdm(loader, desc="val", disable=not progress, dynamic_ncols=True, leave=False)
+    for batch in batches:
         batch = to_device(batch, device, non_blocking=True)
-        dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det,
+        dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det, multi_label=multi_label,
                              orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"])
         rows = batch["targets"].cpu()
         indices = batch.get("indices") or [len(records) + i for i in range(len(dets))]
         for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"])):
             mine = rows[rows[:, 0] == i]
             boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
-            det = det.to("cpu")
-            records.append((int(indices[i]), det, (boxes.numpy(), mine[:, 1].long().numpy()), tuple(shape)))
+            det, labels = det.to("cpu"), mine[:, 1].long()
+            records.append((int(indices[i]), det, (boxes.numpy(), labels.numpy()), tuple(shape)))
             if len(samples) < keep_samples:
-                samples.append((_read_rgb(batch["paths"][i], shape), det))
+                truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
+                samples.append((_read_rgb(batch["paths"][i], shape), det, truth))
     if distributed.world_size() > 1:
         records = [r for part in distributed.all_gather_object(records) for r in part]
     records.sort(key=lambda r: r[0])
@@ -213,7 +407,7 @@ def validate(
 
 def _read_rgb(path: str, shape: tuple[int, int]) -> np.ndarray:
     """The original image as RGB (grey if it cannot be read)."""
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    if image is None:
+    try:
+        return np.ascontiguousarray(read_image(path)[..., ::-1])
+    except ImageError:
         return np.full((*shape, 3), 114, np.uint8)
-    return np.ascontiguousarray(image[..., ::-1])

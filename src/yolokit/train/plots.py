@@ -1,4 +1,14 @@
-"""PNG charts drawn with OpenCV (no plotting library needed): line panels, PR curves, image grids."""
+"""Charts of a run and of a validation, drawn with matplotlib (Agg, no display needed).
+
+- ``results_plot``: losses and metrics per epoch, raw and smoothed, one panel each;
+- ``pr_curve_plot``: precision-recall at IoU 0.5 per class and for all classes;
+- ``confidence_curve_plot``: F1 (or precision, recall) against confidence;
+- ``confusion_matrix_plot``: the confusion matrix, normalized per true class;
+- ``samples_plot``: validation images, ground truth next to predictions.
+
+Only ``matplotlib.figure.Figure`` is used (never pyplot), so nothing global is touched and
+plots can be drawn from any thread.
+"""
 
 from __future__ import annotations
 
@@ -7,105 +17,194 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from yolokit.ops.nms import Detections
 from yolokit.viz import class_colour, draw_detections
 
-PANEL = (300, 400)  # height, width of one chart panel
-MARGIN = 40
+LOSS_KEYS = ("train/box", "train/cls", "train/dfl", "train/obj")
+METRIC_KEYS = ("precision", "recall", "mAP50", "mAP50-95")
+MAX_LEGEND = 20  # classes listed in a curve's legend; more are drawn in grey
 
 
-def _axes(title: str, xs: np.ndarray, ys: list[np.ndarray], y_range: tuple[float, float] | None = None):
-    """A white panel with a frame, a title and the mapping from data to pixels."""
-    h, w = PANEL
-    canvas = np.full((h, w, 3), 255, np.uint8)
-    finite = np.concatenate([y[np.isfinite(y)] for y in ys] + [np.zeros(0)])
-    lo, hi = y_range if y_range else ((finite.min(), finite.max()) if finite.size else (0.0, 1.0))
-    if hi - lo < 1e-12:
-        lo, hi = lo - 0.5, hi + 0.5
-    x_lo, x_hi = (float(xs.min()), float(xs.max())) if xs.size else (0.0, 1.0)
-    x_hi = x_hi if x_hi > x_lo else x_lo + 1
+def _figure(width: float, height: float) -> Any:
+    """A matplotlib Figure outside pyplot (Agg canvas when saved)."""
+    from matplotlib.figure import Figure
 
-    def to_px(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        px = MARGIN + (x - x_lo) / (x_hi - x_lo) * (w - 2 * MARGIN)
-        py = h - MARGIN - (y - lo) / (hi - lo) * (h - 2 * MARGIN)
-        return np.stack([px, py], -1).round().astype(np.int32)
-
-    cv2.rectangle(canvas, (MARGIN, MARGIN), (w - MARGIN, h - MARGIN), (0, 0, 0), 1)
-    cv2.putText(canvas, title, (MARGIN, MARGIN - 12), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
-    for value, y in ((hi, MARGIN + 4), (lo, h - MARGIN)):
-        cv2.putText(canvas, f"{value:.3g}", (2, y), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (80, 80, 80), 1, cv2.LINE_AA)
-    cv2.putText(canvas, f"{x_lo:.3g}", (MARGIN, h - MARGIN + 14), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (80, 80, 80), 1)
-    cv2.putText(canvas, f"{x_hi:.3g}", (w - MARGIN - 20, h - MARGIN + 14), cv2.FONT_HERSHEY_SIMPLEX, 0.35,
-                (80, 80, 80), 1)
-    return canvas, to_px
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def _line(canvas: np.ndarray, points: np.ndarray, colour: tuple[int, int, int]) -> None:
-    if len(points) == 1:
-        cv2.circle(canvas, tuple(int(v) for v in points[0]), 3, colour, -1)
-    else:
-        cv2.polylines(canvas, [points.reshape(-1, 1, 2)], False, colour, 2, cv2.LINE_AA)
-
-
-def _save(panels: list[np.ndarray], path: Path, columns: int = 2) -> Path:
-    """Tiles panels into rows of ``columns`` and writes a PNG (RGB panels)."""
-    rows = math.ceil(len(panels) / columns)
-    blank = np.full_like(panels[0], 255)
-    tiles = panels + [blank] * (rows * columns - len(panels))
-    grid = np.vstack([np.hstack(tiles[r * columns:(r + 1) * columns]) for r in range(rows)])
+def _save(fig: Any, path: str | Path) -> Path:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(path), grid[..., ::-1])
+    fig.savefig(path, dpi=fig.dpi)
     return path
 
 
-def line_plots(xs: Sequence[float], series: dict[str, Sequence[float]], path: Path, title: str) -> Path | None:
-    """One panel per series, y against x, written as a PNG; None when there is nothing to draw."""
-    if not series:
+def smooth(values: Sequence[float], sigma: float = 2.0) -> np.ndarray:
+    """Gaussian smoothing over the points that are finite, weights renormalized at the ends
+    (so the curve is not pulled towards zero there); NaNs stay NaN."""
+    y = np.asarray(values, float)
+    ok = np.isfinite(y)
+    idx = np.arange(len(y))
+    weights = np.exp(-0.5 * ((idx[:, None] - idx[None, :]) / sigma) ** 2) * ok[None, :]
+    out = weights @ np.where(ok, y, 0.0) / np.maximum(weights.sum(1), 1e-12)
+    return np.where(ok, out, np.nan)
+
+
+def results_plot(rows: Sequence[dict[str, float]], path: str | Path) -> Path | None:
+    """Losses and metrics per epoch: one panel per quantity, the raw series with markers and
+    a smoothed line, grid, axis titles. None when there are no rows."""
+    if not rows:
         return None
-    x = np.asarray(xs, dtype=float)
-    panels = []
-    for i, (name, values) in enumerate(series.items()):
-        y = np.asarray(values, dtype=float)
-        canvas, to_px = _axes(f"{title}: {name}", x, [y])
-        ok = np.isfinite(y)
-        if ok.any():
-            _line(canvas, to_px(x[ok], y[ok]), class_colour(i))
-        panels.append(canvas)
-    return _save(panels, path)
+    from matplotlib.ticker import MaxNLocator
+
+    keys = [k for k in (*LOSS_KEYS, *METRIC_KEYS) if any(k in r for r in rows)]
+    if not keys:
+        return None
+    epochs = np.array([r.get("epoch", i + 1) for i, r in enumerate(rows)], float)
+    columns = min(4, len(keys))
+    fig = _figure(3.6 * columns, 2.9 * math.ceil(len(keys) / columns))
+    axes = np.atleast_1d(fig.subplots(math.ceil(len(keys) / columns), columns)).reshape(-1)
+    for ax, key in zip(axes, keys):
+        y = np.array([r.get(key, np.nan) for r in rows], float)
+        ax.plot(epochs, y, marker=".", markersize=6, linewidth=1.5, label="results", color="#1f77b4")
+        if np.isfinite(y).sum() >= 3:
+            ax.plot(epochs, smooth(y), linestyle=":", linewidth=2, label="smooth", color="#ff7f0e")
+        ax.set_title(key, fontsize=11)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("loss" if key.startswith("train/") else key)
+        ax.grid(True, alpha=0.4)
+        ax.legend(fontsize=8)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    return _save(fig, path)
 
 
-def pr_curve_plot(recall: np.ndarray, precision: np.ndarray, names: Sequence[str], path: Path) -> Path:
-    """Precision-recall at IoU 0.5: one thin line per class, the class mean in bold."""
-    canvas, to_px = _axes("precision-recall (IoU 0.5)", np.asarray(recall), [np.zeros(1), np.ones(1)], (0.0, 1.0))
-    valid_rows = [k for k in range(len(precision)) if (precision[k] > -1).any()]
-    for k in valid_rows:
-        p = np.clip(precision[k], 0, 1)
-        cv2.polylines(canvas, [to_px(recall, p).reshape(-1, 1, 2)], False, class_colour(k), 1, cv2.LINE_AA)
-    if valid_rows:
-        mean = np.clip(precision[valid_rows], 0, 1).mean(0)
-        cv2.polylines(canvas, [to_px(recall, mean).reshape(-1, 1, 2)], False, (0, 0, 0), 3, cv2.LINE_AA)
-    for i, k in enumerate(valid_rows[:10]):
-        label = names[k] if k < len(names) else str(k)
-        cv2.putText(canvas, label, (PANEL[1] - MARGIN - 80, MARGIN + 14 + 14 * i), cv2.FONT_HERSHEY_SIMPLEX, 0.4,
-                    class_colour(k), 1, cv2.LINE_AA)
-    return _save([canvas], path, columns=1)
+def _class_label(names: Sequence[str], k: int) -> str:
+    return names[k] if k < len(names) else str(k)
 
 
-def draw_grid(samples: Sequence[tuple[np.ndarray, Any]], names: Sequence[str], path: Path, *, columns: int = 4,
-              tile: int = 256, min_score: float = 0.25) -> Path:
-    """Images with their detections scoring at least ``min_score`` drawn, in square tiles of a grid."""
-    tiles = []
-    for image, detections in samples[:16]:
-        keep = detections.scores >= min_score
-        shown = Detections(detections.boxes[keep], detections.scores[keep], detections.labels[keep])
-        drawn = draw_detections(image, shown, names, thickness=2, font_scale=0.6)
-        h, w = drawn.shape[:2]
-        r = tile / max(h, w)
-        resized = cv2.resize(drawn, (max(1, round(w * r)), max(1, round(h * r))))
-        canvas = np.full((tile, tile, 3), 114, np.uint8)
-        canvas[: resized.shape[0], : resized.shape[1]] = resized
-        tiles.append(canvas)
-    return _save(tiles, path, columns=min(columns, len(tiles)))
+def _rgb(k: int) -> tuple[float, float, float]:
+    return tuple(c / 255 for c in class_colour(k))
+
+
+def pr_curve_plot(result: Any, names: Sequence[str], path: str | Path) -> Path:
+    """Precision against recall at IoU 0.5 (COCO's 101 points): each class thin, the class mean
+    bold, AP50 in the legend."""
+    fig = _figure(7, 6)
+    ax = fig.subplots()
+    curves = np.asarray(result.pr_precision, float)
+    recall = np.asarray(result.pr_recall, float)
+    valid = [k for k in range(len(curves)) if (curves[k] > -1).any()]
+    for k in valid:
+        few = len(valid) <= MAX_LEGEND
+        ap50 = result.per_class_ap50[k] if len(result.per_class_ap50) > k else np.nan
+        ax.plot(recall, np.clip(curves[k], 0, 1), linewidth=1, color=_rgb(k) if few else "grey",
+                label=f"{_class_label(names, k)} {ap50:.3f}" if few else None)
+    if valid:
+        mean = np.clip(curves[valid], 0, 1).mean(0)
+        ax.plot(recall, mean, linewidth=3, color="#1f4e9c", label=f"all classes {result.map50:.3f} mAP@0.5")
+    _unit_axes(ax, "Recall", "Precision", "Precision-Recall curve (IoU 0.5)")
+    if valid:
+        ax.legend(loc="lower left", fontsize=8)
+    return _save(fig, path)
+
+
+def confidence_curve_plot(result: Any, names: Sequence[str], path: str | Path, which: str = "F1") -> Path:
+    """``which`` ("F1", "Precision" or "Recall") against confidence: each class thin, the mean bold
+    with its best value and confidence in the legend."""
+    curves = {"F1": result.conf_f1, "Precision": result.conf_precision, "Recall": result.conf_recall}[which]
+    x = np.asarray(result.conf_points, float)
+    fig = _figure(7, 6)
+    ax = fig.subplots()
+    valid = [k for k in range(len(curves)) if k < len(result.class_instances) and result.class_instances[k] > 0]
+    for k in valid:
+        few = len(valid) <= MAX_LEGEND
+        ax.plot(x, curves[k], linewidth=1, color=_rgb(k) if few else "grey",
+                label=_class_label(names, k) if few else None)
+    if valid:
+        mean = np.asarray(curves)[valid].mean(0)
+        best = int(np.argmax(mean)) if which == "F1" else int(np.argmin(np.abs(x - result.best_conf)))
+        ax.plot(x, mean, linewidth=3, color="#1f4e9c",
+                label=f"all classes {mean[best]:.2f} at {x[best]:.3f}")
+        ax.legend(loc="lower left" if which != "Recall" else "upper right", fontsize=8)
+    _unit_axes(ax, "Confidence", which, f"{which}-Confidence curve (IoU 0.5)")
+    return _save(fig, path)
+
+
+def _unit_axes(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.4)
+
+
+def confusion_matrix_plot(matrix: np.ndarray, names: Sequence[str], path: str | Path, *,
+                          normalize: bool = True) -> Path:
+    """The confusion matrix as a heat map: rows predicted, columns true, background last;
+    normalized, each column (true class) sums to 1."""
+    m = np.asarray(matrix, float)
+    if normalize:
+        m = m / np.maximum(m.sum(0, keepdims=True), 1e-9)
+        m[m < 0.005] = np.nan  # empty cells blank
+    labels = [_class_label(names, k) for k in range(len(m) - 1)] + ["background"]
+    side = min(4 + 0.45 * len(labels), 24)
+    fig = _figure(side + 1.5, side)
+    ax = fig.subplots()
+    image = ax.imshow(m, cmap="Blues", vmin=0, vmax=1 if normalize else None)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+    if len(labels) <= 30:
+        ax.set_xticks(range(len(labels)), labels, rotation=90)
+        ax.set_yticks(range(len(labels)), labels)
+        for (i, j), v in np.ndenumerate(m):
+            if np.isfinite(v):
+                colour = "white" if v > 0.5 * (1.0 if normalize else np.nanmax(m)) else "black"
+                ax.text(j, i, f"{v:.2f}" if normalize else f"{int(v)}", ha="center", va="center",
+                        fontsize=8, color=colour)
+    ax.set_xlabel("True")
+    ax.set_ylabel("Predicted")
+    ax.set_title("Confusion matrix" + (" (normalized per true class)" if normalize else ""))
+    return _save(fig, path)
+
+
+def samples_plot(samples: Sequence[tuple[np.ndarray, Detections, Detections]], names: Sequence[str],
+                 path: str | Path, *, pairs: int = 8, min_score: float = 0.25) -> Path:
+    """Validation images: ground truth on the left, predictions scoring at least ``min_score``
+    on the right, two pairs a row."""
+    samples = list(samples)[:pairs]
+    rows = max(1, math.ceil(len(samples) / 2))
+    aspect = float(np.median([im.shape[0] / im.shape[1] for im, *_ in samples])) if samples else 1.0
+    fig = _figure(13, rows * (13 / 4 * aspect + 0.35))
+    axes = np.atleast_1d(fig.subplots(rows, 4)).reshape(-1)
+    for ax in axes:
+        ax.axis("off")
+    for i, (image, pred, truth) in enumerate(samples):
+        keep = np.asarray(pred.numpy().scores) >= min_score
+        d = pred.numpy()
+        shown = Detections(d.boxes[keep], d.scores[keep], d.labels[keep])
+        width = max(2, round(max(image.shape[:2]) / 250))
+        for ax, drawn, title in ((axes[2 * i], draw_detections(image, truth, names, thickness=width,
+                                                                show_scores=False), "labels"),
+                                 (axes[2 * i + 1], draw_detections(image, shown, names, thickness=width),
+                                  f"predictions (score >= {min_score:g})")):
+            ax.imshow(drawn)
+            ax.set_title(title, fontsize=9)
+    return _save(fig, path)
+
+
+def validation_plots(result: Any, samples: Sequence[Any], names: Sequence[str], out: str | Path) -> list[Path]:
+    """Every chart of a validation into ``out``: PR, F1, P and R curves, the confusion matrix
+    (normalized and counts) and, when there are samples, labels vs predictions."""
+    out = Path(out)
+    paths = [pr_curve_plot(result, names, out / "pr_curve.png")]
+    paths += [confidence_curve_plot(result, names, out / f"{w.lower()}_curve.png", w)
+              for w in ("F1", "Precision", "Recall")]
+    paths.append(confusion_matrix_plot(result.confusion, names, out / "confusion_matrix_normalized.png"))
+    paths.append(confusion_matrix_plot(result.confusion, names, out / "confusion_matrix.png", normalize=False))
+    if samples:
+        paths.append(samples_plot(samples, names, out / "val_predictions.jpg"))
+    return paths
