@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from collections.abc import Iterator
 
 import cv2
@@ -160,6 +161,10 @@ class ShardedBatchSampler(Sampler[list[int]]):
     rank's count; :class:`yolokit.accel.accumulation.Accumulator` keeps ranks stepping
     together.
 
+    ``set_epoch(epoch, start_step=k)`` resumes an epoch after ``k`` optimizer steps: the
+    micro-batches of those steps are left out of the iteration (their indices are never
+    yielded, so no image of theirs is decoded) and ``len()`` counts the rest.
+
     Args:
         size: Number of dataset items.
         batch_size: Images per micro-batch.
@@ -168,22 +173,32 @@ class ShardedBatchSampler(Sampler[list[int]]):
         shuffle: Random order per epoch.
         seed: Base seed of the order.
         drop_last: Drop the last micro-batch when it is not full.
+        whole_steps: Drop the micro-batches of an incomplete last step too, so every rank
+            runs the same number of micro-batches (what SyncBatchNorm's collectives in
+            forward and backward need); at most ``world_size * accumulate - 1`` micro-batches
+            of each epoch are left out (a different set each epoch when shuffling).
     """
 
     def __init__(self, size: int, batch_size: int, *, rank: int = 0, world_size: int = 1, accumulate: int = 1,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, whole_steps: bool = False) -> None:
         if batch_size < 1 or accumulate < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size >= 1, accumulate >= 1 and 0 <= rank < world_size, got "
                              f"{batch_size}, {accumulate}, {rank}, {world_size}")
         self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
         self.accumulate, self.shuffle, self.seed, self.drop_last = accumulate, shuffle, seed, drop_last
-        self.epoch = 0
+        self.whole_steps = whole_steps
+        self.epoch, self.start_step = 0, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """The epoch of the next iteration, leaving out the micro-batches of its first ``start_step`` steps."""
+        if start_step < 0:
+            raise ValueError(f"start_step must be >= 0, got {start_step}")
+        self.epoch, self.start_step = int(epoch), int(start_step)
 
     def _chunks(self) -> int:
-        return self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
+        chunks = self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
+        group = self.world_size * self.accumulate
+        return chunks // group * group if self.whole_steps else chunks
 
     @property
     def steps_per_epoch(self) -> int:
@@ -193,7 +208,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def _mine(self) -> list[int]:
         """Indices of this rank's micro-batches among all the epoch's micro-batches."""
         group, first = self.world_size * self.accumulate, self.rank * self.accumulate
-        return [c for c in range(self._chunks()) if first <= c % group < first + self.accumulate]
+        chunks = range(self.start_step * group, self._chunks())   # resuming: the first steps' chunks left out
+        return [c for c in chunks if first <= c % group < first + self.accumulate]
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.shuffle:
@@ -214,15 +230,28 @@ class DetectionLoader(DataLoader):
     Each `iter(loader)` runs one epoch: the one given to `set_epoch`, else the
     previous one plus 1 (starting at 0). The epoch reaches the sampler (shuffle
     order) and the dataset's shared state (worker generators), persistent workers
-    included.
+    included. `set_epoch(epoch, start_step=k)` resumes an epoch after its first `k`
+    optimizer steps (a `ShardedBatchSampler` leaves their micro-batches out; their
+    images are never decoded); the iteration after it starts at step 0 again.
+
+    An iteration draws the workers' base seed from the loader's own generator, seeded
+    from (`seed`, epoch), not from the global torch RNG: loading leaves the global RNG
+    as it was, and an epoch's workers get the same seeds whether or not it is resumed.
     """
+
+    seed: int = 0
 
     _epoch: int = 0
     _epoch_given: bool = True
+    _start_step: int = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Use this epoch for the next iteration."""
-        self._epoch, self._epoch_given = int(epoch), True
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Use this epoch for the next iteration, from optimizer step ``start_step`` on."""
+        if start_step and not isinstance(self.batch_sampler, ShardedBatchSampler):
+            raise ValueError("start_step needs a ShardedBatchSampler (a training loader)")
+        self._epoch, self._epoch_given, self._start_step = int(epoch), True, int(start_step)
+        if isinstance(self.batch_sampler, ShardedBatchSampler):   # len() counts what the iteration yields
+            self.batch_sampler.set_epoch(self._epoch, self._start_step)
 
     @property
     def epoch(self) -> int:
@@ -230,19 +259,28 @@ class DetectionLoader(DataLoader):
 
     def __iter__(self):
         if not self._epoch_given:
-            self._epoch += 1
+            self._epoch, self._start_step = self._epoch + 1, 0
         self._epoch_given = False
         sampler = self.batch_sampler if isinstance(self.batch_sampler, (AspectRatioBatchSampler, ShardedBatchSampler)) \
             else self.sampler
-        if hasattr(sampler, "set_epoch"):
+        if isinstance(sampler, ShardedBatchSampler):
+            sampler.set_epoch(self._epoch, self._start_step)
+        elif hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self._epoch)
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self._epoch)
+        if self.generator is not None:
+            self.generator.manual_seed(self.seed * 100_003 + self._epoch)
         return super().__iter__()
 
 
 def _init_worker(worker_id: int) -> None:
     cv2.setNumThreads(0)  # one worker per core is the parallelism; no nested threads
+    # Ctrl-C and torchrun's SIGTERM reach the whole process group: the training process decides
+    # when to stop (after writing a checkpoint) and shuts its workers down; they exit on their
+    # own if it dies.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def build_dataloader(
@@ -260,6 +298,7 @@ def build_dataloader(
     uint8_images: bool = False,
     multiprocessing_context: str | None = None,
     accumulate: int = 1,
+    whole_steps: bool = False,
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
@@ -283,6 +322,7 @@ def build_dataloader(
         multiprocessing_context: "fork", "spawn" or "forkserver" for the workers; default
             the platform's. The shared epoch / Mosaic switch works with all three.
         accumulate: micro-batches per rank per optimizer step (see `ShardedBatchSampler`).
+        whole_steps: every rank gets the same number of micro-batches (see `ShardedBatchSampler`).
 
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
@@ -309,7 +349,7 @@ def build_dataloader(
     if persistent_workers is None:
         persistent_workers = workers > 0
     common = dict(num_workers=workers, collate_fn=collate_uint8 if uint8_images else collate,
-                  pin_memory=pin_memory,
+                  pin_memory=pin_memory, generator=torch.Generator(),
                   worker_init_fn=_init_worker if workers > 0 else None,
                   persistent_workers=persistent_workers and workers > 0,
                   multiprocessing_context=multiprocessing_context if workers > 0 else None,
@@ -321,6 +361,7 @@ def build_dataloader(
     else:
         batches = ShardedBatchSampler(len(dataset), batch_size, rank=rank, world_size=world,
                                       accumulate=accumulate, shuffle=shuffle, seed=seed,
-                                      drop_last=drop_last)
+                                      drop_last=drop_last, whole_steps=whole_steps)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
+    loader.seed = seed
     return loader
