@@ -12,6 +12,10 @@
   exactly the step one process takes over the same micro-batches;
 - uneven shards: :meth:`start_epoch` learns how many batches each rank has, and a rank
   whose shard ended joins the other ranks' last steps with nothing of its own;
+- resuming inside an epoch: ``start_epoch(batches, first_step=k)`` continues after the
+  epoch's first ``k`` steps; :meth:`rewind` drops a step in progress (gradients, and the
+  BatchNorm running statistics its forwards changed) so an interrupted run can be saved
+  as it was after its last completed step;
 - out of memory (in forward or backward, at any micro-batch): the step's gradients are
   dropped, the micro-batch is halved, and the step's loader batches are run again at the
   new split. Nothing is copied while no error happens (earlier batches of the step are
@@ -106,8 +110,9 @@ class Accumulator:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.batchnorm = BatchNormSync(model)
         self._held: list[Any] = []        # this step's loader batches, for a replay after OOM
-        self._plan: list[int] | None = None  # loader batches per rank this epoch
-        self._step_index = 0              # optimizer steps taken this epoch
+        self._plan: list[int] | None = None  # loader batches per rank this epoch (from _first on)
+        self._first = 0                   # steps of this epoch taken before start_epoch (a resume)
+        self._step_index = 0              # optimizer steps made due this epoch
 
     def __repr__(self) -> str:
         return (f"Accumulator(steps={self.steps}, effective_batch={self.effective_batch}, "
@@ -136,13 +141,18 @@ class Accumulator:
 
     # --- an epoch --------------------------------------------------------------------------
 
-    def start_epoch(self, batches: int) -> None:
+    def start_epoch(self, batches: int, *, first_step: int = 0) -> None:
         """Start an epoch in which this process will run ``batches`` loader batches.
 
         Ranks may have different counts (uneven shards); every rank then takes
         ``max over ranks of ceil(batches / steps)`` optimizer steps, and a rank with
         fewer batches contributes nothing to the steps it has no batches for. One tiny
         all-gather per epoch. Pending micro-batches of an unfinished step are an error.
+
+        Args:
+            batches: Loader batches this process runs in the epoch, from ``first_step`` on.
+            first_step: Optimizer steps of the epoch already taken (resuming from a
+                checkpoint written at a step boundary); :attr:`step_index` starts there.
         """
         if self._held:
             raise RuntimeError(f"{len(self._held)} loader batches are still waiting for an optimizer step")
@@ -153,14 +163,14 @@ class Accumulator:
             self._plan = counts
         else:
             self._plan = [int(batches)]
-        self._step_index = 0
+        self._first = self._step_index = int(first_step)
 
     @property
     def epoch_steps(self) -> int | None:
         """Optimizer steps every rank takes this epoch (None before :meth:`start_epoch`)."""
         if self._plan is None:
             return None
-        return max(math.ceil(n / self.steps) for n in self._plan)
+        return self._first + max(math.ceil(n / self.steps) for n in self._plan)
 
     @property
     def step_index(self) -> int:
@@ -172,7 +182,7 @@ class Accumulator:
         if self._plan is None:
             return self.steps
         mine = self._plan[_world()[0]] if len(self._plan) > 1 else self._plan[0]
-        return max(0, min(self.steps, mine - self._step_index * self.steps))
+        return max(0, min(self.steps, mine - (self._step_index - self._first) * self.steps))
 
     # --- micro-batches -------------------------------------------------------------------
 
@@ -211,6 +221,16 @@ class Accumulator:
     def _run_split(self, fn: Callable[[Any, float], Any], batch: Any) -> list[Any]:
         with _no_sync(self.model):
             return [fn(micro, self.loss_weight(_batch_len(micro))) for micro in split_batch(batch, self.splits)]
+
+    def rewind(self) -> None:
+        """Drop the optimizer step in progress: its gradients, its loader batches, and what
+        its forwards did to BatchNorm running statistics (back to their values when the step
+        began). Afterwards the model is as its last completed :meth:`step` left it."""
+        for p in self.params:
+            p.grad = None
+        self.batchnorm.restore()
+        self.batchnorm.release()
+        self._held.clear()
 
     def _recover(self, batch: Any) -> None:
         for p in self.params:
@@ -267,7 +287,9 @@ class Accumulator:
         step_fn = step_fn or optimizer.step
         marker = _step_marker(optimizer)
         try:
-            return step_fn()
+            out = step_fn()
+            self.batchnorm.release()      # the step is complete: nothing to rewind to any more
+            return out
         except Exception as exc:
             if not is_oom_error(exc):
                 raise
@@ -282,7 +304,9 @@ class Accumulator:
         self.recoveries += 1
         warnings.warn("out of memory in optimizer.step: retrying one parameter at a time (foreach off)",
                       RuntimeWarning, stacklevel=2)
-        return step_fn()
+        out = step_fn()
+        self.batchnorm.release()
+        return out
 
 
 def _step_marker(optimizer: torch.optim.Optimizer) -> tuple[int, Any] | None:

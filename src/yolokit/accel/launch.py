@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import socket
 import time
 import traceback
@@ -41,7 +42,9 @@ class LaunchError(RuntimeError):
     """A launched process raised or died; the others were terminated.
 
     Attributes:
-        rank: Local rank of the failure noticed first.
+        rank: Local rank of the first failure: the first rank found dead from a signal
+            (SIGKILL, the OOM killer...) before any rank that exited with an error (a rank
+            whose peer vanished fails in its next collective, a moment later).
         ranks: Local ranks whose function raised (their tracebacks are in the message).
     """
 
@@ -115,9 +118,11 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
             (collected if ok else errors)[r] = value
 
     deadline = None if timeout is None else time.monotonic() + timeout
+    first: int | None = None
     try:
         while True:
             drain()
+            first = _first_failure(ctx.processes) if first is None else first   # before join stops the rest
             if ctx.join(timeout=0.1):
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -125,10 +130,25 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
                 raise TimeoutError(f"launched processes did not finish within {timeout} s")
     except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as e:
         drain()
-        details = "".join(f"\n-- rank {r} raised:\n{errors[r]}" for r in sorted(errors)) or f"\n{e}"
-        raise LaunchError(f"launched process {e.error_index} failed{details}", e.error_index, sorted(errors)) from e
+        lost = e.error_index if first is None else first
+        details = "".join(f"\n-- rank {r} raised:\n{errors[r]}" for r in sorted(errors))
+        raise LaunchError(f"rank {lost} {_fate(ctx.processes[lost].exitcode)}; the other processes were "
+                          f"stopped{details}", lost, sorted(errors)) from e
     drain()
     return [collected.get(r) for r in range(nprocs)]
+
+
+def _first_failure(processes: list) -> int | None:
+    """The rank that failed first as seen now: killed by a signal first, else exited non-zero; None if none."""
+    codes = [(r, p.exitcode) for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
+    killed = [r for r, code in codes if code < 0]
+    return (killed or [r for r, _ in codes] or [None])[0]
+
+
+def _fate(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by signal {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
 
 
 def _terminate(processes: list) -> None:

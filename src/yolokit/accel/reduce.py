@@ -16,7 +16,9 @@ where ``s`` is the value when the step began, ``s_r`` rank r's value after its `
 updates, ``K`` the total number of updates and ``K_r+`` those of the ranks after r.
 :class:`BatchNormSync` computes exactly that, so every rank holds the running statistics
 the one process would hold. Layers with ``momentum=None`` (a cumulative average) get the
-mean over ranks instead.
+mean over ranks instead. ``SyncBatchNorm`` layers are left alone: they normalise with the
+statistics of all ranks' batches and update their running statistics identically on
+every rank already.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAU
 
 
 def _batchnorms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """BatchNorm layers with running statistics of their own process (not SyncBatchNorm)."""
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-            and m.track_running_stats and m.running_mean is not None]
+            and not isinstance(m, nn.SyncBatchNorm) and m.track_running_stats and m.running_mean is not None]
 
 
 class BatchNormSync:
@@ -87,7 +90,10 @@ class BatchNormSync:
     :meth:`combine` when all of its micro-batches have run on every rank; every rank
     then holds the statistics that one process would hold after running rank 0's
     micro-batches, then rank 1's, and so on (see the module docstring). Costs one copy
-    of the running statistics and two small all-reduces per step; a no-op in one process.
+    of the running statistics per step and two small all-reduces (none in one process).
+    Until :meth:`release` (the step is complete), :meth:`restore` puts back the values
+    of :meth:`mark`, in one process too: a step run again after out-of-memory, or
+    dropped when training is interrupted, leaves no trace in the statistics.
 
     Args:
         model: The model (plain, DDP-wrapped or compiled: its modules are searched).
@@ -108,14 +114,19 @@ class BatchNormSync:
 
     def mark(self) -> None:
         """Remember the statistics at the start of an optimizer step."""
-        if _group() is None or not self.layers:
+        if not self.layers:
             return
         with torch.no_grad():
             self._start = torch.cat([t.reshape(-1) for t in self.stats])
             self._start_counts = torch.stack(self.counters)
 
+    def release(self) -> None:
+        """Forget the values of :meth:`mark` (the step is complete)."""
+        self._start = self._start_counts = None
+
     def restore(self) -> None:
-        """Put back the statistics of :meth:`mark` (before micro-batches are run again)."""
+        """Put back the statistics of :meth:`mark` (before micro-batches are run again); a no-op
+        after :meth:`release`."""
         if self._start is None:
             return
         with torch.no_grad():
@@ -154,4 +165,3 @@ class BatchNormSync:
         views = new.split([t.numel() for t in self.stats])
         torch._foreach_copy_(self.stats, [v.view_as(t) for v, t in zip(views, self.stats)])
         torch._foreach_copy_(self.counters, list((self._start_counts + total.to(torch.long)).unbind()))
-        self._start = self._start_counts = None
