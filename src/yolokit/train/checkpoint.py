@@ -1,8 +1,16 @@
-"""Atomic checkpoints that load with ``weights_only=True``, and the RNG states for exact resume.
+"""Atomic checkpoints that load with ``weights_only=True``, and what exact resume needs.
 
 A checkpoint is written to a temporary file in the target folder, flushed and fsynced,
 then renamed over the target: a crash at any point leaves either the old file or the
 new one, never half of one.
+
+A training checkpoint (``weights/last.pt``) is written at the end of every epoch, every
+``save_period_iters`` optimizer steps, and when training is interrupted (at the last
+completed optimizer step). Its position is ``epoch`` (epochs completed) plus
+``step_in_epoch`` (optimizer steps of the next epoch already taken); the sampler is
+deterministic from (seed, epoch), so that count is all it takes to skip what was
+consumed. ``ranks`` holds each process's own state: its RNG states and, mid-epoch, its
+loss sums (:class:`yolokit.train.meter.LossMeter`), gathered when the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -10,11 +18,16 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from yolokit.accel import distributed
+from yolokit.train.config import TrainConfig
+from yolokit.train.optim import load_optimizer_state
 
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
@@ -74,3 +87,100 @@ def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if states.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None, Path]:
+    """(config, resume state, run folder) of a training run.
+
+    ``resume`` a folder or a ``last.pt``: that run, with its saved config (``epochs`` may
+    be raised). ``resume="auto"``: the run folder is ``out`` itself, never numbered, and the
+    run resumes from ``out/weights/last.pt`` when there is one; so every (re)start of the same
+    command, as torchrun's ``--max-restarts`` makes, finds the same folder. Otherwise a new
+    run in ``out``, or ``out2``, ``out3``... when ``out`` holds a run already.
+    """
+    path = Path(config.out) / "weights" / "last.pt" if config.resume == "auto" else None
+    if path is not None and not path.is_file():
+        return config, None, Path(config.out)
+    if config.resume:
+        path = path or Path(config.resume)
+        path = path / "weights" / "last.pt" if path.is_dir() else path
+        state = load_checkpoint(path)
+        saved = TrainConfig.from_dict({**state["train_config"], "resume": str(path)})
+        epochs = max(config.epochs, saved.epochs) if config.epochs != TrainConfig.epochs else saved.epochs
+        return saved.replace(epochs=epochs), state, path.parent.parent
+    out = Path(config.out)
+    run, n = out, 2
+    while (run / "results.csv").exists() or (run / "weights").exists():
+        run, n = out.with_name(f"{out.name}{n}"), n + 1
+    return config, None, run
+
+
+def rank_states(meter: Any = None) -> list[dict[str, Any]]:
+    """Every process's RNG states and loss sums (``meter.state_dict()``), in rank order.
+
+    A collective: every rank calls it at the same point (the checkpoint's position).
+    """
+    return distributed.all_gather_object({"rng": rng_states(),
+                                          "meter": meter.state_dict() if meter is not None else None})
+
+
+def restore_rank_state(ranks: list[dict[str, Any]]) -> dict | None:
+    """Restores this rank's RNG states from ``rank_states``'s list and returns its loss sums.
+
+    With another number of processes than the checkpoint's, RNG states stay as seeded and
+    rank 0 continues from the sums of all saved ranks (the epoch's means are over all ranks).
+    """
+    rank, world = distributed.rank(), distributed.world_size()
+    if len(ranks) == world:
+        set_rng_states(ranks[rank]["rng"])
+        return ranks[rank]["meter"]
+    meters = [r["meter"] for r in ranks if r["meter"] and r["meter"]["keys"]]
+    if rank or not meters:
+        return None
+    counts = torch.stack([m["counts"] for m in meters])
+    return {"keys": meters[0]["keys"], "sums": sum(m["sums"] for m in meters),
+            "counts": torch.cat([counts[:, :1].sum(0), counts[:, 1:].amax(0)])}
+
+
+def run_state(run: Any, epoch: int, metrics: dict, ranks: list[dict], step_in_epoch: int = 0) -> dict[str, Any]:
+    """Everything exact resume needs, in weights_only-loadable types.
+
+    Args:
+        run: The trainer's ``Run``.
+        epoch: Epochs completed.
+        metrics: The last results row (empty mid-epoch).
+        ranks: ``rank_states()`` gathered at this position.
+        step_in_epoch: Optimizer steps of epoch ``epoch`` (0-based) already taken.
+    """
+    return {
+        "epoch": epoch, "step_in_epoch": step_in_epoch, "model": run.model.state_dict(),
+        "model_config": asdict(run.model.config), "ema": run.ema.state_dict() if run.ema else None,
+        "optimizer": run.optimizer.state_dict(), "precision": run.precision.state_dict(),
+        "accumulator": run.accumulator.state_dict(), "batch": run.batch, "steps": run.steps,
+        "best_fitness": run.best, "stale": run.stale, "train_config": run.cfg.to_dict(), "metrics": metrics,
+        "ranks": ranks,
+    }
+
+
+def restore_run(run: Any, state: dict[str, Any]) -> None:
+    """Loads ``run_state``'s checkpoint into the trainer's ``Run`` (this rank's part of ``ranks``)."""
+    run.model.load_state_dict(state["model"])
+    if run.ema is not None and state.get("ema"):
+        run.ema.load_state_dict(state["ema"])
+    load_optimizer_state(run.optimizer, state["optimizer"])  # keeps this run's fused/foreach choice
+    run.precision.load_state_dict(state["precision"])
+    run.accumulator.load_state_dict(state.get("accumulator", {}))
+    run.resume_meter = restore_rank_state(state["ranks"])
+    run.start_epoch, run.start_step = int(state["epoch"]), int(state["step_in_epoch"])
+    run.best, run.stale, run.steps = float(state["best_fitness"]), int(state["stale"]), int(state["steps"])
+
+
+def resume_note(run: Any) -> str:
+    """Where a resumed run continues, and what is not exact about it."""
+    if not run.start_step:
+        return f"resuming after epoch {run.start_epoch}"
+    note = f"resuming at optimizer step {run.start_step} of epoch {run.start_epoch + 1}"
+    if run.train_set.buffer_size:
+        note += (" (mosaic_buffer > 0: the rest of this epoch draws Mosaic partners from a buffer that starts "
+                 "empty here, so it differs from an uninterrupted run; later epochs do not)")
+    return note

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import types
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -72,13 +73,16 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"
     devices: int = 1
+    sync_bn: bool = False  # SyncBatchNorm over the processes (several CUDA processes only)
     workers: int = 2
     cache: bool = False
     # reproducibility, output, control
     seed: int = 0
     deterministic: bool = True
     out: str = "runs/train"
-    resume: str | None = None
+    resume: str | None = None   # a run folder or its last.pt; "auto": the run is `out` itself, resumed
+    #                             when out/weights/last.pt exists (what restarted torchrun groups need)
+    save_period_iters: int = 0  # also write weights/last.pt every N optimizer steps (0: at epoch ends only)
     val_interval: int = 1
     patience: int = 50
     conf: float = 0.001
@@ -105,6 +109,7 @@ class TrainConfig:
             (self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
             (self.mosaic_buffer >= 0, f"mosaic_buffer must be >= 0, got {self.mosaic_buffer}"),
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
+            (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -113,6 +118,19 @@ class TrainConfig:
     def uses_channels_last(self, device_type: str) -> bool:
         """``channels_last`` resolved for a device type: when unset, on for "cpu" only."""
         return self.channels_last if self.channels_last is not None else device_type == "cpu"
+
+    def uses_sync_bn(self, world: int, device_type: str) -> bool:
+        """Whether BatchNorm becomes SyncBatchNorm: asked for, several processes, CUDA devices.
+
+        Off by default, as in Ultralytics; asked for where it cannot act, a warning says why.
+        """
+        if self.sync_bn and device_type != "cuda":
+            warnings.warn(f"sync_bn needs CUDA devices (SyncBatchNorm has no {device_type} kernels); training "
+                          "with per-process BatchNorm, whose running statistics the processes combine exactly",
+                          RuntimeWarning, stacklevel=2)
+        elif self.sync_bn and world == 1:
+            warnings.warn("sync_bn has no effect in one process", RuntimeWarning, stacklevel=2)
+        return self.sync_bn and device_type == "cuda" and world > 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

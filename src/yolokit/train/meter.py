@@ -14,6 +14,11 @@ class LossMeter:
     a non-finite part are left out of the sums and counted as a run of bad batches; the
     longest such run is kept on the device too.
 
+    :meth:`mark` (after each optimizer step) keeps a device copy of the sums;
+    :meth:`state_dict` returns that copy, so a checkpoint written at a step boundary, or
+    after an interrupted step was dropped, holds exactly the batches of the completed
+    steps, and a resumed epoch's means equal the uninterrupted epoch's.
+
     Args:
         device: Where the sums live.
         every: :meth:`due` is true every ``every`` batches (when the trainer reads).
@@ -25,6 +30,26 @@ class LossMeter:
         self._sums: torch.Tensor | None = None       # [P] sums of finite batches' parts
         self._counts = torch.zeros(3, device=device)  # finite batches, current bad run, longest bad run
         self._read: list[float] = []
+        self._marked: tuple[torch.Tensor, torch.Tensor] | None = None   # (sums, counts) at the last mark
+
+    def mark(self) -> None:
+        """Remember the sums as they are now (device copies, nothing read)."""
+        if self._sums is not None:
+            self._marked = (self._sums.clone(), self._counts.clone())
+
+    def state_dict(self) -> dict:
+        """The sums at the last :meth:`mark`, on the CPU (reads the device)."""
+        if self._marked is None:
+            return {"keys": [], "sums": torch.zeros(0), "counts": torch.zeros(3)}
+        return {"keys": list(self.keys), "sums": self._marked[0].cpu(), "counts": self._marked[1].cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from the sums of :meth:`state_dict`."""
+        self.keys = list(state["keys"])
+        if self.keys:
+            self._sums = state["sums"].to(self.device, copy=True)
+            self._counts = state["counts"].to(self.device, copy=True)
+            self.mark()
 
     def add(self, outputs: list[tuple[dict[str, torch.Tensor], int]]) -> None:
         """One loader batch: ``(parts, images)`` per micro-batch, as the trainer's function returns them."""

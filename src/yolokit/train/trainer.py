@@ -15,6 +15,10 @@ and processes; weight decay is scaled by ``effective batch / nbs``; the learning
 schedule counts optimizer steps. N processes therefore take the steps one process takes
 over the same micro-batches (:class:`yolokit.data.ShardedBatchSampler` hands them out,
 :class:`yolokit.accel.Accumulator` sums them), and validation covers the whole split.
+
+Resume is exact at any optimizer step (see :mod:`yolokit.train.checkpoint`): ``last.pt``
+is written at epoch ends, every ``save_period_iters`` steps, and on Ctrl-C / SIGTERM at
+the last completed step (:class:`yolokit.accel.distributed.GracefulStop`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +45,12 @@ from yolokit.losses import YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, create_model
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar, TensorBoardLogger
-from yolokit.train.checkpoint import atomic_save, load_checkpoint, rng_states, set_rng_states
+from yolokit.train.checkpoint import atomic_save, rank_states, resolve_run, restore_run, resume_note, run_state
 from yolokit.train.config import TrainConfig
 from yolokit.train.ema import ModelEMA
 from yolokit.train.evaluate import EvalResult, validate
 from yolokit.train.meter import LossMeter
-from yolokit.train.optim import LRSchedule, build_optimizer, load_optimizer_state, resolve_optimizer
+from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
 from yolokit.train.weights import export_final, load_pretrained
 
 
@@ -67,22 +72,6 @@ def seed_everything(seed: int) -> None:
 def fitness(result: EvalResult) -> float:
     """Model selection score: 0.1 mAP50 + 0.9 mAP50-95."""
     return 0.1 * result.map50 + 0.9 * result.map50_95
-
-
-def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None, Path]:
-    """(config, resume state, run folder). Resuming reads the run's last.pt; a new run never reuses a used folder."""
-    if config.resume:
-        path = Path(config.resume)
-        path = path / "weights" / "last.pt" if path.is_dir() else path
-        state = load_checkpoint(path)
-        saved = TrainConfig.from_dict({**state["train_config"], "resume": str(path)})
-        epochs = max(config.epochs, saved.epochs) if config.epochs != TrainConfig.epochs else saved.epochs
-        return saved.replace(epochs=epochs), state, path.parent.parent
-    out = Path(config.out)
-    run, n = out, 2
-    while (run / "results.csv").exists() or (run / "weights").exists():
-        run, n = out.with_name(f"{out.name}{n}"), n + 1
-    return config, None, run
 
 
 @dataclass
@@ -108,10 +97,15 @@ class Run:
     ema: ModelEMA | None
     batch: int
     channels_last: bool
+    stop: distributed.GracefulStop
     start_epoch: int = 0
+    start_step: int = 0                 # optimizer steps of start_epoch taken before a resume
+    resume_meter: dict | None = None    # this rank's loss sums of those steps
     best: float = -1.0
     stale: int = 0
     steps: int = 0                      # optimizer steps taken in the run
+    step_in_epoch: int = 0              # optimizer steps completed in the current epoch
+    meter: LossMeter | None = None      # the current epoch's loss sums
     result: EvalResult = field(default_factory=EvalResult)
     epoch_started: float = 0.0
     done: int = 0                       # epochs completed and checkpointed
@@ -128,15 +122,18 @@ class Trainer:
         run = self.setup()
         epoch = run.done = run.start_epoch
         try:
-            for epoch in range(run.start_epoch, run.cfg.epochs):
-                losses = self.train_epoch(run, epoch)
-                if self.end_epoch(run, epoch, losses):
-                    break
+            with run.stop:                       # Ctrl-C / SIGTERM: stop at an optimizer step boundary
+                for epoch in range(run.start_epoch, run.cfg.epochs):
+                    losses = self.train_epoch(run, epoch)
+                    if self.end_epoch(run, epoch, losses):
+                        break
         except KeyboardInterrupt:
-            if run.main and run.done == epoch:   # stopped mid-epoch: resuming restarts it from these weights
-                atomic_save(self._state(run, run.done, {}), run.run_dir / "weights" / "last.pt")
+            run.accumulator.rewind()             # a partial step leaves no trace (gradients, BatchNorm stats)
+            if run.done == epoch:                # mid-epoch: a checkpoint at the last completed step
+                self._save_position(run, epoch)
             if run.main:
-                print(f"\ninterrupted: resume with `yolokit train --resume {run.run_dir}`")
+                print(f"\ninterrupted after {run.steps} optimizer steps: resume with "
+                      f"`yolokit train --resume {run.run_dir}`")
             raise
         finally:
             for cb in run.callbacks:
@@ -188,9 +185,13 @@ class Trainer:
                                state_tensors=1 if cfg.optimizer.lower() == "sgd" else 2)
         batch = resolve_batch(cfg, probe, device, resumed=resume)
         per_rank = batch // world
-        accumulator = Accumulator(train_net, nominal_batch=cfg.nbs, batch_size=per_rank, reduction="sum")
+        sync_bn = cfg.uses_sync_bn(world, device.type)   # collectives in every forward and backward,
+        if sync_bn:                                      # so equal micro-batch counts: no OOM split
+            nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        accumulator = Accumulator(train_net, nominal_batch=cfg.nbs, batch_size=per_rank, reduction="sum",
+                                  min_micro_batch=per_rank if sync_bn else 1)
         loader = build_dataloader(train_set, per_rank, workers=cfg.workers, shuffle=True, seed=cfg.seed,
-                                  uint8_images=True, accumulate=accumulator.steps)
+                                  uint8_images=True, accumulate=accumulator.steps, whole_steps=sync_bn)
         val_loader = build_dataloader(val_set, per_rank * 2, workers=cfg.workers, shuffle=False, seed=cfg.seed,
                                       uint8_images=True)
 
@@ -202,14 +203,17 @@ class Trainer:
         schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, loader.batch_sampler.steps_per_epoch, cfg.warmup_epochs,
                               cfg.warmup_momentum, cfg.warmup_bias_lr, momentum, cfg.cos_lr)
         run = Run(cfg, device, main, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net,
-                  criterion, precision, accumulator, optimizer, schedule, ema, batch, channels_last)
+                  criterion, precision, accumulator, optimizer, schedule, ema, batch, channels_last,
+                  distributed.GracefulStop())
         if resume is not None:
-            self._restore(run, resume)
+            restore_run(run, resume)
         if main:
             print(f"yolokit train: {cfg.model} on {cfg.data} ({len(names)} classes), {world} x {device}, batch "
                   f"{batch} ({per_rank} per process) x {accumulator.steps} accumulation = "
                   f"{accumulator.effective_batch} per step, {opt_name} lr {lr0:g}, {precision.precision}, "
-                  f"{perf.describe(model)}\nconfig:\n{cfg.to_yaml()}")
+                  f"{perf.describe(model)}{', SyncBatchNorm' if sync_bn else ''}\nconfig:\n{cfg.to_yaml()}")
+            if resume is not None:
+                print(resume_note(run))
             (run_dir / "weights").mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
         for cb in callbacks:
@@ -221,13 +225,16 @@ class Trainer:
     def train_epoch(self, run: Run, epoch: int) -> dict[str, float]:
         """Forward / loss / backward of every batch, an optimizer step every ``accumulate`` batches."""
         cfg, acc = run.cfg, run.accumulator
-        run.epoch_started = time.perf_counter()
+        first = run.start_step if epoch == run.start_epoch else 0     # steps taken before a resume
+        run.epoch_started, run.step_in_epoch = time.perf_counter(), first
         run.train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic   # Mosaic off for the last K
-        run.loader.set_epoch(epoch)
+        run.loader.set_epoch(epoch, start_step=first)                  # their batches are not loaded again
         run.model.train()
         for cb in run.callbacks:
             cb.on_epoch_start(epoch, cfg.epochs, len(run.loader))
-        meter = LossMeter(run.device)
+        run.meter = meter = LossMeter(run.device)
+        if first and run.resume_meter:
+            meter.load_state_dict(run.resume_meter)
 
         def forward_backward(micro: dict, weight: float) -> tuple[dict[str, torch.Tensor], int]:
             data = to_device(micro, run.device, non_blocking=True)
@@ -239,7 +246,7 @@ class Trainer:
             run.precision.backward(loss * weight)      # weight = images: Ultralytics' loss * batch
             return parts, len(images)
 
-        acc.start_epoch(len(run.loader))
+        acc.start_epoch(len(run.loader), first_step=first)
         for i, batch in enumerate(run.loader):
             meter.add(acc.run(forward_backward, batch))    # micro-batches; split and replayed on OOM
             if acc.should_step():                          # gradients summed over processes
@@ -259,16 +266,28 @@ class Trainer:
         """Learning rate for this step, unscale / clip to norm 10 / step, zero, EMA; nothing read back.
 
         A step with inf/NaN gradients is skipped on the device (counted there, read by
-        ``precision.check()``); the EMA is updated after every step, as in Ultralytics.
+        ``precision.check()``); the EMA is updated after every step, as in Ultralytics. A
+        signal waits for the step's end; every ``save_period_iters`` steps ``last.pt`` is written.
         """
-        step_in_epoch = run.accumulator.step_index - 1
-        run.schedule.apply(run.optimizer, epoch, epoch * run.schedule.iters_per_epoch + step_in_epoch)
-        run.accumulator.step(
-            run.optimizer, lambda: run.precision.step(run.optimizer, clip_grad_norm=10.0, blocking=False))
-        run.optimizer.zero_grad(set_to_none=True)
-        if run.ema is not None:
-            run.ema.update(run.model)
-        run.steps += 1
+        with run.stop.deferred():
+            run.schedule.apply(run.optimizer, epoch, epoch * run.schedule.iters_per_epoch + run.step_in_epoch)
+            run.accumulator.step(
+                run.optimizer, lambda: run.precision.step(run.optimizer, clip_grad_norm=10.0, blocking=False))
+            run.optimizer.zero_grad(set_to_none=True)
+            if run.ema is not None:
+                run.ema.update(run.model)
+            run.steps, run.step_in_epoch = run.steps + 1, run.step_in_epoch + 1
+            run.meter.mark()                               # the loss sums of the completed steps
+            if run.cfg.save_period_iters and run.steps % run.cfg.save_period_iters == 0:
+                self._save_position(run, epoch)
+        if run.stop.requested():                           # several processes: all stop at this step
+            raise KeyboardInterrupt("stop requested by a signal")
+
+    def _save_position(self, run: Run, epoch: int) -> None:
+        """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
+        ranks = rank_states(run.meter)
+        if run.main:
+            atomic_save(run_state(run, epoch, {}, ranks, run.step_in_epoch), run.run_dir / "weights" / "last.pt")
 
     @staticmethod
     def _check_finite(run: Run, bad: int, epoch: int) -> None:
@@ -300,17 +319,21 @@ class Trainer:
         row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **run.result.as_dict(),
                "fitness": score, "lr": run.optimizer.param_groups[0]["lr"], "steps": run.steps,
                "seconds": time.perf_counter() - run.epoch_started}
-        if run.main:
-            state = self._state(run, epoch + 1, row)
-            atomic_save(state, run.run_dir / "weights" / "last.pt")
-            if improved:
-                atomic_save(state, run.run_dir / "weights" / "best.pt")
-        run.done = epoch + 1
+        ranks = rank_states()
+        with run.stop.deferred():
+            if run.main:
+                state = run_state(run, epoch + 1, row, ranks)
+                atomic_save(state, run.run_dir / "weights" / "last.pt")
+                if improved:
+                    atomic_save(state, run.run_dir / "weights" / "best.pt")
+            run.done = epoch + 1
         for cb in run.callbacks:
             cb.on_epoch_end(row)
         stop = run.stale >= cfg.patience
         if stop and run.main:
             print(f"early stop: no improvement for {cfg.patience} validations")
+        if run.stop.requested():
+            raise KeyboardInterrupt("stop requested by a signal")
         return stop
 
     # --- pieces ------------------------------------------------------------------------------
@@ -322,31 +345,6 @@ class Trainer:
         if self.config.plots:
             built.append(Plotter(run_dir))
         return built + self.user_callbacks
-
-    @staticmethod
-    def _state(run: Run, epoch: int, metrics: dict) -> dict[str, Any]:
-        """Everything exact resume needs, in weights_only-loadable types."""
-        return {
-            "epoch": epoch, "model": run.model.state_dict(), "model_config": asdict(run.model.config),
-            "ema": run.ema.state_dict() if run.ema else None, "optimizer": run.optimizer.state_dict(),
-            "precision": run.precision.state_dict(), "accumulator": run.accumulator.state_dict(),
-            "batch": run.batch, "steps": run.steps, "best_fitness": run.best, "stale": run.stale,
-            "train_config": run.cfg.to_dict(), "metrics": metrics, "rng": rng_states(),
-        }
-
-    @staticmethod
-    def _restore(run: Run, state: dict[str, Any]) -> None:
-        run.model.load_state_dict(state["model"])
-        if run.ema is not None and state.get("ema"):
-            run.ema.load_state_dict(state["ema"])
-        load_optimizer_state(run.optimizer, state["optimizer"])  # keeps this run's fused/foreach choice
-        run.precision.load_state_dict(state["precision"])
-        run.accumulator.load_state_dict(state.get("accumulator", {}))
-        set_rng_states(state["rng"])
-        run.start_epoch, run.best, run.stale = int(state["epoch"]), float(state["best_fitness"]), int(state["stale"])
-        run.steps = int(state.get("steps", 0))
-        if run.main:
-            print(f"resuming after epoch {state['epoch']}")
 
 
 def _datasets(cfg: TrainConfig, main: bool) -> tuple[DetectionDataset, DetectionDataset]:
@@ -373,6 +371,9 @@ def _start_processes(cfg: TrainConfig) -> torch.device:
     if cfg.devices not in (1, world):
         raise ValueError(f"devices={cfg.devices} but torchrun started {world} processes; leave devices unset "
                          "under torchrun")
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and cfg.resume != "auto":
+        warnings.warn("torchrun --max-restarts restarts the group, which continues this run only with "
+                      "resume='auto' (--resume auto); as it is, a restart starts a new run", stacklevel=2)
     device_type = None if cfg.device == "auto" else torch.device(cfg.device).type
     return distributed.setup(device_type=device_type)
 
