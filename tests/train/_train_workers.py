@@ -6,14 +6,19 @@ Kept out of the test files so spawned children import a plain module by name.
 from __future__ import annotations
 
 import hashlib
+import os
+import random
+import signal
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from yolokit.accel import distributed
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.train import Trainer, TrainConfig, validate
 from yolokit.train import autobatch
+from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import load_checkpoint
 
 TIMEOUT_S = 60.0
@@ -78,3 +83,45 @@ def load_ema(path: str) -> tuple[torch.nn.Module, list[str]]:
     model = create_model(config["name"], num_classes=config["num_classes"])
     model.load_state_dict(state["ema"]["module"])
     return model.eval(), [str(i) for i in range(config["num_classes"])]
+
+
+class _CrashAt(Callback):
+    """Ends the run after loader batch ``at`` (counted over the run): ``how`` is "crash" (an
+    exception, leaving the files as a killed process leaves them) or the name of a signal sent
+    to this process ("SIGINT", "SIGTERM"); on rank ``rank`` only (None: every rank)."""
+
+    def __init__(self, at: int, how: str, rank: int | None = None):
+        self.at, self.how, self.rank, self.seen = at, how, rank, 0
+
+    def on_batch_end(self, losses, images, memory_gb):
+        self.seen += 1
+        if self.seen != self.at or self.rank not in (None, distributed.rank()):
+            return
+        if self.how == "crash":
+            raise RuntimeError("simulated crash")
+        os.kill(os.getpid(), getattr(signal, self.how))
+
+
+def rng_digest() -> str:
+    """Bits of this process's python, numpy and torch RNG states."""
+    h = hashlib.sha1()
+    h.update(repr(random.getstate()).encode())
+    h.update(repr(np.random.get_state()[1].tolist()).encode())
+    h.update(torch.get_rng_state().numpy().tobytes())
+    return h.hexdigest()
+
+
+def fit_until(config: TrainConfig, at: int | None = None, how: str = "crash", rank: int | None = None) -> dict:
+    """``Trainer(config).fit()``, ended at loader batch ``at`` as ``_CrashAt`` says (None: to the end).
+
+    Returns the rank, how the run ended ("finished" or "KeyboardInterrupt"; a crash raises), and
+    a digest of the RNG states when it ended.
+    """
+    callbacks = [_CrashAt(at, how, rank)] if at else []
+    try:
+        Trainer(config, callbacks=callbacks).fit()
+        ended = "finished"
+    except KeyboardInterrupt:
+        ended = "KeyboardInterrupt"
+        distributed.teardown()
+    return {"rank": distributed.rank(), "ended": ended, "rng": rng_digest()}

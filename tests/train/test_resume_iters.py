@@ -1,0 +1,220 @@
+"""Resume at any optimizer step: the resumed run ends with the uninterrupted run's bits.
+
+13 training images in micro-batches of 2 make 7 micro-batches per epoch (the last holds 1
+image); ``nbs`` 6 accumulates 3, so an epoch is 3 optimizer steps (3, 3 and 1 micro-batches)
+and ``save_period_iters`` 2 writes ``last.pt`` at steps 2, 4, 6, 8: never at an epoch end in
+epoch 2, whose first step is global step 4. Three epochs with EMA, warmup, the LR schedule and
+the close-Mosaic switch in the last epoch. The run is ended in several ways (a crash, as a
+killed process leaves the files; Ctrl-C between steps; Ctrl-C inside an optimizer step), then
+resumed, and every tensor of the final ``last.pt`` must equal the uninterrupted run's
+(``torch.equal``), as must ``results.csv`` (except the seconds).
+"""
+
+from __future__ import annotations
+
+import csv
+import signal
+
+import _train_workers as workers
+import pytest
+import torch
+
+from yolokit.accel.launch import LaunchError, launch
+from yolokit.data import DetectionDataset, ShardedBatchSampler, make_shapes
+from yolokit.train import TrainConfig, Trainer
+from yolokit.train.checkpoint import load_checkpoint
+from yolokit.train.ema import ModelEMA
+
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for k in TORCHRUN:
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=13, n_val=4, imgsz=64))
+
+
+def config(shapes, out, **kw) -> TrainConfig:
+    base = dict(data=shapes, imgsz=64, batch=2, nbs=6, epochs=3, workers=0, out=str(out), plots=False,
+                warmup_epochs=1.0, close_mosaic=1, mosaic_buffer=0, seed=3, optimizer="SGD", lr0=0.01,
+                save_period_iters=2)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def reference(shapes, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    Trainer(config(shapes, out)).fit()
+    return out
+
+
+def _rows(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader((run_dir / "results.csv").open())]
+
+
+def assert_same_run(reference, resumed, *, steps: int = 9):
+    """Every tensor of the final checkpoint, and results.csv, equal bit for bit."""
+    a = load_checkpoint(reference / "weights" / "last.pt")
+    b = load_checkpoint(resumed / "weights" / "last.pt")
+    assert a["epoch"] == b["epoch"] == 3 and a["steps"] == b["steps"] == steps
+    assert a["ema"]["updates"] == b["ema"]["updates"] == steps
+    for part in ("model",):
+        for key, value in a[part].items():
+            assert torch.equal(b[part][key], value), key            # weights and BatchNorm statistics
+    for key, value in a["ema"]["module"].items():
+        assert torch.equal(b["ema"]["module"][key], value), key
+    for key, value in a["optimizer"]["state"].items():
+        assert torch.equal(b["optimizer"]["state"][key]["momentum_buffer"], value["momentum_buffer"]), key
+    assert a["best_fitness"] == b["best_fitness"]
+    assert _rows(resumed) == _rows(reference)
+
+
+# --- the sampler ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world,accumulate", [(1, 3), (2, 2), (3, 1)])
+def test_sampler_start_step_leaves_out_exactly_the_steps_taken(world, accumulate):
+    for start in range(4):
+        for r in range(world):
+            full = ShardedBatchSampler(25, 2, rank=r, world_size=world, accumulate=accumulate, seed=1)
+            full.set_epoch(4)
+            batches = list(full)
+            resumed = ShardedBatchSampler(25, 2, rank=r, world_size=world, accumulate=accumulate, seed=1)
+            resumed.set_epoch(4, start_step=start)
+            assert list(resumed) == batches[start * accumulate:] and len(resumed) == len(batches[start * accumulate:])
+
+
+def test_loader_resumes_only_the_epoch_it_was_told(shapes):
+    from yolokit.data import build_dataloader
+
+    ds = DetectionDataset(shapes, "train", imgsz=64, augment=True)
+    loader = build_dataloader(ds, 2, workers=0, seed=0, accumulate=3)
+    loader.set_epoch(1, start_step=2)
+    assert len(loader) == 1                       # what the iteration yields (the progress bar, the Accumulator)
+    assert [b["indices"] for b in loader] == [list(b) for b in list(_epoch(1))[6:]]
+    loader.set_epoch(2)
+    assert len(loader) == 7 and len(list(loader)) == 7
+
+
+def _epoch(epoch):
+    sampler = ShardedBatchSampler(13, 2, accumulate=3, seed=0)
+    sampler.set_epoch(epoch)
+    return sampler
+
+
+# --- one process ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_crash_after_an_iteration_checkpoint_resumes_bit_for_bit(shapes, reference, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        workers.fit_until(config(shapes, out), at=12)          # in step 5: last.pt is step 4's
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 1, 4)
+    assert len(state["ranks"]) == 1 and state["ranks"][0]["meter"]["keys"] == ["box", "cls", "dfl"]
+
+    loaded = []
+    original = DetectionDataset.__getitem__
+
+    def counting(self, index):
+        if self.augment:
+            loaded.append(index)
+        return original(self, index)
+
+    monkeypatch.setattr(DetectionDataset, "__getitem__", counting)
+    Trainer(TrainConfig(resume=str(out))).fit()
+    assert len(loaded) == (13 - 6) + 13                        # the 3 micro-batches of step 4 not loaded again
+    assert_same_run(reference, out)
+
+
+@pytest.mark.slow
+def test_ctrl_c_between_steps_drops_the_partial_step(shapes, reference, tmp_path):
+    """SIGINT after the first micro-batch of step 5: its gradients and its BatchNorm updates are dropped."""
+    out = tmp_path / "run"
+    ended = workers.fit_until(config(shapes, out, save_period_iters=0), at=11, how="SIGINT")
+    assert ended["ended"] == "KeyboardInterrupt"
+    state = load_checkpoint(out / "weights" / "last.pt")     # written by the interrupt, not periodically
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 1, 4)
+    Trainer(TrainConfig(resume=str(out))).fit()
+    assert_same_run(reference, out)
+
+
+@pytest.mark.slow
+def test_ctrl_c_inside_an_optimizer_step_waits_for_its_end(shapes, reference, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    calls = {"n": 0}
+    original = ModelEMA.update
+
+    def signalled(self, model):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            signal.raise_signal(signal.SIGINT)              # between the optimizer step and the EMA update
+        return original(self, model)
+
+    monkeypatch.setattr(ModelEMA, "update", signalled)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(config(shapes, out, save_period_iters=0)).fit()
+    monkeypatch.undo()
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 2, 5)
+    assert state["ema"]["updates"] == 5
+    Trainer(TrainConfig(resume=str(out))).fit()
+    assert_same_run(reference, out)
+
+
+# --- two processes (gloo) -----------------------------------------------------------------------
+# batch 4 (2 per process), nbs 8: 2 micro-batches per rank per step; 21 images make 11 micro-batches,
+# steps of 4, 4 and 3 (rank 1 has one micro-batch in the last step): 6 per epoch on rank 0, 5 on rank 1.
+
+
+@pytest.fixture(scope="module")
+def shapes21(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("shapes21") / "set", n_train=21, n_val=4, imgsz=64))
+
+
+@pytest.fixture(scope="module")
+def reference2(shapes21, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference2") / "run"
+    results = launch(workers.fit_until, 2, config(shapes21, out, batch=4, nbs=8), timeout=300)
+    return out, results
+
+
+@pytest.mark.slow
+def test_two_processes_resume_bit_for_bit_after_a_lost_rank(shapes21, reference2, tmp_path):
+    reference, finished = reference2
+    assert [r["ended"] for r in finished] == ["finished", "finished"] and finished[0]["rng"] != finished[1]["rng"]
+    out = tmp_path / "run"
+    cfg = config(shapes21, out, batch=4, nbs=8)
+    with pytest.raises(LaunchError):                            # rank 0 fails in step 5; rank 1 loses it
+        launch(workers.fit_until, 2, cfg, 9, "crash", 0, timeout=300)
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 1, 4)
+    assert len(state["ranks"]) == 2
+    assert not torch.equal(state["ranks"][0]["rng"]["torch"], state["ranks"][1]["rng"]["torch"])
+    resumed = launch(workers.fit_until, 2, TrainConfig(resume=str(out)), timeout=300)
+    assert [r["rng"] for r in resumed] == [r["rng"] for r in finished]   # each rank restored its own RNG
+    assert_same_run(reference, out)
+
+
+@pytest.mark.slow
+def test_two_processes_stop_together_on_sigterm_and_resume_bit_for_bit(shapes21, reference2, tmp_path):
+    """SIGTERM reaches rank 1 only, in step 4; both ranks agree to stop at the end of step 6 (the
+    epoch's last), write last.pt there, and the resumed run starts with that epoch's validation."""
+    reference, finished = reference2
+    out = tmp_path / "run"
+    cfg = config(shapes21, out, batch=4, nbs=8, save_period_iters=0)
+    stopped = launch(workers.fit_until, 2, cfg, 7, "SIGTERM", 1, timeout=300)
+    assert [r["ended"] for r in stopped] == ["KeyboardInterrupt", "KeyboardInterrupt"]
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 3, 6)
+    assert [r["meter"]["counts"][0].item() for r in state["ranks"]] == [6.0, 5.0]   # the epoch's batches
+    resumed = launch(workers.fit_until, 2, TrainConfig(resume=str(out)), timeout=300)
+    assert [r["rng"] for r in resumed] == [r["rng"] for r in finished]
+    assert_same_run(reference, out)
