@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
+from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
 
 
 def test_grid_points_order_and_strides():
@@ -28,3 +29,32 @@ def test_dist_box_round_trip_and_clamp():
     assert box_to_dist(boxes, points, max_dist=15).max().item() == 15
     batched = dist_to_box(dist.expand(3, 2, 4), points)
     assert batched.shape == (3, 2, 4)
+
+
+def test_dfl_expectation_hand_values():
+    big = -1e4  # softmax weight 0
+    logits = torch.tensor([[0.0, 0.0, big, big], [big, big, big, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert dfl_expectation(logits).tolist() == [0.5, 3.0, 1.5]
+    # the same three distributions with the bins along dim -2 (a [B, 4, R, P] map's layout)
+    assert dfl_expectation(logits.T.contiguous(), dim=-2).tolist() == [0.5, 3.0, 1.5]
+    assert dfl_expectation(logits, bins=torch.tensor([0.0, 2.0, 4.0, 6.0])).tolist() == [1.0, 6.0, 3.0]
+    with pytest.raises(ValueError, match="last two"):
+        dfl_expectation(torch.zeros(2, 16, 3, 4), dim=1)
+
+
+def test_dfl_expectation_equals_what_head_and_loss_computed_before_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    b, r, p = 2, 16, 37
+    maps = torch.randn(b, 4 * r, p, generator=gen) * 3
+    bins = torch.arange(r, dtype=torch.float32)
+    # head and loss (assigner pass), before: bins @ softmax over dim 2 of [B, 4, R, P]
+    before = torch.matmul(bins, maps.view(b, 4, r, p).softmax(2))
+    assert torch.equal(dfl_expectation(maps.view(b, 4, r, p), dim=-2), before)
+    assert torch.equal(dfl_expectation(maps.view(b, 4, r, p), dim=2, bins=bins), before)
+    # loss (foreground points), before: softmax(-1) @ bins of [M, 4, R]
+    fg = maps.view(b, 4, r, p).permute(0, 3, 1, 2).reshape(-1, 4, r)
+    assert torch.equal(dfl_expectation(fg), fg.softmax(-1) @ bins)
+    # both layouts mean the same distances
+    torch.testing.assert_close(dfl_expectation(fg).view(b, p, 4), before.transpose(1, 2))
+    half = maps.half().view(b, 4, r, p)
+    assert dfl_expectation(half, dim=-2).dtype == torch.float16

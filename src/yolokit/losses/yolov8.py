@@ -10,7 +10,7 @@ from torch import Tensor
 
 from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner
 from yolokit.losses.base import DetectionLoss, pad_targets
-from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
+from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import ciou
 
 
@@ -98,10 +98,9 @@ class YOLOv8Loss(DetectionLoss):
         box_logits = torch.cat(box_parts, dim=2).view(b, 4, r, p)  # [B, side, bin, P]
         cls_logits = torch.cat(cls_parts, dim=2)  # [B, C, P]
         points, point_strides = grid_points([tuple(m.shape[-2:]) for m in maps], self.strides, device=device)
-        bins = torch.arange(r, dtype=torch.float32, device=device)
 
         with torch.no_grad():  # the assigner sees every point; gradients flow only where it assigns
-            dist = torch.matmul(bins, box_logits.softmax(2)).transpose(1, 2)  # [B, P, 4] strides
+            dist = dfl_expectation(box_logits, dim=-2).transpose(1, 2)  # [B, P, 4] strides
             pred_boxes = dist_to_box(dist * point_strides[:, None], points)
             if max_boxes is None:  # the targets' rows as they come: nothing to read back
                 gt = (targets[:, 0].long(), targets[:, 1].long(), targets[:, 2:6], None)
@@ -121,7 +120,7 @@ class YOLOv8Loss(DetectionLoss):
         fg_logits = box_logits[fg_image, :, :, fg_point]  # [M, 4, R]
         fg_stride = point_strides[fg_point, None]
         fg_points = points[fg_point]
-        pred = dist_to_box((fg_logits.softmax(-1) @ bins) * fg_stride, fg_points)  # [M, 4] pixels
+        pred = dist_to_box(dfl_expectation(fg_logits) * fg_stride, fg_points)  # [M, 4] pixels
         box = ((1.0 - ciou(pred, target)) * weight).sum() / score_sum
         target_dist = box_to_dist(target / fg_stride, fg_points / fg_stride, max_dist=r - 1 - 0.01)
         dfl = (distribution_focal_loss(fg_logits, target_dist) * weight).sum() / score_sum

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from yolokit.models.layers import V8_STYLE, Conv
-from yolokit.ops.anchors import dist_to_box, grid_points
+from yolokit.ops.anchors import dfl_expectation, dist_to_box, grid_points
 
 
 class _GridCache:
@@ -49,8 +49,8 @@ class _GridCache:
 class DFL(nn.Module):
     """Fixed projection of a distribution over ``reg_max`` bins onto its expectation.
 
-    Holds a frozen 1x1 conv whose weights are the bin indices 0 .. reg_max - 1, so the
-    expectation of softmax(logits) is a dot product with ``conv.weight``.
+    Holds a frozen 1x1 conv whose weights are the bin indices 0 .. reg_max - 1 (the layout of
+    Ultralytics checkpoints); the expectation is ``ops.anchors.dfl_expectation`` over them.
     """
 
     def __init__(self, reg_max: int = 16):
@@ -63,8 +63,8 @@ class DFL(nn.Module):
     def forward(self, logits: Tensor) -> Tensor:
         """Tensor[B, 4 * reg_max, P] -> expected distances Tensor[B, P, 4] in bin (stride) units."""
         b, _, p = logits.shape
-        probs = logits.view(b, 4, self.reg_max, p).softmax(2)
-        return torch.matmul(self.conv.weight.view(-1).to(probs.dtype), probs).transpose(1, 2)  # no permuted copy
+        dist = dfl_expectation(logits.view(b, 4, self.reg_max, p), dim=-2, bins=self.conv.weight.view(-1))
+        return dist.transpose(1, 2)  # a view: no permuted copy
 
 
 class DFLHead(nn.Module):

@@ -1,6 +1,6 @@
 """Pure tensor functions: boxes, IoU, NMS, grid points, inference image handling."""
 
-from yolokit.ops.anchors import box_to_dist, dist_to_box, grid_points
+from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import (
     box_area,
     box_convert,
@@ -23,6 +23,7 @@ __all__ = [
     "box_to_dist",
     "ciou",
     "clip_boxes",
+    "dfl_expectation",
     "diou",
     "dist_to_box",
     "giou",

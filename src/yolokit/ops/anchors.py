@@ -1,4 +1,5 @@
-"""Grid points with their strides over all levels, and distance <-> box conversion.
+"""The detection maths heads and losses share: grid points and strides, distance <-> box,
+the DFL expectation, and Darknet's anchor decode.
 
 Anchor-free (DFL) heads predict, at each grid point, the distances from the point to the
 four sides of a box: ``(left, top, right, bottom)``, written ``ltrb``.
@@ -82,3 +83,36 @@ def box_to_dist(boxes: Tensor, points: Tensor, max_dist: float | None = None) ->
     if max_dist is not None:
         dist = dist.clamp(0, max_dist)
     return dist
+
+
+def dfl_expectation(logits: Tensor, *, dim: int = -1, bins: Tensor | None = None) -> Tensor:
+    """Expected distance of the distribution softmax(``logits``) over bins 0 .. R - 1.
+
+    The DFL (distribution focal loss) head predicts, per box side, R logits over distances
+    in stride units; the distance it means is the expectation. The bins may lie along the
+    last dimension or the one before it, so a head's [B, 4, R, P] layout needs no permuted
+    copy; both are one matmul.
+
+    Args:
+        logits: R bin logits along ``dim``, e.g. Tensor[N, 4, R] (``dim=-1``) or
+            Tensor[B, 4, R, P] (``dim=-2``).
+        dim: -1 or -2 (or the same position counted from the front).
+        bins: Tensor[R] values of the bins, default 0 .. R - 1; cast to the softmax's dtype.
+
+    Returns:
+        ``logits`` without ``dim``: Tensor[N, 4] or Tensor[B, 4, P] in bin units.
+
+    Example:
+        >>> dfl_expectation(torch.tensor([[0.0, 0.0, -1e4, -1e4]]))
+        tensor([0.5000])
+    """
+    pos = dim % logits.ndim
+    if pos not in (logits.ndim - 1, logits.ndim - 2):
+        raise ValueError(f"the bins must lie along one of the last two dimensions, got dim={dim} "
+                         f"of a {logits.ndim}-d tensor")
+    probs = logits.softmax(dim)
+    r = probs.shape[pos]
+    bins = torch.arange(r, dtype=probs.dtype, device=probs.device) if bins is None else bins.to(probs.dtype)
+    if pos == logits.ndim - 1:
+        return probs @ bins
+    return torch.matmul(bins, probs)
