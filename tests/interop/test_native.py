@@ -130,3 +130,34 @@ def test_a_runs_inference_file_gives_its_names(tmp_path):
     model = yolokit.create_model("yolov8n", num_classes=2)
     path = export_final(model, tmp_path / "model.pt", ["circle", "star"], TrainConfig())
     assert yolokit.load(path).names == ["circle", "star"]
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_inference_files_store_half_weights_names_and_extras(tmp_path, suffix):
+    model = yolokit.create_model("yolov8n", num_classes=2)
+    path = yolokit.save(model, tmp_path / f"m{suffix}", names=["a", "b"], half=True, extra={"train_config": {"epochs": 7}})
+    if suffix == ".pt":
+        raw = torch.load(path, weights_only=True)
+        assert raw["train_config"] == {"epochs": 7} and raw["state_dict"]["head.cls.0.2.weight"].dtype == torch.float16
+    else:
+        with safe_open(str(path), "pt") as f:
+            assert json.loads(f.metadata()["train_config"]) == {"epochs": 7}
+            assert f.get_tensor("head.cls.0.2.weight").dtype == torch.float16
+    loaded = yolokit.load(path)
+    assert loaded.names == ["a", "b"]
+    expected = model.state_dict()
+    for k, v in loaded.state_dict().items():  # float16 on disk, loaded back into the float32 model
+        assert torch.equal(v, expected[k].half().to(v.dtype) if v.is_floating_point() else expected[k]), k
+
+
+def test_every_format_in_the_table_reads_what_it_writes(tmp_path):
+    from yolokit.interop import FORMATS
+
+    models = {"darknet": yolokit.create_model("yolov3-tiny", num_classes=2)}
+    for fmt in FORMATS:
+        model = models.get(fmt.name, yolokit.create_model("yolov8n", num_classes=2))
+        for suffix in fmt.suffixes:
+            path = yolokit.save(model, tmp_path / f"m{suffix}")
+            assert file_format(path) == fmt.name
+            loaded = yolokit.load(path, model=model.name)
+            assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))

@@ -6,15 +6,24 @@
 ever unpickled with code execution: see ``yolokit.interop.safe_load``.
 """
 
-from yolokit.interop.darknet import DarknetHeader, darknet_order, load_darknet, load_darknet_model, save_darknet
-from yolokit.interop.formats import file_format, load, save
+from yolokit.interop.darknet import (
+    DarknetHeader,
+    darknet_order,
+    load_darknet,
+    load_darknet_model,
+    read_darknet_header,
+    save_darknet,
+)
+from yolokit.interop.formats import FORMATS, Format, file_format, load, save
 from yolokit.interop.native import load_native, save_native
 from yolokit.interop.onnx import export_onnx
 from yolokit.interop.safe_load import UnsafeFileError
 from yolokit.interop.ultralytics import load_ultralytics, read_ultralytics, ultralytics_to_yolokit
 
 __all__ = [
+    "FORMATS",
     "DarknetHeader",
+    "Format",
     "UnsafeFileError",
     "darknet_order",
     "export_onnx",
@@ -24,6 +33,7 @@ __all__ = [
     "load_darknet_model",
     "load_native",
     "load_ultralytics",
+    "read_darknet_header",
     "read_ultralytics",
     "save",
     "save_darknet",

@@ -124,6 +124,12 @@ def read_darknet(path: str | Path) -> tuple[DarknetHeader, np.ndarray]:
     return header, values
 
 
+def read_darknet_header(path: str | Path) -> DarknetHeader:
+    """The header of a ``.weights`` file (version and ``seen``), without reading the values."""
+    with open(path, "rb") as f:
+        return DarknetHeader.from_bytes(f.read(20), source=str(path))
+
+
 def load_darknet(model: Detector, path: str | Path, *, strict: bool = True) -> DarknetHeader:
     """Fills ``model`` in place from a ``.weights`` file; returns the header.
 
@@ -169,12 +175,11 @@ def save_darknet(model: Detector, path: str | Path, *, header: DarknetHeader | N
     Args:
         model: a YOLOv3-family Detector (not fused).
         path: destination.
-        header: header to write; default the model's ``darknet_header`` (set when it was
-            loaded from a ``.weights`` file, so the bytes come back identical), else
-            version 0.2.0 with ``seen`` 0.
+        header: header to write (``read_darknet_header(source)`` writes a loaded file's
+            bytes back identically); default version 0.2.0 with ``seen`` 0.
     """
     path = Path(path)
-    header = header or getattr(model, "darknet_header", None) or DarknetHeader()
+    header = header or DarknetHeader()
     layers = darknet_order(model)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -267,15 +272,15 @@ def load_darknet_model(path: str | Path, name: str | None = None) -> Detector:
     """A ready Detector (eval mode) for variant ``name`` from a ``.weights`` file.
 
     The class count (and without ``name`` the variant, when only one fits) is read from
-    the file size; the header is kept as
-    ``model.darknet_header`` so that ``save_darknet(model, ...)`` writes the same bytes.
+    the file size. ``save_darknet(model, path, header=read_darknet_header(source))``
+    writes the same bytes back.
 
     Example:
         >>> model = load_darknet_model("yolov3-tiny.weights", "yolov3-tiny")
-        >>> model.num_classes, model.darknet_header.minor
+        >>> model.num_classes, read_darknet_header("yolov3-tiny.weights").minor
         (80, 2)
     """
-    header, values = read_darknet(path)
+    _, values = read_darknet(path)
     name = name or darknet_variant(len(values), source=str(path))
     num_classes = darknet_num_classes(name, len(values), source=str(path))
     with torch.device("meta"):
@@ -285,5 +290,4 @@ def load_darknet_model(path: str | Path, name: str | None = None) -> Detector:
         if buffer_name.endswith("num_batches_tracked"):
             buffer.zero_()
     _fill(model, values, source=str(path))
-    model.darknet_header = header
     return model.eval()

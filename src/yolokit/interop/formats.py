@@ -1,5 +1,8 @@
 """``load`` and ``save``: recognise a weights file by its bytes and hand it to its reader.
 
+``FORMATS`` is the one table: each format's suffixes, how its bytes are recognised, its
+reader and its writer.
+
 =============  ===================================  ====================================
 format         recognised by                        reader
 =============  ===================================  ====================================
@@ -19,17 +22,17 @@ checkpoint's ``names``, a yolokit run's ``model.pt`` and yolokit files that stor
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from yolokit.interop.darknet import load_darknet, load_darknet_model, looks_like_darknet, save_darknet
 from yolokit.interop.native import (
     attach_names,
-    from_contents,
+    from_safetensors_file,
     from_torch_object,
     is_safetensors_file,
-    native_config,
-    read_safetensors,
     save_native,
 )
 from yolokit.interop.safe_load import load_pickled
@@ -38,24 +41,87 @@ from yolokit.interop.ultralytics import is_ultralytics_state_dict, ultralytics_c
 from yolokit.models import Detector
 
 
+def _read_safetensors(path: Path, model: str | Detector | None) -> Detector:
+    """A yolokit safetensors file, or a plain state dict (yolokit or Ultralytics naming)."""
+    def rename(state: dict) -> dict:
+        return ultralytics_to_yolokit(state, source=str(path)) if is_ultralytics_state_dict(state) else state
+
+    return from_safetensors_file(path, model=model, convert=rename)
+
+
+def _read_torch(path: Path, model: str | Detector | None) -> Detector:
+    """A yolokit torch file, an Ultralytics checkpoint or a plain state dict (``weights_only`` always)."""
+    source = str(path)
+
+    def from_ultralytics(obj: Any) -> Detector | None:
+        contents = ultralytics_contents(obj)
+        if contents is None:
+            return None
+        state = ultralytics_to_yolokit(contents.state_dict, source=source)
+        return attach_names(build_from_state_dict(state, model=model, source=source), contents.class_names)
+
+    return from_torch_object(load_pickled(path), model=model, source=source, other=from_ultralytics,
+                             what="a torch file, but neither a yolokit file, an Ultralytics checkpoint nor a "
+                                  "state dict of tensors")
+
+
+def _read_darknet(path: Path, model: str | Detector | None) -> Detector:
+    """Darknet ``.weights``: into the given Detector, or a new one of the variant the size gives."""
+    if isinstance(model, Detector):
+        load_darknet(model, path)
+        return model.eval()
+    return load_darknet_model(path, model)
+
+
+@dataclass(frozen=True)
+class Format:
+    """One weights format: how it is recognised, read and written.
+
+    Attributes:
+        name: the format's name (``file_format`` returns it).
+        suffixes: file suffixes ``save`` writes in this format (empty: read only).
+        recognise: whether a file's bytes are of this format.
+        read: ``read(path, model)`` -> a ready Detector.
+        write: ``write(model, path, **options)`` -> the path (None: read only).
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    recognise: Callable[[Path], bool]
+    read: Callable[[Path, str | Detector | None], Detector]
+    write: Callable[..., Path] | None
+
+
+def _is_torch_file(path: Path) -> bool:
+    with open(path, "rb") as f:
+        first = f.read(1)
+    return zipfile.is_zipfile(path) or first == b"\x80"  # torch zip archive, or a (legacy) pickle
+
+
+# The one table of formats, in the order files are tried.
+FORMATS = (
+    Format("safetensors", (".safetensors",), is_safetensors_file, _read_safetensors, save_native),
+    Format("torch", (".pt", ".pth"), _is_torch_file, _read_torch, save_native),
+    Format("darknet", (".weights",), looks_like_darknet, _read_darknet, save_darknet),
+)
+
+
 def file_format(path: str | Path) -> str:
-    """The format of a weights file, from its first bytes (and suffix): "safetensors", "torch" or "darknet".
+    """The format of a weights file, from its first bytes: "safetensors", "torch" or "darknet".
 
     Raises:
         FileNotFoundError: no such file.
         ValueError: none of these; the message names the file.
     """
-    path = Path(path)
+    return _format_of(Path(path)).name
+
+
+def _format_of(path: Path) -> Format:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    if is_safetensors_file(path):
-        return "safetensors"
-    with open(path, "rb") as f:
-        first = f.read(2)
-    if zipfile.is_zipfile(path) or first[:1] == b"\x80":  # torch zip archive, or a (legacy) pickle
-        return "torch"
-    if looks_like_darknet(path):
-        return "darknet"
+    for fmt in FORMATS:
+        if fmt.recognise(path):
+            return fmt
     if path.suffix == ".weights":
         raise ValueError(f"{path}: named .weights but not a Darknet weights file (its header is no small "
                          "version number followed by whole float32 values)")
@@ -90,44 +156,26 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
         >>> yolokit.load("yolov3-tiny.weights").num_classes
         80
     """
-    path, source = Path(path), str(path)
-    kind = file_format(path)
-    if kind == "darknet":
-        if isinstance(model, Detector):
-            model.darknet_header = load_darknet(model, path)
-            return model.eval()
-        return load_darknet_model(path, model)
-    if kind == "safetensors":
-        state, metadata = read_safetensors(path)
-        config = native_config(metadata, source=source)
-        if config is None and is_ultralytics_state_dict(state):
-            state = ultralytics_to_yolokit(state, source=source)
-        return attach_names(from_contents(state, config, model=model, source=source), metadata.get("names"))
-    def from_ultralytics(obj: Any) -> Detector | None:
-        contents = ultralytics_contents(obj)
-        if contents is None:
-            return None
-        state = ultralytics_to_yolokit(contents.state_dict, source=source)
-        return attach_names(build_from_state_dict(state, model=model, source=source), contents.class_names)
-
-    return from_torch_object(load_pickled(path), model=model, source=source, other=from_ultralytics,
-                             what="a torch file, but neither a yolokit file, an Ultralytics checkpoint nor a "
-                                  "state dict of tensors")
+    path = Path(path)
+    return _format_of(path).read(path, model)
 
 
-def save(model: Detector, path: str | Path) -> Path:
+def save(model: Detector, path: str | Path, **options: Any) -> Path:
     """Writes ``model`` in the format its suffix names.
 
     ``.safetensors`` (recommended) and ``.pt`` / ``.pth`` are yolokit files that
-    ``load`` rebuilds without being told the variant; ``.weights`` writes Darknet's
-    format (YOLOv3 family; a header kept from a loaded ``.weights`` file is written back,
-    so the bytes round-trip exactly).
+    ``load`` rebuilds without being told the variant (options: ``names``, ``half``,
+    ``extra``; see ``save_native``); ``.weights`` writes Darknet's format (YOLOv3 family;
+    option ``header``: pass ``read_darknet_header(source)`` to write back a loaded file's
+    bytes exactly).
 
     Example:
         >>> yolokit.save(yolokit.create_model("yolov8n"), "yolov8n.safetensors")
         PosixPath('yolov8n.safetensors')
     """
     path = Path(path)
-    if path.suffix == ".weights":
-        return save_darknet(model, path)
-    return save_native(model, path)
+    for fmt in FORMATS:
+        if path.suffix in fmt.suffixes and fmt.write is not None:
+            return fmt.write(model, path, **options)
+    known = ", ".join(s for fmt in FORMATS if fmt.write for s in fmt.suffixes)
+    raise ValueError(f"{path}: unknown suffix {path.suffix!r}; yolokit writes {known}")

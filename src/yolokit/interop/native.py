@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,11 +32,20 @@ FORMAT_VERSION = 1
 TORCH_SUFFIXES = (".pt", ".pth")
 
 
-def save_native(model: Detector, path: str | Path) -> Path:
+def save_native(model: Detector, path: str | Path, *, names: Sequence[str] | None = None, half: bool = False,
+                extra: Mapping[str, Any] | None = None) -> Path:
     """Writes ``model``'s weights and config: safetensors for ``.safetensors``, else ``torch.save``.
 
-    The file is written next to ``path`` and moved into place, so a crash never leaves
-    half a file under the final name.
+    The file is written next to ``path``, flushed to disk and moved into place, so a crash
+    never leaves half a file under the final name.
+
+    Args:
+        model: a Detector built from a config (``create_model``, ``build_model``, ``load``).
+        path: ``.safetensors``, ``.pt`` or ``.pth``.
+        names: class names to store (default: the model's, when it has real ones).
+        half: store floating-point tensors as float16 (inference files).
+        extra: more JSON-able entries to store beside the config (e.g. a run's training
+            config); safetensors keeps each as JSON text in its metadata.
 
     Example:
         >>> save_native(create_model("yolov8n", num_classes=3), "tiny.safetensors")
@@ -47,21 +56,37 @@ def save_native(model: Detector, path: str | Path) -> Path:
         raise ValueError(f"{path}: {model.name} has no config to store; build it with create_model or build_model")
     if path.suffix not in (".safetensors", *TORCH_SUFFIXES):
         raise ValueError(f"{path}: unknown suffix {path.suffix!r}; use .safetensors, .pt or .pth")
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    config = asdict(model.config)
-    names = {"names": model.names} if getattr(model, "has_names", False) else {}
+    state = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
+             for k, v in model.state_dict().items()}
+    names = list(names) if names is not None else (model.names if model.has_names else None)
+    entries = {"config": asdict(model.config), **({"names": [str(n) for n in names]} if names else {}),
+               **dict(extra or {})}
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 
-        metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(config),
-                    **{k: json.dumps(v) for k, v in names.items()}}
+        metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
+                    **{k: json.dumps(v) for k, v in entries.items()}}
         save_file(state, str(tmp), metadata=metadata)
     else:
-        torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "config": config, "state_dict": state,
-                    **names}, tmp)
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "state_dict": state, **entries}, f)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def from_safetensors_file(path: str | Path, *, model: str | Detector | None,
+                          convert: Callable[[dict[str, Tensor]], dict[str, Tensor]] | None = None) -> Detector:
+    """A ready Detector from a safetensors file: a yolokit file (its stored config and names),
+    else a plain state dict, renamed by ``convert`` first when given."""
+    source = str(path)
+    state, metadata = read_safetensors(path)
+    config = native_config(metadata, source=source)
+    if config is None and convert is not None:
+        state = convert(state)
+    return attach_names(from_contents(state, config, model=model, source=source), metadata.get("names"))
 
 
 def attach_names(model: Detector, names: Any) -> Detector:
@@ -166,9 +191,7 @@ def load_native(path: str | Path, *, model: str | Detector | None = None) -> Det
     """
     path, source = Path(path), str(path)
     if path.suffix == ".safetensors" or is_safetensors_file(path):
-        state, metadata = read_safetensors(path)
-        model = from_contents(state, native_config(metadata, source=source), model=model, source=source)
-        return attach_names(model, metadata.get("names"))
+        return from_safetensors_file(path, model=model)
     return from_torch_object(load_pickled(path), model=model, source=source,
                              what="neither a yolokit file nor a state dict of tensors (an Ultralytics checkpoint? "
                                   "yolokit.load and load_ultralytics read those)")

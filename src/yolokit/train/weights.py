@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from yolokit.interop import load
-from yolokit.interop.native import FORMAT, FORMAT_VERSION
+from yolokit.interop import load, save
 from yolokit.models import Detector
-from yolokit.train.checkpoint import atomic_save
 
 
 def load_pretrained(model: Detector, path: str | Path) -> list[str]:
@@ -41,25 +36,8 @@ def load_pretrained(model: Detector, path: str | Path) -> list[str]:
     return skipped
 
 
-def class_names(path: str | Path) -> list[str] | None:
-    """The class names stored in a run's inference file, or None for other files."""
-    path = Path(path)
-    if path.suffix not in (".pt", ".pth"):
-        return None
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # not a plain torch file (e.g. an Ultralytics pickle): no names
-        return None
-    names = obj.get("names") if isinstance(obj, dict) else None
-    return [str(n) for n in names] if isinstance(names, list) else None
-
-
 def export_final(model: Detector, path: str | Path, names: list[str], train_config: Any) -> Path:
-    """The inference file of a run: fp16 weights + model config (yolokit format) + class names.
-
-    ``yolokit.load(path)`` returns the ready model.
-    """
-    state = {k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().contiguous()
-             for k, v in model.state_dict().items()}
-    return atomic_save({"format": FORMAT, "format_version": FORMAT_VERSION, "config": asdict(model.config),
-                        "state_dict": state, "names": list(names), "train_config": train_config.to_dict()}, path)
+    """The inference file of a run: float16 weights, the model config, class names and the
+    training config, written by ``yolokit.save`` (yolokit's own format; ``yolokit.load(path)``
+    returns the ready model)."""
+    return save(model, path, names=names, half=True, extra={"train_config": train_config.to_dict()})
