@@ -58,6 +58,17 @@ def test_v3_decode_hand_case():
     assert row[4].item() == pytest.approx(0.25 / (1 + math.exp(-10)), abs=1e-5)
 
 
+def test_v3_decode_clamps_sizes_as_the_loss_decodes_them():
+    from yolokit.ops.anchors import MAX_LOG_SCALE
+
+    model = yolokit.create_model("yolov3-tiny", num_classes=1)
+    maps = [torch.zeros(1, 18, 64 // s, 64 // s) for s in (16, 32)]
+    maps[1][0, 2 * 6 + 3, 0, 1] = 50.0  # t_h far past the clamp: exp(50) * 319 overflows float32
+    row = model.decode(maps)[0, 3 * 16 + 2 * 4 + 1]
+    assert torch.isfinite(row).all()
+    assert (row[3] - row[1]).item() == pytest.approx(math.exp(MAX_LOG_SCALE) * 319, rel=1e-6)
+
+
 def write_image(path, array):
     Image.fromarray(array).save(path)
     return path

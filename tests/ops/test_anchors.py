@@ -1,7 +1,14 @@
 import pytest
 import torch
 
-from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
+from yolokit.ops.anchors import (
+    MAX_LOG_SCALE,
+    anchor_to_box,
+    box_to_dist,
+    dfl_expectation,
+    dist_to_box,
+    grid_points,
+)
 
 
 def test_grid_points_order_and_strides():
@@ -58,3 +65,34 @@ def test_dfl_expectation_equals_what_head_and_loss_computed_before_bit_for_bit()
     torch.testing.assert_close(dfl_expectation(fg).view(b, p, 4), before.transpose(1, 2))
     half = maps.half().view(b, 4, r, p)
     assert dfl_expectation(half, dim=-2).dtype == torch.float16
+
+
+def test_anchor_to_box_hand_values_and_the_one_clamp():
+    cells = torch.tensor([[2.0, 1.0]])
+    anchor = torch.tensor([[10.0, 6.0]])
+    assert anchor_to_box(torch.zeros(1, 4), cells, 8, anchor).tolist() == [[15, 9, 25, 15]]
+    t = torch.tensor([[0.0, 0.0, 1e3, -1.0]])
+    clamped = anchor_to_box(t, cells, 8, anchor)
+    w = torch.tensor(MAX_LOG_SCALE).exp() * 10
+    assert torch.isfinite(clamped).all()
+    assert clamped[0, 2] - clamped[0, 0] == w  # t_w clamped at MAX_LOG_SCALE
+    torch.testing.assert_close(clamped[0, 3] - clamped[0, 1], torch.tensor(-1.0).exp() * 6)
+    extra = torch.cat((t, torch.randn(1, 5)), dim=-1)  # (tx, ty, tw, th, obj, cls...): the rest ignored
+    assert torch.equal(anchor_to_box(extra, cells, 8, anchor), clamped)
+
+
+def test_anchor_to_box_equals_what_head_and_loss_computed_before_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    b, a, h, w, s = 2, 3, 5, 7, 16
+    t = torch.randn(b, a, h * w, 4, generator=gen) * 2
+    assert t.max() < MAX_LOG_SCALE  # the clamp idles
+    cells, _ = grid_points([(h, w)], [1], offset=0.0)
+    anchors = torch.tensor([[10.0, 13.0], [16.0, 30.0], [33.0, 23.0]]).view(1, a, 1, 2)
+    # the head, before: no clamp
+    xy = (t[..., :2].sigmoid() + cells) * s
+    wh = t[..., 2:4].exp() * anchors
+    assert torch.equal(anchor_to_box(t, cells, s, anchors), torch.cat((xy - wh / 2, xy + wh / 2), dim=-1))
+    # the loss, before: clamped at 10; with values past the clamp too
+    t[0, 0, :3, 2:] = 12.0
+    wh = t[..., 2:4].clamp(max=10.0).exp() * anchors
+    assert torch.equal(anchor_to_box(t, cells, s, anchors), torch.cat((xy - wh / 2, xy + wh / 2), dim=-1))

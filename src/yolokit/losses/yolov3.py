@@ -11,19 +11,19 @@ from torch import Tensor
 
 from yolokit.losses.assigners import AnchorMatcher
 from yolokit.losses.base import DetectionLoss, pad_targets
-from yolokit.ops.anchors import grid_points
+from yolokit.ops.anchors import anchor_to_box, grid_points
 from yolokit.ops.boxes import ciou
 
 BOX_LOSSES = ("ciou", "mse")
-MAX_LOG_SCALE = 10.0  # t_w, t_h are clamped here before exp: a box at most e^10 anchors wide
 
 
 class YOLOv3Loss(DetectionLoss):
     """Loss of an anchor head (YOLOv3, YOLOv3-SPP, YOLOv3-tiny) on its raw maps.
 
     Each level map is Tensor[B, A * (5 + C), H_l, W_l], per anchor a the channels
-    ``a * (5 + C) + (tx, ty, tw, th, obj, cls_0 .. cls_{C-1})``. Decoding (Darknet):
-    centre = (sigmoid(t_xy) + cell) * stride, size = exp(t_wh) * anchor.
+    ``a * (5 + C) + (tx, ty, tw, th, obj, cls_0 .. cls_{C-1})``. Decoding (Darknet's, the
+    head's own: ``ops.anchors.anchor_to_box``): centre = (sigmoid(t_xy) + cell) * stride,
+    size = exp(t_wh) * anchor, t_wh clamped at ``ops.anchors.MAX_LOG_SCALE``.
 
     Assignment (Darknet): every GT goes to the single anchor, over all levels, with the
     best width/height IoU, at the cell holding its centre (``AnchorMatcher``).
@@ -116,7 +116,7 @@ class YOLOv3Loss(DetectionLoss):
             positive = obj_target > 0
             obj_target = positive.float()
             with torch.no_grad():
-                boxes = decode_boxes(t.transpose(2, 3), cells, stride, anchor_wh[:, None]).flatten(1, 2)  # [B, Q, 4]
+                boxes = anchor_to_box(t.transpose(2, 3), cells, stride, anchor_wh[:, None]).flatten(1, 2)  # [B, Q, 4]
                 best = _max_iou(boxes, gt.boxes, gt.mask)
                 keep = ~((best.view(b, a, h * w) > self.ignore_thresh) & ~positive)
             obj_bce = F.binary_cross_entropy_with_logits(o.squeeze(2), obj_target, reduction="none")
@@ -134,7 +134,7 @@ class YOLOv3Loss(DetectionLoss):
 
             t_gt = t[img, anc, :, cell]  # [N, 4]
             if self.box == "ciou":
-                pred = decode_boxes(t_gt, cells[cell], stride, anchor_wh[anc])
+                pred = anchor_to_box(t_gt, cells[cell], stride, anchor_wh[anc])
                 box = box + ((1.0 - ciou(pred, gt_xyxy)) * here).sum()
             else:
                 err = _squared_error(t_gt, gt_xyxy, cells[cell], stride, anchor_wh[anc], image_area)
@@ -163,23 +163,6 @@ def _squared_error(t: Tensor, gt: Tensor, cell: Tensor, stride: float, anchor_wh
     scale = 2.0 - gt_wh.prod(-1) / image_area
     err = (t[:, :2].sigmoid() - target_xy).pow(2).sum(-1) + (t[:, 2:] - target_wh).pow(2).sum(-1)
     return scale * err
-
-
-def decode_boxes(t: Tensor, cells: Tensor, stride: float, anchor_wh: Tensor) -> Tensor:
-    """Darknet's decoding of (tx, ty, tw, th) to xyxy pixels (all arguments broadcast).
-
-    Args:
-        t: Tensor[..., 4] raw (tx, ty, tw, th).
-        cells: Tensor[..., 2] (column, row) of each prediction's cell.
-        stride: stride of the level in pixels.
-        anchor_wh: Tensor[..., 2] (w, h) of each prediction's anchor in pixels.
-
-    Returns:
-        Tensor[..., 4] xyxy; t_w, t_h are clamped at ``MAX_LOG_SCALE`` before exp.
-    """
-    xy = (t[..., :2].sigmoid() + cells) * stride
-    wh = t[..., 2:4].clamp(max=MAX_LOG_SCALE).exp() * anchor_wh
-    return torch.cat((xy - wh / 2, xy + wh / 2), dim=-1)
 
 
 def _max_iou(boxes: Tensor, gt_boxes: Tensor, gt_mask: Tensor) -> Tensor:

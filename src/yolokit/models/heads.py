@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from yolokit.models.layers import V8_STYLE, Conv
-from yolokit.ops.anchors import dfl_expectation, dist_to_box, grid_points
+from yolokit.ops.anchors import anchor_to_box, dfl_expectation, dist_to_box, grid_points
 
 
 class _GridCache:
@@ -160,8 +160,8 @@ class AnchorHead(nn.Module):
     def decode(self, maps: list[Tensor]) -> Tensor:
         """Raw maps -> Tensor[B, P, 4 + C], P = sum of A * H * W (anchor, row, column order).
 
-        Darknet's decoding: centre = (sigmoid(t_xy) + cell) * stride, size = exp(t_wh) * anchor,
-        class score = sigmoid(obj) * sigmoid(cls).
+        Boxes by ``ops.anchors.anchor_to_box`` (Darknet's decoding, t_wh clamped as the loss
+        decodes them); class score = sigmoid(obj) * sigmoid(cls).
         """
         out = []
         for m, s, a in zip(maps, self.strides, self.anchors):
@@ -170,8 +170,6 @@ class AnchorHead(nn.Module):
             cells, wh_anchor = self._grids.get((h, w, a, p.dtype, p.device), lambda: (
                 grid_points([(h, w)], [1], offset=0.0, dtype=p.dtype, device=p.device)[0],
                 torch.tensor(a, dtype=p.dtype, device=p.device).view(1, len(a), 1, 2)))
-            xy = (p[..., :2].sigmoid() + cells) * s
-            wh = p[..., 2:4].exp() * wh_anchor
             scores = p[..., 4:5].sigmoid() * p[..., 5:].sigmoid()
-            out.append(torch.cat((xy - wh / 2, xy + wh / 2, scores), dim=-1).flatten(1, 2))
+            out.append(torch.cat((anchor_to_box(p, cells, s, wh_anchor), scores), dim=-1).flatten(1, 2))
         return torch.cat(out, dim=1)

@@ -1,6 +1,6 @@
 """Pure tensor functions: boxes, IoU, NMS, grid points, inference image handling."""
 
-from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
+from yolokit.ops.anchors import anchor_to_box, box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import (
     box_area,
     box_convert,
@@ -17,6 +17,7 @@ from yolokit.ops.nms import Detections, non_max_suppression
 
 __all__ = [
     "Detections",
+    "anchor_to_box",
     "box_area",
     "box_convert",
     "box_iou",

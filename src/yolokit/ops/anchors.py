@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+MAX_LOG_SCALE = 10.0  # t_w, t_h are clamped here before exp: a box at most e^10 anchors wide
+
 
 def grid_points(
     shapes: Sequence[tuple[int, int]],
@@ -116,3 +118,27 @@ def dfl_expectation(logits: Tensor, *, dim: int = -1, bins: Tensor | None = None
     if pos == logits.ndim - 1:
         return probs @ bins
     return torch.matmul(bins, probs)
+
+
+def anchor_to_box(t: Tensor, cells: Tensor, stride: float, anchor_wh: Tensor) -> Tensor:
+    """Boxes from Darknet's anchor-relative predictions (all arguments broadcast).
+
+    centre = (sigmoid(t_xy) + cell) * stride, size = exp(min(t_wh, ``MAX_LOG_SCALE``)) * anchor:
+    Darknet's decoding, with the one clamp that keeps an untrained head's sizes finite.
+
+    Args:
+        t: Tensor[..., 4] raw (tx, ty, tw, th); more channels are ignored.
+        cells: Tensor[..., 2] (column, row) of each prediction's cell.
+        stride: stride of the level in pixels.
+        anchor_wh: Tensor[..., 2] (w, h) of each prediction's anchor in pixels.
+
+    Returns:
+        Tensor[..., 4] xyxy in pixels.
+
+    Example:
+        >>> anchor_to_box(torch.zeros(1, 4), torch.tensor([[2.0, 1.0]]), 8, torch.tensor([[10.0, 6.0]]))
+        tensor([[15.,  9., 25., 15.]])
+    """
+    xy = (t[..., :2].sigmoid() + cells) * stride
+    wh = t[..., 2:4].clamp(max=MAX_LOG_SCALE).exp() * anchor_wh
+    return torch.cat((xy - wh / 2, xy + wh / 2), dim=-1)
