@@ -46,22 +46,25 @@ def test_defaults_are_yolov8():
 
 def test_letterbox_shape_ratio_pad_and_grey():
     image = np.full((480, 640, 3), 7, np.uint8)
-    out, ratio, pad = letterbox(image, 320)
-    assert out.shape == (320, 320, 3) and ratio == (0.5, 0.5) and pad == (0, 40)
+    out, (ratio, pad) = letterbox(image, 320)
+    assert out.shape == (320, 320, 3) and ratio == (0.5, 0.5) and pad == (0.0, 40.0)
     assert (out[:40] == 114).all() and (out[-40:] == 114).all() and (out[40:280] == 7).all()
-    out, ratio, pad = letterbox(image, 320, auto=True, stride=32)
-    assert out.shape == (256, 320, 3) and pad == (0, 8)  # 240 -> next multiple of 32
-    out, ratio, pad = letterbox(np.zeros((100, 50, 3), np.uint8), 320, scaleup=False)
-    assert ratio == (1.0, 1.0) and pad == (135, 110) and out.shape == (320, 320, 3)
-    out, ratio, pad = letterbox(np.zeros((333, 500, 3), np.uint8), (256, 320))
+    out, (ratio, pad) = letterbox(image, 320, auto=True, stride=32)
+    assert out.shape == (256, 320, 3) and pad == (0.0, 8.0)  # 240 -> next multiple of 32
+    out, (ratio, pad) = letterbox(np.zeros((100, 50, 3), np.uint8), 320, scaleup=False)
+    assert ratio == (1.0, 1.0) and pad == (135.0, 110.0) and out.shape == (320, 320, 3)
+    out, (ratio, pad) = letterbox(np.zeros((333, 500, 3), np.uint8), (256, 320))
     assert out.shape == (256, 320, 3)
     assert ratio == (320 / 500, 213 / 333)  # exact per-axis ratio of the integer sizes
+    same = np.full((320, 320, 3), 9, np.uint8)
+    out, ratio_pad = letterbox(same, 320)
+    assert out is same and ratio_pad == ((1.0, 1.0), (0.0, 0.0))  # nothing to do: no copy
 
 
 def test_letterbox_boxes_follow_pixels():
     image, boxes, classes = _sample()
     for size, auto in [(320, False), (64, False), ((96, 200), False), (200, True)]:
-        out, ratio, pad = letterbox(image, size, auto=auto)
+        out, (ratio, pad) = letterbox(image, size, auto=auto)
         _assert_boxes_on_pixels(out, scale_boxes(boxes, ratio, pad), classes, tol=1.01)
         # ratio_pad maps back: original = (letterboxed - pad) / ratio
         back = (scale_boxes(boxes, ratio, pad) - np.array(pad * 2)) / np.array(ratio * 2)

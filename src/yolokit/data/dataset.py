@@ -265,9 +265,9 @@ class DetectionDataset(Dataset):
             image, boxes, classes, ratio_pad, i = self._train_sample(i, rng)
         else:
             image, boxes, classes, ratio, i = self._load_any(i)
-            image, r2, pad = letterbox(image, self.imgsz, stride=self.stride, auto=self.rect)
+            image, (r2, pad) = letterbox(image, self.imgsz, stride=self.stride, auto=self.rect)
             boxes = scale_boxes(boxes, r2, pad)
-            ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), (float(pad[0]), float(pad[1])))
+            ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), pad)
         chw = np.stack(cv2.split(image)[::-1])  # BGR HWC -> RGB CHW (faster than a transpose)
         return {
             "image": torch.from_numpy(chw),
@@ -313,8 +313,7 @@ class DetectionDataset(Dataset):
                                                   out_shape=(s, s), **affine)
             return image, boxes, classes, (ratio, (0.0, 0.0)), i
         image, boxes, classes, ratio, i = self._load_any(i)
-        image, r2, pad = letterbox(image, s)
+        image, (r2, pad) = letterbox(image, s)
         boxes = scale_boxes(boxes, r2, pad)
         image, boxes, classes = random_affine(image, boxes, classes, rng, **affine)
-        return image, boxes, classes, ((ratio[0] * r2[0], ratio[1] * r2[1]),
-                                       (float(pad[0]), float(pad[1]))), i
+        return image, boxes, classes, ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i

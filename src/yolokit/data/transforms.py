@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from yolokit.ops.geometry import RatioPad, letterbox_plan
+
 PAD_VALUE = 114
 
 
@@ -52,8 +54,8 @@ def letterbox(
     auto: bool = False,
     scaleup: bool = True,
     pad_value: int = PAD_VALUE,
-) -> tuple[np.ndarray, tuple[float, float], tuple[int, int]]:
-    """Resize keeping the aspect ratio, then pad (centred) to the new shape.
+) -> tuple[np.ndarray, RatioPad]:
+    """Resize keeping the aspect ratio, then pad (centred): ``ops.geometry.letterbox_plan``.
 
     Args:
         image: [h, w, 3].
@@ -64,39 +66,30 @@ def letterbox(
         pad_value: grey level of the border.
 
     Returns:
-        image: [H, W, 3] (with `auto`, each side is a multiple of `stride`).
-        ratio: `(ratio_w, ratio_h)`, exact per axis (resized size / original size).
-        pad: `(pad_w, pad_h)` pixels added on the left and the top; so
-            letterboxed = original * ratio + pad.
+        `(image, ((ratio_w, ratio_h), (pad_w, pad_h)))`, as `yolokit.ops.images.letterbox`:
+        image [H, W, 3] (with `auto`, each side a multiple of `stride`); ratio exact per axis
+        (resized size / original size); pad the pixels added on the left and the top, so
+        letterboxed = original * ratio + pad.
 
     Example:
-        >>> out, ratio, pad = letterbox(np.zeros((480, 640, 3), np.uint8), 320)
-        >>> out.shape, ratio, pad
-        ((320, 320, 3), (0.5, 0.5), (0, 40))
+        >>> out, ratio_pad = letterbox(np.zeros((480, 640, 3), np.uint8), 320)
+        >>> out.shape, ratio_pad
+        ((320, 320, 3), ((0.5, 0.5), (0.0, 40.0)))
     """
-    if isinstance(new_shape, int):
-        new_shape = (new_shape, new_shape)
-    h, w = image.shape[:2]
-    r = min(new_shape[0] / h, new_shape[1] / w)
-    if not scaleup:
-        r = min(r, 1.0)
-    nw, nh = max(1, round(w * r)), max(1, round(h * r))
-    if auto:
-        out_h, out_w = math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride
-    else:
-        out_h, out_w = new_shape
-    if (nw, nh) != (w, h):
+    plan = letterbox_plan(image.shape[:2], new_shape, stride=stride, auto=auto, scaleup=scaleup)
+    (nh, nw), (left, top, right, bottom) = plan.size, plan.pad
+    if plan.size != image.shape[:2]:
         image = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
-    left, top = (out_w - nw) // 2, (out_h - nh) // 2
-    if (out_h, out_w) != (nh, nw):
-        image = cv2.copyMakeBorder(image, top, out_h - nh - top, left, out_w - nw - left,
-                                   cv2.BORDER_CONSTANT, value=(pad_value,) * 3)
-    return image, (nw / w, nh / h), (left, top)
+    if plan.shape != plan.size:
+        image = cv2.copyMakeBorder(image, top, bottom, left, right, cv2.BORDER_CONSTANT,
+                                   value=(pad_value,) * 3)
+    return image, plan.ratio_pad
 
 
 def scale_boxes(boxes: np.ndarray, ratio: tuple[float, float],
                 pad: tuple[float, float]) -> np.ndarray:
-    """Map xyxy boxes [G, 4] by `box * ratio + pad` (what `letterbox` did to the image)."""
+    """Map xyxy boxes [G, 4] by `box * ratio + pad` (what `letterbox` did to the image:
+    `scale_boxes(boxes, *ratio_pad)`; `ops.geometry.unletterbox_boxes` maps back)."""
     rw, rh = ratio
     return (boxes * np.array([rw, rh, rw, rh], np.float32)
             + np.array([pad[0], pad[1], pad[0], pad[1]], np.float32)).astype(np.float32)

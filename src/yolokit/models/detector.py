@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from yolokit.models.layers import Conv
 from yolokit.models.necks import neck_units
-from yolokit.ops.boxes import unletterbox_boxes
+from yolokit.ops.geometry import unletterbox_boxes
 from yolokit.ops.images import letterbox_batch, load_images
 from yolokit.ops.nms import Detections, non_max_suppression
 

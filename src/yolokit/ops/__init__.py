@@ -1,4 +1,4 @@
-"""Pure tensor functions: boxes, IoU, NMS, grid points, inference image handling."""
+"""Pure tensor functions: boxes, IoU, NMS, anchors and grids, letterbox geometry, in-memory images."""
 
 from yolokit.ops.anchors import anchor_to_box, box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import (
@@ -10,13 +10,14 @@ from yolokit.ops.boxes import (
     diou,
     giou,
     iou,
-    unletterbox_boxes,
 )
+from yolokit.ops.geometry import LetterboxPlan, letterbox_plan, unletterbox_boxes
 from yolokit.ops.images import letterbox, load_images
 from yolokit.ops.nms import Detections, non_max_suppression
 
 __all__ = [
     "Detections",
+    "LetterboxPlan",
     "anchor_to_box",
     "box_area",
     "box_convert",
@@ -31,6 +32,7 @@ __all__ = [
     "grid_points",
     "iou",
     "letterbox",
+    "letterbox_plan",
     "load_images",
     "non_max_suppression",
     "unletterbox_boxes",

@@ -182,23 +182,6 @@ def clip_boxes(boxes: Tensor, shape: Sequence[int]) -> Tensor:
     return out
 
 
-def unletterbox_boxes(
-    boxes: Tensor,
-    ratio_pad: tuple[tuple[float, float], tuple[float, float]],
-    orig_shape: Sequence[int],
-) -> Tensor:
-    """Maps ``xyxy`` boxes from a letterboxed image back to the original image.
-
-    Args:
-        boxes: Tensor[N, 4] xyxy in letterboxed pixels.
-        ratio_pad: ``((ratio_w, ratio_h), (pad_w, pad_h))``: the original was resized by
-            the ratios, then padded by ``pad_w`` on the left and ``pad_h`` on the top.
-        orig_shape: (height, width) of the original image.
-
-    Returns:
-        Tensor[N, 4] xyxy in original pixels, clipped to the image.
-    """
-    (rw, rh), (pw, ph) = ratio_pad
-    offset = boxes.new_tensor([pw, ph, pw, ph])
-    scale = boxes.new_tensor([rw, rh, rw, rh])
-    return clip_boxes((boxes - offset) / scale, orig_shape)
+# Transitional: train/evaluate.py still imports unletterbox_boxes from here. Delete this line
+# once it imports from yolokit.ops.geometry (at the end: geometry imports clip_boxes above).
+from yolokit.ops.geometry import unletterbox_boxes  # noqa: E402, F401

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-RatioPad = tuple[tuple[float, float], tuple[float, float]]
+from yolokit.ops.geometry import RatioPad, letterbox_plan
 
 
 def to_image_tensor(image: Any) -> Tensor:
@@ -64,18 +64,18 @@ def load_images(images: Any) -> list[Tensor]:
 
 def letterbox(
     image: Tensor,
-    new_shape: tuple[int, int],
+    new_shape: int | tuple[int, int],
     *,
     stride: int = 32,
     auto: bool = False,
     scaleup: bool = True,
     pad_value: float = 114 / 255,
 ) -> tuple[Tensor, RatioPad]:
-    """Resizes keeping the aspect ratio, then pads to ``new_shape``.
+    """Resizes keeping the aspect ratio (bilinear), then pads centred: ``ops.geometry.letterbox_plan``.
 
     Args:
         image: Tensor[3, H, W], uint8 or float in [0, 1].
-        new_shape: (height, width) to fit into.
+        new_shape: (height, width) to fit into, or one int for a square.
         stride: with ``auto``, pad only up to the next multiple of this.
         auto: pad to the smallest stride multiple instead of all of ``new_shape``.
         scaleup: allow enlarging small images.
@@ -84,23 +84,15 @@ def letterbox(
     Returns:
         ``(out, ((ratio_w, ratio_h), (pad_w, pad_h)))``: out is Tensor[3, H', W'] float in
         [0, 1]; the original maps to ``out`` by scaling with the ratios and shifting right
-        by pad_w and down by pad_h.
+        by pad_w and down by pad_h (the same result as ``yolokit.data.transforms.letterbox``).
     """
     img = image.float() / 255 if not image.is_floating_point() else image.float()
-    h, w = img.shape[-2:]
-    r = min(new_shape[0] / h, new_shape[1] / w)
-    if not scaleup:
-        r = min(r, 1.0)
-    nh, nw = max(1, round(h * r)), max(1, round(w * r))
-    if (nh, nw) != (h, w):
-        img = F.interpolate(img[None], size=(nh, nw), mode="bilinear", align_corners=False)[0]
-    if auto:
-        th, tw = math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride
-    else:
-        th, tw = new_shape
-    top, left = (th - nh) // 2, (tw - nw) // 2
-    img = F.pad(img, (left, tw - nw - left, top, th - nh - top), value=pad_value)
-    return img, ((nw / w, nh / h), (float(left), float(top)))
+    plan = letterbox_plan(img.shape[-2:], new_shape, stride=stride, auto=auto, scaleup=scaleup)
+    if plan.size != tuple(img.shape[-2:]):
+        img = F.interpolate(img[None], size=plan.size, mode="bilinear", align_corners=False)[0]
+    left, top, right, bottom = plan.pad
+    img = F.pad(img, (left, right, top, bottom), value=pad_value)
+    return img, plan.ratio_pad
 
 
 def letterbox_batch(images: Sequence[Tensor], imgsz: int, stride: int) -> tuple[Tensor, list[RatioPad]]:
