@@ -21,6 +21,8 @@ def test_bad_maps_and_targets_are_named(name):
         loss(wrong, good)
     with pytest.raises(ValueError, match=r"targets must be Tensor\[N, 6\]"):
         loss(maps, good[:, 1:])
+    with pytest.raises(ValueError, match="targets are on meta but the maps on cpu.*to_device"):
+        loss(maps, good.to("meta"))  # a loss moves nothing: the batch goes to the device once
     total, parts = loss(maps, good)
     assert total.dtype == torch.float32 and total.requires_grad and set(parts) <= {"box", "cls", "dfl", "obj"}
 

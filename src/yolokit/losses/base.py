@@ -14,8 +14,9 @@ class DetectionLoss(nn.Module):
 
     ``forward(maps, targets)`` checks that there is one map per stride with the channels
     ``map_channels()`` names, then runs the subclass's ``_loss`` on float32 copies outside
-    any autocast region (losses stay in float32 under mixed precision), with the targets
-    on the maps' device.
+    any autocast region (losses stay in float32 under mixed precision). The targets must
+    already be on the maps' device: a batch gets there once, by ``yolokit.data.to_device``
+    (or the caller's own ``.to(device)``); a loss moves nothing.
 
     Subclasses set ``strides`` and ``channel_layout`` (how the channels are made up, for
     error messages) and define ``map_channels()`` and ``_loss(maps, targets, max_boxes)``.
@@ -38,7 +39,8 @@ class DetectionLoss(nn.Module):
         Args:
             maps: per level Tensor[B, channels, H_l, W_l], levels in ``strides`` order.
             targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels,
-                image indices in [0, B) (not checked: that would read the device).
+                on the maps' device, image indices in [0, B) (not checked: that would read the
+                device).
             max_boxes: the most boxes one image of the batch holds (G), when the caller knows
                 it (the data side does, on the host): the losses then work on targets padded
                 per image, which is faster. Fewer than an image holds raises an IndexError
@@ -47,6 +49,9 @@ class DetectionLoss(nn.Module):
         Returns:
             ``(total, parts)``: total a float32 scalar with gradient; parts maps each
             component's name to a detached float32 scalar, gains applied (they sum to total).
+
+        Raises:
+            ValueError: maps or targets of the wrong shape, or targets on another device.
         """
         if len(maps) != len(self.strides):
             raise ValueError(f"got {len(maps)} maps for {len(self.strides)} strides")
@@ -57,8 +62,11 @@ class DetectionLoss(nn.Module):
         if targets.ndim != 2 or targets.shape[1] != 6:
             raise ValueError(f"targets must be Tensor[N, 6] (image_index, class, x1, y1, x2, y2), "
                              f"got {tuple(targets.shape)}")
+        if targets.device != maps[0].device:
+            raise ValueError(f"targets are on {targets.device} but the maps on {maps[0].device}: move the "
+                             "batch once, with yolokit.data.to_device (a loss moves nothing)")
         with torch.autocast(maps[0].device.type, enabled=False):
-            return self._loss([m.float() for m in maps], targets.float().to(maps[0].device), max_boxes)
+            return self._loss([m.float() for m in maps], targets.float(), max_boxes)
 
 
 class PaddedTargets(NamedTuple):
