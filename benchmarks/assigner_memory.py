@@ -3,14 +3,14 @@
 Each measurement runs in a fresh Python process: the inputs (random per-level maps of a
 640 px batch, 80 classes, and random GT boxes) are built first, then one call's peak
 memory above them is read as the rise of the peak resident set (``VmHWM``, reset through
-``/proc/self/clear_refs``; see ``yolokit.bench.timing.peak_memory``), and the calls are
+``/proc/self/clear_refs``; see ``harness.timing.peak_memory``), and the calls are
 timed (median and min after a warm-up call). Not a test: run it by hand on a quiet machine.
 
     python benchmarks/assigner_memory.py                           # normal and dense
     python benchmarks/assigner_memory.py --cases dense --repeats 3
     python benchmarks/assigner_memory.py --set chunk_pairs=0        # assigner attribute override
 
-Cases (``yolokit.bench.inputs``: maps N(0, 1), boxes 16 to 320 px unless --max-wh):
+Cases (``harness.inputs``: maps N(0, 1), boxes 16 to 320 px unless --max-wh):
 ``normal`` is batch 16 with 10 boxes per image, ``dense`` batch 16 with 1,000.
 Rows: ``loss`` = ``YOLOv8Loss`` forward + backward (assignment included, from the
 per-level maps to their gradients); ``loss-G`` the same with ``max_boxes`` given (the most
@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
+
+from harness.inputs import STRIDES, random_targets, v8_maps
+from harness.timing import alternate, header, median, peak_memory
 
 CASES = {"normal": 10, "dense": 1000}
 
 
 def _inputs(per_image: int, batch: int, size: int, classes: int, max_wh: float):
-    from yolokit.bench.inputs import STRIDES, random_targets, v8_maps
-
     maps = v8_maps(batch, size, classes=classes)
     targets = random_targets(batch, per_image, size, classes=classes, max_wh=max_wh)
     return maps, targets, STRIDES
@@ -42,7 +41,6 @@ def _inputs(per_image: int, batch: int, size: int, classes: int, max_wh: float):
 
 def _child(args: argparse.Namespace) -> dict:
     """One row in this process: peak memory of one call, then its timings."""
-    from yolokit.bench.timing import peak_memory
     from yolokit.losses import YOLOv8Loss, pad_targets
     from yolokit.ops.anchors import dist_to_box, grid_points
 
@@ -75,12 +73,8 @@ def _child(args: argparse.Namespace) -> dict:
 
     fn()  # warm-up (one-time allocations: thread pools, kernels)
     peak = peak_memory(fn)
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return {"peak_mib": None if peak is None else peak / 2**20, "median_ms": statistics.median(times) * 1e3,
+    times = alternate([fn], warmup=0, repeats=args.repeats)[0]
+    return {"peak_mib": None if peak is None else peak / 2**20, "median_ms": median(times) * 1e3,
             "min_ms": min(times) * 1e3, "runs_ms": [t * 1e3 for t in times]}
 
 
@@ -105,11 +99,7 @@ def main() -> None:
         print(json.dumps(_child(args)))
         return
 
-    from yolokit.bench.timing import command, machine, versions
-
-    print(f"command: {command()}")
-    print(f"machine: {machine()}")
-    print(f"versions: {versions()}")
+    print(header())
     print(f"batch {args.batch}, {args.imgsz} px, {args.classes} classes, boxes 16 to {args.max_wh:g} px; "
           f"median (min) of {args.repeats} runs after 1 warm-up; peak = extra resident memory of one call\n")
     passthrough = sys.argv[1:]

@@ -7,8 +7,8 @@ hand, ideally on an otherwise idle machine.
     python benchmarks/data_pipeline.py                      # yolokit only
     /path/to/venv-with-ultralytics/bin/python benchmarks/data_pipeline.py --ultralytics
 
-Ultralytics is imported only here and only with --ultralytics, from whatever
-interpreter runs the script (keep it out of yolokit's environment). Its batches are
+Ultralytics is imported only with --ultralytics (through ``harness.reference``), from
+whatever interpreter runs the script (keep it out of yolokit's environment). Its batches are
 uint8 (it converts to float on the GPU later); yolokit's are float32 in [0, 1] by the
 batch contract, converted in the workers. `--uint8` also times yolokit with
 `uint8_images=True` (uint8 batches, converted on the device by `to_device`, as Ultralytics does).
@@ -17,32 +17,11 @@ batch contract, converted in the workers. `--uint8` also times yolokit with
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
-import time
 
 import numpy as np
 
-from yolokit.bench.pipeline import cpu_seconds as _cpu_seconds
-from yolokit.bench.timing import machine as _machine
-from yolokit.bench.timing import versions as _versions
-
-
-def _time(loader, batches: int, warmup: int) -> tuple[float, float]:
-    """(images per second, CPU milliseconds per image) over `batches` batches after
-    `warmup` batches; epochs repeat as needed."""
-    done, images, start, cpu = 0, 0, None, 0.0
-    while done < warmup + batches:
-        for batch in loader:
-            if done == warmup:
-                start, cpu, images = time.perf_counter(), _cpu_seconds(), 0
-            imgs = next(batch[k] for k in ("images", "images_uint8", "img") if k in batch)
-            images += imgs.shape[0]
-            done += 1
-            if done >= warmup + batches:
-                break
-    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
-    return images / wall, cpu / images * 1000
+from harness.pipeline import epochs, time_batches
+from harness.timing import header
 
 
 def yolokit_loader(yaml, args, *, uint8: bool = False):
@@ -50,18 +29,6 @@ def yolokit_loader(yaml, args, *, uint8: bool = False):
 
     ds = DetectionDataset(yaml, "train", imgsz=args.imgsz, augment=True)
     return build_dataloader(ds, args.batch, workers=args.workers, seed=0, uint8_images=uint8)
-
-
-def ultralytics_loader(yaml, args):
-    from ultralytics.cfg import get_cfg
-    from ultralytics.data.build import build_dataloader, build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-
-    cfg = get_cfg(overrides={"imgsz": args.imgsz, "batch": args.batch, "workers": args.workers,
-                             "data": str(yaml)})
-    data = check_det_dataset(str(yaml))
-    ds = build_yolo_dataset(cfg, data["train"], args.batch, data, mode="train")
-    return build_dataloader(ds, args.batch, args.workers, shuffle=True, rank=-1)
 
 
 def main() -> None:
@@ -85,19 +52,19 @@ def main() -> None:
     if args.uint8:
         runs["yolokit uint8_images"] = lambda: yolokit_loader(yaml, args, uint8=True)
     if args.ultralytics:
-        import ultralytics
+        from harness import reference
 
-        extra["ultralytics"] = ultralytics.__version__
-        runs["ultralytics"] = lambda: ultralytics_loader(yaml, args)
+        extra["ultralytics"] = reference.version()
+        runs["ultralytics"] = lambda: reference.training_loader(yaml, imgsz=args.imgsz, batch=args.batch,
+                                                                workers=args.workers)
     loaders = {name: make() for name, make in runs.items()}
     results = {name: [] for name in loaders}
     for _ in range(args.repeats):  # interleave, so load from elsewhere hits all alike
-        for name, loader in loaders.items():
-            results[name].append(_time(loader, args.batches, args.warmup))
+        for name, loader in loaders.items():  # each run from a new epoch; epochs repeat as needed
+            timed = time_batches(epochs(loader), args.batches, args.warmup)
+            results[name].append((timed.units / timed.seconds, timed.cpu_seconds / timed.units * 1000))
 
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"machine: {_machine()}")
-    print(f"versions: {_versions(extra)}")
+    print(header(extra))
     print(f"data: {yaml.parent} ({args.images} train images, long side {args.imgsz})")
     print(f"setting: imgsz {args.imgsz}, batch {args.batch}, workers {args.workers}, "
           f"YOLOv8 default augmentation (Mosaic 1.0, translate 0.1, scale 0.5, HSV, fliplr 0.5)")

@@ -37,6 +37,10 @@ from collections.abc import Callable
 
 import torch
 
+from harness import inputs
+from harness.pipeline import dataset_yaml
+from harness.timing import alternate, header, median, peak_memory, synchronize
+
 MODELS = ("yolov8n", "yolov8s", "yolov8m", "yolov3")
 DEVICE = torch.device("cuda")  # --cpu-smoke runs the code paths on the CPU, with tiny sizes
 BATCH = {"yolov8n": 64, "yolov8s": 64, "yolov8m": 32, "yolov3": 32, "yolov3-tiny": 64}
@@ -49,7 +53,6 @@ def make_step(name: str, batch: int, precision: str, *, channels_last: bool = Fa
     """yolokit's training step (the trainer's order of operations) on a synthetic batch on the GPU."""
     import yolokit
     from yolokit.accel import Precision, enable_activation_checkpointing, perf
-    from yolokit.bench import inputs
     from yolokit.train import TrainConfig
     from yolokit.train.optim import build_optimizer
     from yolokit.train.trainer import build_loss
@@ -78,32 +81,15 @@ def make_step(name: str, batch: int, precision: str, *, channels_last: bool = Fa
     return step
 
 
-def _sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def images_per_second(step: Callable[[], None], batch: int, *, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        step()
-    _sync()
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    _sync()
-    return batch * iters / (time.perf_counter() - start)
+    """Training images per second over ``iters`` steps after ``warmup`` (the device synchronized around them)."""
+    seconds = alternate([step], warmup=warmup, repeats=1, inner=iters, device=DEVICE)[0][0]
+    return batch / seconds
 
 
-def peak_bytes(step: Callable[[], None], steps: int = 3) -> int:
-    if DEVICE.type != "cuda":
-        step()
-        return 1
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated()
+def peak_bytes(step: Callable[[], None], steps: int = 3) -> int | None:
+    """Peak memory of ``steps`` steps, what was allocated before included (model, optimizer state)."""
+    return peak_memory(lambda: [step() for _ in range(steps)], DEVICE, extra=False)
 
 
 def _free() -> None:
@@ -188,7 +174,7 @@ def batch_finder(args, out: dict) -> None:
             step = make_step(name, b, "bf16")
             step()
             step()  # the second step holds the optimizer state too
-            _sync()
+            synchronize(DEVICE)
 
         start = time.perf_counter()
         picked = find_batch_size(step_at, start=1, max_size=args.max_batch, mode="binsearch")  # as the trainer
@@ -206,7 +192,6 @@ def batch_finder(args, out: dict) -> None:
 
 def utilisation(args, out: dict) -> None:
     from yolokit.accel import DeviceMonitor
-    from yolokit.bench.pipeline import dataset_yaml
     from yolokit.data import DetectionDataset, build_dataloader, to_device
 
     print("\n== GPU utilisation while the real data loader feeds training (yolov8n, bf16) ==")
@@ -236,7 +221,7 @@ def utilisation(args, out: dict) -> None:
                 break
             data = to_device(data, DEVICE, non_blocking=True)
             if steps == args.warmup:
-                _sync()
+                synchronize(DEVICE)
                 monitor.start()
                 start, wait, images = time.perf_counter(), 0.0, 0
             elif steps > args.warmup:
@@ -252,7 +237,7 @@ def utilisation(args, out: dict) -> None:
                 break
         if steps >= args.warmup + 4 * args.iters:
             break
-    _sync()
+    synchronize(DEVICE)
     elapsed = time.perf_counter() - start
     monitor.stop()
     summary = monitor.summary()
@@ -268,14 +253,8 @@ def utilisation(args, out: dict) -> None:
 def matmul_peak(dtype: torch.dtype = torch.bfloat16, n: int = 8192, iters: int = 50) -> float:
     """Measured dense matmul FLOP/s of the GPU in ``dtype``."""
     a, b = torch.randn(n, n, device=DEVICE, dtype=dtype), torch.randn(n, n, device=DEVICE, dtype=dtype)
-    for _ in range(5):
-        a @ b
-    _sync()
-    start = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    _sync()
-    return 2 * n**3 * iters / (time.perf_counter() - start)
+    seconds = alternate([lambda: a @ b], warmup=5, repeats=1, inner=iters, device=DEVICE)[0][0]
+    return 2 * n**3 / seconds
 
 
 def mfu(args, out: dict) -> None:
@@ -304,8 +283,7 @@ def mfu(args, out: dict) -> None:
 
 
 def reference(args, out: dict) -> None:
-    from yolokit.bench import inputs
-    from yolokit.bench import reference as ref
+    from harness import reference as ref
 
     version = ref.version()
     if version is None:
@@ -321,13 +299,8 @@ def reference(args, out: dict) -> None:
         for precision, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
             ours = make_step(name, batch, precision)
             theirs = ref.train_step(name, images, targets, DEVICE, dtype=dtype)
-            rates = {"ours": [], "theirs": []}
-            for fn in (ours, theirs):  # warm-up
-                images_per_second(fn, batch, warmup=args.warmup, iters=1)
-            for _ in range(5):  # alternate A B A B
-                rates["ours"].append(images_per_second(ours, batch, warmup=0, iters=args.iters))
-                rates["theirs"].append(images_per_second(theirs, batch, warmup=0, iters=args.iters))
-            mo, mt = sorted(rates["ours"])[2], sorted(rates["theirs"])[2]
+            runs = alternate([ours, theirs], warmup=args.warmup + 1, repeats=5, inner=args.iters, device=DEVICE)
+            mo, mt = (batch / median(r) for r in runs)  # images/s, medians of 5 runs A B A B
             rows.append({"model": name, "precision": precision, "batch": batch, "yolokit_images_per_s": mo,
                          "reference_images_per_s": mt, "ratio": mt / mo, "note": ref.NOTES.get(name, "")})
             print(f"  {name:<10} {precision}  batch {batch:>4}: yolokit {mo:8.1f} img/s, reference {mt:8.1f} img/s, "
@@ -363,10 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.iters, args.warmup = 5, 3
     torch.backends.cudnn.benchmark = True  # as the trainer's perf.configure sets it
-    from yolokit.bench.timing import command, machine, versions
-
-    print(f"command: {command()}\nmachine: {machine()}\nversions: {versions()}")
-    out: dict = {"command": command(), "machine": machine(), "versions": versions()}
+    described = header()
+    print(described)
+    out: dict = dict(line.split(": ", 1) for line in described.splitlines())  # command, machine, versions
     for name in args.sections:
         {"throughput": throughput, "checkpointing": checkpointing, "batch": batch_finder,
          "utilisation": utilisation, "mfu": mfu, "reference": reference}[name](args, out)

@@ -4,7 +4,7 @@
     /path/to/bench-venv/bin/python benchmarks/run.py  # with the reference side
     python benchmarks/run.py --cases nms loss --quick
 
-The same as ``yolokit bench``: the cases live in ``yolokit.bench`` (see its docstring and
+The cases live in ``benchmarks/harness/cases.py`` (see ``harness/runner.py`` and
 BENCHMARKS.md). Ultralytics is imported only when its side runs, from whatever
 interpreter runs this script; keep it in a separate environment (``pip install
 'yolokit[bench]'`` there).
@@ -12,7 +12,7 @@ interpreter runs this script; keep it in a separate environment (``pip install
 
 import sys
 
-from yolokit.bench import main
+from harness.runner import main
 
 if __name__ == "__main__":
     sys.exit(main())

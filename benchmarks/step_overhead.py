@@ -32,10 +32,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import yolokit
 from yolokit.accel import perf
-from yolokit.bench.timing import Timed, alternate, command, machine, median, versions
 from yolokit.losses.yolov8 import YOLOv8Loss
 from yolokit.train.ema import ModelEMA
 from yolokit.train.optim import build_optimizer, parameter_groups
+
+from harness.timing import Timed, alternate, header, median
 
 
 class LoopEMA(ModelEMA):
@@ -137,9 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"command: {command()}")
-    print(f"machine: {machine()}")
-    print(f"versions: {versions()}")
+    print(header())
     print(f"yolov8n (2 classes), {args.imgsz} px, batch {args.batch}; median of {args.repeats} runs after "
           f"{args.warmup} warm-up rounds\n")
 

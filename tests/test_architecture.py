@@ -19,8 +19,7 @@ ALLOWED = {
     "train": {"ops", "models", "losses", "data", "accel", "interop", "viz"},
     "viz": {"ops"},
     "predict": {"ops", "models", "data", "interop", "viz"},
-    "bench": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", ""},
-    "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", "bench", "predict", ""},
+    "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", "predict", ""},
     "__init__": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz"},
 }
 # Third-party modules each part may import (the standard library is always allowed).

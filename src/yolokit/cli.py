@@ -1,4 +1,4 @@
-"""The ``yolokit`` command: ``train``, ``val``, ``predict``, ``export``, ``demo`` and ``bench``.
+"""The ``yolokit`` command: ``train``, ``val``, ``predict``, ``export`` and ``demo``.
 
 Each subcommand is a function ``run_<name>(args)``; ``main`` only parses and dispatches.
 ``train`` flags are the ``TrainConfig`` field names.
@@ -177,13 +177,6 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    """Times yolokit against Ultralytics (when importable), case by case; see ``yolokit.bench``."""
-    from yolokit.bench import run_from_args
-
-    return run_from_args(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="yolokit", description="YOLOv3 / YOLOv8 object detection.")
     parser.add_argument("--version", action="version", version=f"yolokit {yolokit.__version__}")
@@ -257,15 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="runs/demo", help="output folder")
     demo.set_defaults(func=run_demo)
-
-    from yolokit.bench import build_parser as bench_flags
-
-    bench = sub.add_parser("bench", help="time yolokit against Ultralytics (when installed), case by case",
-                           description="Each case times yolokit and the reference in turns and prints medians "
-                                       "and the ratio yolokit / reference. Install the reference with "
-                                       "pip install 'yolokit[bench]' in a separate environment.")
-    bench_flags(bench)
-    bench.set_defaults(func=run_bench)
     return parser
 
 

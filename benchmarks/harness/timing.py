@@ -1,9 +1,12 @@
-"""Alternating timer, peak-memory readings, and a description of the machine.
+"""The one set of timers and memory readers every benchmark script uses.
 
 ``alternate`` times two (or more) callables in turns, A B A B ..., so that load from
-other processes on a shared machine hits every side alike; results are medians.
-``peak_memory`` reads the extra memory one call needs: CUDA's allocator peak on a GPU,
-the process's peak resident set on CPU.
+other processes on a shared machine hits every side alike; results are medians. On a
+GPU it synchronizes around each counted run, so the time is the device's.
+``peak_memory`` reads the memory one call needs at its peak: CUDA's allocator peak on a
+GPU, the process's peak resident set on CPU. ``resident_bytes`` reads the resident set
+(or its peak), ``cpu_seconds`` the CPU time of this process and its children, and
+``header`` the command, machine and versions every script prints first.
 """
 
 from __future__ import annotations
@@ -37,24 +40,36 @@ class Timed:
     Attributes:
         seconds: time of the counted part.
         units: what was done in it (images, calls); the result is seconds per unit.
+        cpu_seconds: CPU time spent in it, where measured (data loaders: workers included).
     """
 
     seconds: float
     units: int
+    cpu_seconds: float | None = None
 
 
-def alternate(fns: Sequence[Callable[[], Any]], *, warmup: int, repeats: int, inner: int = 1) -> list[list[float]]:
+def synchronize(device: torch.device | str | None) -> None:
+    """Waits for the work queued on a CUDA ``device``; nothing for the CPU or None."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def alternate(fns: Sequence[Callable[[], Any]], *, warmup: int, repeats: int, inner: int = 1,
+              device: torch.device | str | None = None) -> list[list[float]]:
     """Seconds per unit of each callable, measured in turns.
 
     Each round runs every callable once (``inner`` calls counted as one run), in the
-    order given: A B A B ... . A callable returning ``Timed`` reports its own time and
-    units; anything else counts as one unit timed from outside.
+    order given: A B A B ... . A counted run is timed as one block, with ``device``
+    synchronized before and after it (not between its calls, so queued GPU work overlaps
+    as in a training loop). A callable returning ``Timed`` reports its own time and
+    units instead; anything else counts as one unit per call.
 
     Args:
         fns: the callables (yolokit first, then the reference).
         warmup: uncounted rounds first.
         repeats: counted rounds.
         inner: calls per counted run (for calls too short to time one by one).
+        device: the device the callables queue work on (CUDA: synchronized around each run).
 
     Returns:
         Per callable, the ``repeats`` measured seconds per unit, in run order.
@@ -65,15 +80,16 @@ def alternate(fns: Sequence[Callable[[], Any]], *, warmup: int, repeats: int, in
     runs: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for k, fn in enumerate(fns):
-            seconds, units = 0.0, 0
-            for _ in range(inner):
-                start = time.perf_counter()
-                out = fn()
-                elapsed = time.perf_counter() - start
-                if isinstance(out, Timed):
-                    seconds, units = seconds + out.seconds, units + out.units
-                else:
-                    seconds, units = seconds + elapsed, units + 1
+            synchronize(device)
+            start = time.perf_counter()
+            outs = [fn() for _ in range(inner)]
+            synchronize(device)
+            elapsed = time.perf_counter() - start
+            timed = [out for out in outs if isinstance(out, Timed)]
+            if timed:
+                seconds, units = sum(t.seconds for t in timed), sum(t.units for t in timed)
+            else:
+                seconds, units = elapsed, inner
             runs[k].append(seconds / max(units, 1))
     return runs
 
@@ -88,6 +104,39 @@ def _status_bytes(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(key)
+
+
+def resident_bytes(*, peak: bool = False) -> int | None:
+    """This process's resident set now (``VmRSS``), or its peak so far (``VmHWM``), in bytes.
+
+    The peak counts from the process's start, or from the last reset by ``peak_memory``.
+    ``None`` where ``/proc/self/status`` cannot be read (not Linux).
+    """
+    try:
+        return _status_bytes("VmHWM" if peak else "VmRSS")
+    except (OSError, KeyError):
+        return None
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its live children (e.g. loader workers), Linux only."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = ["self"]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            pass
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def _libc() -> Any:
@@ -108,22 +157,28 @@ def _can_reset_peak_rss() -> bool:
         return False
 
 
-def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> int | None:
-    """Extra memory, in bytes, that one call of ``fn`` needs at its peak.
+def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu", *, extra: bool = True) -> int | None:
+    """Memory, in bytes, that one call of ``fn`` needs at its peak.
 
-    CUDA: ``torch.cuda.max_memory_allocated`` over the call minus what was allocated
-    before it. CPU (Linux): the peak resident set (``VmHWM``, reset through
-    ``/proc/self/clear_refs``) minus the resident set before the call, with glibc set to
-    return freed blocks of 64 KiB and more to the system during the call (glibc's
-    thresholds stay fixed afterwards, so call it after the timings). ``None`` where it
-    cannot be read.
+    CUDA: ``torch.cuda.max_memory_allocated`` over the call, minus what was allocated
+    before it when ``extra``. CPU (Linux): the peak resident set (``VmHWM``, reset through
+    ``/proc/self/clear_refs``), minus the resident set before the call when ``extra``,
+    with glibc set to return freed blocks of 64 KiB and more to the system during the
+    call (glibc's thresholds stay fixed afterwards, so call it after the timings).
+    ``None`` where it cannot be read.
+
+    Args:
+        fn: one call (it may run several steps).
+        device: where ``fn`` allocates.
+        extra: the rise over what was held before the call; False: the whole peak
+            (what was held before included: the model, its optimizer state).
     """
     device = torch.device(device)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
+        before = torch.cuda.memory_allocated(device) if extra else 0
         fn()
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device) - before)
@@ -135,7 +190,7 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str = "cpu") -> in
         libc.malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    before = _status_bytes("VmRSS")
+    before = _status_bytes("VmRSS") if extra else 0
     try:
         fn()
         return max(0, _status_bytes("VmHWM") - before)
@@ -186,3 +241,8 @@ def versions(extra: dict[str, str] | None = None) -> str:
 def command() -> str:
     """The command line of this process."""
     return shlex.join([sys.executable, *sys.argv])
+
+
+def header(extra: dict[str, str] | None = None) -> str:
+    """The three lines every benchmark prints first: command, machine, versions (plus ``extra``)."""
+    return f"command: {command()}\nmachine: {machine()}\nversions: {versions(extra)}"

@@ -7,13 +7,13 @@ its end, so no loader keeps working (prefetching) while the other one is timed.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from yolokit.bench.timing import Timed
 from yolokit.data import DetectionDataset, build_dataloader, make_shapes
+
+from harness.timing import Timed, cpu_seconds
 
 IMAGE_KEYS = ("images", "images_uint8", "img")
 
@@ -24,36 +24,22 @@ def dataset_yaml(*, images: int, imgsz: int) -> Path:
 
 
 def time_batches(batches: Iterator[dict], count: int, warmup: int, *, key: str | None = None) -> Timed:
-    """Seconds and images of ``count`` batches drawn after ``warmup`` batches of ``batches``."""
-    start, images = 0.0, 0
+    """Seconds, images and CPU seconds (this process and its workers) of ``count`` batches
+    drawn after ``warmup`` batches of ``batches``."""
+    start, cpu, images = 0.0, 0.0, 0
     for done in range(warmup + count):
         if done == warmup:
-            start, images = time.perf_counter(), 0
+            start, cpu, images = time.perf_counter(), cpu_seconds(), 0
         batch = next(batches)
         names = (key,) if key else IMAGE_KEYS
         images += next(batch[k] for k in names if k in batch).shape[0]
-    return Timed(time.perf_counter() - start, images)
+    return Timed(time.perf_counter() - start, images, cpu_seconds=cpu_seconds() - cpu)
 
 
-def cpu_seconds() -> float:
-    """User + system CPU time of this process and its live children (the loader workers), Linux only."""
-    tick = os.sysconf("SC_CLK_TCK")
-    pids = ["self"]
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += f.read().split()
-        except OSError:
-            pass
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+def epochs(loader: Iterable[dict]) -> Iterator[dict]:
+    """The batches of ``loader``, epoch after epoch, without end."""
+    while True:
+        yield from loader
 
 
 def yolokit_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, uint8: bool = True):

@@ -1,9 +1,10 @@
 """The reference side of each case: Ultralytics, called through its public modules.
 
-Ultralytics is imported only inside these functions, and only when the benchmark runs
+Ultralytics is imported only inside these functions, and only when a benchmark runs
 its reference side (the optional extra ``yolokit[bench]``, best installed in its own
-environment: it is AGPL-licensed and no part of yolokit). Nothing of it is copied here:
-its classes and functions are called as a user would call them.
+environment: it is AGPL-licensed and no part of yolokit, which never imports this
+harness). Nothing of it is copied here: its classes and functions are called as a user
+would call them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from yolokit.bench.timing import Timed
 from yolokit.train.optim import parameter_groups
+
+from harness.timing import Timed
 
 # yolokit variant -> Ultralytics model yaml. Their yolov3-tiny is the anchor-free "u"
 # variant (YOLOv8 head and loss on the tiny backbone), not Darknet's anchor head.
@@ -190,9 +192,9 @@ def evaluate(images: list[dict[str, np.ndarray]], num_classes: int) -> Callable[
     return run
 
 
-def data_loader(yaml: Path, *, imgsz: int, batch: int, workers: int) -> tuple[Callable[[int, int], Timed], Any]:
-    """Their training loader (``build_yolo_dataset`` + ``build_dataloader``, default augmentation)
-    and a function timing ``count`` batches after ``warmup``, on fresh workers each time."""
+def training_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, **options: Any) -> Any:
+    """Their training loader: ``build_yolo_dataset`` + ``build_dataloader`` (given ``options``),
+    default augmentation."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
@@ -200,11 +202,17 @@ def data_loader(yaml: Path, *, imgsz: int, batch: int, workers: int) -> tuple[Ca
     cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "workers": workers, "data": str(yaml)})
     data = check_det_dataset(str(yaml))
     dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train")
-    loader = build_dataloader(dataset, batch, workers, shuffle=True, rank=-1, pin_memory=False, device="cpu")
+    return build_dataloader(dataset, batch, workers, shuffle=True, rank=-1, **options)
+
+
+def data_loader(yaml: Path, *, imgsz: int, batch: int, workers: int) -> tuple[Callable[[int, int], Timed], Any]:
+    """Their training loader (``training_loader``) and a function timing ``count`` batches
+    after ``warmup``, on fresh workers each time."""
+    from harness.pipeline import time_batches
+
+    loader = training_loader(yaml, imgsz=imgsz, batch=batch, workers=workers, pin_memory=False, device="cpu")
 
     def run(count: int, warmup: int) -> Timed:
-        from yolokit.bench.pipeline import time_batches
-
         try:
             return time_batches(iter(loader), count, warmup, key="img")
         finally:

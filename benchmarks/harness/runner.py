@@ -4,13 +4,13 @@ Each case times yolokit and the reference (Ultralytics, when it can be imported)
 turns, A B A B ..., and reports medians and the ratio yolokit / reference of the time
 per call (per image for throughput), so below 1.0 means yolokit is faster.
 
-    >>> from yolokit.bench import run  # doctest: +SKIP
+    >>> from harness.runner import run  # doctest: +SKIP
     >>> results = run(["nms", "loss"], quick=True)  # doctest: +SKIP
     >>> results[0].ratio  # doctest: +SKIP
 
-From the command line: ``yolokit bench --cases nms loss`` (or ``python benchmarks/run.py``).
-The reference side needs the ``bench`` extra (``ultralytics``), best installed in its own
-virtual environment; without it only yolokit's numbers are printed.
+From the command line: ``python benchmarks/run.py --cases nms loss``. The reference side
+needs the ``bench`` extra (``ultralytics``), best installed in its own virtual
+environment; without it only yolokit's numbers are printed.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from yolokit.bench import reference as _reference
-from yolokit.bench.cases import CASES, Row, Settings
-from yolokit.bench.timing import alternate, command, machine, median, peak_memory, versions
+from harness import reference as _reference
+from harness.cases import CASES, Row, Settings
+from harness.timing import alternate, command, machine, median, peak_memory, versions
 
 __all__ = ["CASES", "Result", "Settings", "main", "run"]
 
@@ -165,14 +165,8 @@ def run(cases: Sequence[str] | None = None, *, quick: bool = False, reference: b
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line of ``yolokit bench`` and ``benchmarks/run.py``."""
-    parser = build_parser(argparse.ArgumentParser(prog="yolokit bench", description=__doc__.splitlines()[0]))
-    args = parser.parse_args(argv)
-    return run_from_args(args)
-
-
-def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the benchmark flags to ``parser`` (shared by ``yolokit bench`` and benchmarks/run.py)."""
+    """Command line of ``benchmarks/run.py``: runs the cases, optionally writes JSON; the exit status."""
+    parser = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None, metavar="CASE",
                         help=f"cases to run, in order (default all: {' '.join(CASES)})")
     parser.add_argument("--quick", action="store_true", help="small inputs, few runs: a smoke test, not for reporting")
@@ -181,17 +175,14 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, help="uncounted rounds first (default 2; quick 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-    return parser
-
-
-def run_from_args(args: argparse.Namespace) -> int:
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         results = run(args.cases, quick=args.quick, reference=False if args.no_reference else None,
                       repeats=args.repeats, warmup=args.warmup)
     except ValueError as exc:
-        print(f"yolokit bench: error: {exc}", file=sys.stderr)
+        print(f"benchmarks/run.py: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         with open(args.json, "w") as f:

@@ -2,7 +2,7 @@
 
 A case builds ``Row`` objects, each a pair of callables doing the same work from the same
 inputs (the reference one is ``None`` when Ultralytics is not importable, or has no
-counterpart). ``yolokit.bench.run`` times the pairs in turns.
+counterpart). ``harness.runner.run`` times the pairs in turns.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from torch import Tensor
 
 import yolokit
 from yolokit.accel import Precision
-from yolokit.bench import inputs
-from yolokit.bench.timing import Timed
 from yolokit.losses import TaskAlignedAssigner, YOLOv3Loss, YOLOv8Loss, pad_targets
 from yolokit.ops import Detections, non_max_suppression
 from yolokit.ops.anchors import dist_to_box, grid_points
@@ -25,6 +23,9 @@ from yolokit.train import TrainConfig
 from yolokit.train.evaluate import coco_evaluate
 from yolokit.train.optim import build_optimizer
 from yolokit.train.trainer import build_loss
+
+from harness import inputs
+from harness.timing import Timed
 
 
 @dataclass
@@ -75,7 +76,7 @@ class Case:
 
 
 def _ref():
-    from yolokit.bench import reference
+    from harness import reference
 
     return reference
 
@@ -242,7 +243,7 @@ def loss(s: Settings) -> list[Row]:
 
 
 def data_pipeline(s: Settings) -> list[Row]:
-    from yolokit.bench import pipeline
+    from harness import pipeline
 
     batch, workers = 16, 2
     imgsz, count, warmup = (320, 6, 2) if s.quick else (640, 24, 4)
