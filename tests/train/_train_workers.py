@@ -125,3 +125,19 @@ def fit_until(config: TrainConfig, at: int | None = None, how: str = "crash", ra
         ended = "KeyboardInterrupt"
         distributed.teardown()
     return {"rank": distributed.rank(), "ended": ended, "rng": rng_digest()}
+
+
+def meter_means(batches_of_rank: list[int]) -> dict:
+    """LossMeter.epoch_means when each rank adds ``batches_of_rank[rank]`` batches (0: none this epoch)."""
+    from yolokit.accel import distributed
+    from yolokit.train.meter import LossMeter
+
+    device = distributed.setup(timeout=60)
+    try:
+        meter = LossMeter(device)
+        for i in range(batches_of_rank[distributed.rank()]):
+            value = float(distributed.rank() * 10 + i + 1)
+            meter.add([({"box": torch.tensor(value), "cls": torch.tensor(2 * value)}, 2)])
+        return meter.epoch_means()
+    finally:
+        distributed.teardown()

@@ -218,3 +218,33 @@ def test_two_processes_stop_together_on_sigterm_and_resume_bit_for_bit(shapes21,
     resumed = launch(workers.fit_until, 2, TrainConfig(resume=str(out)), timeout=300)
     assert [r["rng"] for r in resumed] == [r["rng"] for r in finished]
     assert_same_run(reference, out)
+
+
+@pytest.mark.slow
+def test_rows_of_epochs_without_validation_keep_the_last_result_across_a_resume(shapes, tmp_path, monkeypatch):
+    """val_interval 2 over 4 epochs: epoch 3 is not validated and repeats epoch 2's metrics, also
+    when the run is resumed inside epoch 3 (from step 8's checkpoint). Validation is stubbed to
+    return distinct numbers per call (a model this small scores 0 everywhere)."""
+    import yolokit.train.trainer as trainer_module
+
+    real = trainer_module.validate
+    calls = []
+
+    def numbered(*args, **kwargs):
+        result, samples = real(*args, **kwargs)
+        calls.append(1)
+        result.map50_95, result.recall = 0.1 * len(calls), 0.05 * len(calls)
+        return result, samples
+
+    monkeypatch.setattr(trainer_module, "validate", numbered)
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    Trainer(config(shapes, whole, epochs=4, val_interval=2)).fit()
+    calls.clear()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        workers.fit_until(config(shapes, out, epochs=4, val_interval=2), at=21)   # in step 9
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"]) == (2, 2)
+    Trainer(TrainConfig(resume=str(out))).fit()
+    rows = _rows(out)
+    assert rows == _rows(whole)
+    assert [float(r["mAP50-95"]) for r in rows] == pytest.approx([0.0, 0.1, 0.1, 0.2])

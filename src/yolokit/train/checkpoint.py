@@ -27,6 +27,7 @@ import torch
 
 from yolokit.accel import distributed
 from yolokit.train.config import TrainConfig
+from yolokit.train.evaluate import EvalResult
 from yolokit.train.optim import load_optimizer_state
 
 
@@ -158,7 +159,7 @@ def run_state(run: Any, epoch: int, metrics: dict, ranks: list[dict], step_in_ep
         "optimizer": run.optimizer.state_dict(), "precision": run.precision.state_dict(),
         "accumulator": run.accumulator.state_dict(), "batch": run.batch, "steps": run.steps,
         "best_fitness": run.best, "stale": run.stale, "train_config": run.cfg.to_dict(), "metrics": metrics,
-        "ranks": ranks,
+        "result": run.result.as_dict(), "ranks": ranks,
     }
 
 
@@ -173,6 +174,9 @@ def restore_run(run: Any, state: dict[str, Any]) -> None:
     run.resume_meter = restore_rank_state(state["ranks"])
     run.start_epoch, run.start_step = int(state["epoch"]), int(state["step_in_epoch"])
     run.best, run.stale, run.steps = float(state["best_fitness"]), int(state["stale"]), int(state["steps"])
+    last = state.get("result", {})  # the last validation's headline numbers: rows of epochs without one repeat them
+    run.result = EvalResult(precision=last.get("precision", 0.0), recall=last.get("recall", 0.0),
+                            map50=last.get("mAP50", 0.0), map50_95=last.get("mAP50-95", 0.0))
 
 
 def resume_note(run: Any) -> str:

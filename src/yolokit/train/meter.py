@@ -84,9 +84,14 @@ class LossMeter:
         return int(self._read[-1]) if self._read else 0
 
     def epoch_means(self) -> dict[str, float]:
-        """Mean parts over the finite batches of every process (a collective: call it on every rank)."""
-        if self._sums is None:
+        """Mean parts over the finite batches of every process (a collective: call it on every rank,
+        also on one that had no batch this epoch)."""
+        keys = self.keys
+        if distributed.is_initialized() and distributed.world_size() > 1:
+            keys = next((k for k in distributed.all_gather_object(self.keys) if k), [])
+        if not keys:
             return {}
-        totals = distributed.all_reduce_mean(torch.cat([self._sums, self._counts[:1]]))
+        sums = self._sums if self._sums is not None else torch.zeros(len(keys), device=self.device)
+        totals = distributed.all_reduce_mean(torch.cat([sums, self._counts[:1]]))
         n = max(float(totals[-1]), 1e-12)
-        return {k: float(v) / n for k, v in zip(self.keys, totals[:-1])}
+        return {k: float(v) / n for k, v in zip(keys, totals[:-1])}
