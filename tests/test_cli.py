@@ -160,3 +160,25 @@ def test_train_errors_are_named(tmp_path, capsys):
     assert "yolov9" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path / "nope.yaml"), "--epochs", "1"]) == 2
     assert "nope.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("resume", [None, "auto"])
+def test_the_shapes_preset_applies_to_new_runs_and_resume_auto(monkeypatch, tmp_path, resume):
+    from yolokit import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "train", lambda config: seen.append(config) or {})
+    argv = ["train", "--epochs", "2", "--out", str(tmp_path / "run")] + (["--resume", resume] if resume else [])
+    assert cli.main(argv) == 0
+    (config,) = seen
+    assert config.epochs == 2 and config.resume == resume              # given flags win
+    assert (config.imgsz, config.nbs, config.close_mosaic) == (256, 16, 5)  # the rest from the preset
+
+
+def test_resuming_a_named_run_keeps_its_saved_config(monkeypatch, tmp_path):
+    from yolokit import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "train", lambda config: seen.append(config) or {})
+    assert cli.main(["train", "--resume", str(tmp_path / "run")]) == 0
+    assert seen[0].imgsz == 640 and seen[0].nbs == 64   # no preset: the checkpoint's config decides

@@ -76,7 +76,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Trains as the flags (and an optional --config YAML) say; prints the final metrics."""
     config = config_from_args(args)
     given = {k for k, v in vars(args).items() if v is not None}
-    if config.data == "shapes" and not config.resume and not args.config:
+    if config.data == "shapes" and config.resume in (None, "auto") and not args.config:  # auto may start fresh
         config = config.replace(**{k: v for k, v in SHAPES_PRESET.items() if k not in given})
     metrics = train(config)
     if int(os.environ.get("RANK", "0") or 0) == 0:   # under torchrun, every rank returns the metrics
