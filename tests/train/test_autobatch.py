@@ -28,8 +28,8 @@ class FakeSet:
 def test_worst_case_boxes_counts_mosaic_and_mixup():
     data = FakeSet([0, 3, 7, 1])
     assert worst_case_boxes(data, TrainConfig()) == 28                 # 4 images in a Mosaic
-    assert worst_case_boxes(data, TrainConfig(mixup=0.1)) == 56        # and MixUp blends two
-    assert worst_case_boxes(data, TrainConfig(mosaic=0.0)) == 7
+    assert worst_case_boxes(data, TrainConfig().replace(mixup=0.1)) == 56        # and MixUp blends two
+    assert worst_case_boxes(data, TrainConfig().replace(mosaic=0.0)) == 7
     assert worst_case_boxes(FakeSet([0, 0]), TrainConfig()) == 1
 
 

@@ -2,6 +2,7 @@ import argparse
 
 import pytest
 
+from yolokit.data import AugmentConfig
 from yolokit.train.config import TrainConfig, add_config_flags, config_from_args
 
 
@@ -16,7 +17,24 @@ def test_yolov8_defaults():
     assert (c.lr0, c.lrf, c.momentum, c.weight_decay) == (0.01, 0.01, 0.937, 5e-4)
     assert (c.warmup_epochs, c.warmup_momentum, c.warmup_bias_lr, c.nbs) == (3.0, 0.8, 0.1, 64)
     assert (c.ema_decay, c.ema_tau, c.close_mosaic) == (0.9999, 2000.0, 10)
-    assert (c.hsv_h, c.hsv_s, c.hsv_v, c.translate, c.scale, c.fliplr, c.mosaic) == (0.015, 0.7, 0.4, 0.1, 0.5, 0.5, 1.0)
+    a = c.augment
+    assert (a.hsv_h, a.hsv_s, a.hsv_v, a.translate, a.scale, a.fliplr, a.mosaic) == (0.015, 0.7, 0.4, 0.1, 0.5, 0.5, 1.0)
+    assert a == AugmentConfig()   # one source of the augmentation defaults: the data pipeline's
+
+
+def test_augmentation_nested_or_flat_from_yaml_flags_and_replace(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("epochs: 5\naugment:\n  mosaic: 0.5\n  fliplr: 0.0\nhsv_h: 0.02\n")
+    c = parse(["--config", str(path), "--fliplr", "0.25", "--mixup", "0.1"])
+    assert (c.augment.mosaic, c.augment.fliplr, c.augment.hsv_h, c.augment.mixup) == (0.5, 0.25, 0.02, 0.1)
+    assert c.augment.scale == AugmentConfig.scale                  # untouched fields keep their defaults
+    assert TrainConfig.from_yaml(_dump(tmp_path, c)) == c          # config.yaml writes it nested
+    assert "augment" in c.to_dict() and "hsv_h" not in c.to_dict()
+    d = c.replace(mosaic=0.0, epochs=2)
+    assert (d.augment.mosaic, d.augment.fliplr, d.epochs, c.augment.mosaic) == (0.0, 0.25, 2, 0.5)
+    assert TrainConfig.from_dict({"augment": {"mosaic": 0.0}}).augment == AugmentConfig(mosaic=0.0)
+    with pytest.raises(ValueError, match="unknown augment fields: mosaik"):
+        TrainConfig.from_dict({"augment": {"mosaik": 0.0}})
 
 
 def test_flags_override_yaml_which_overrides_defaults(tmp_path):

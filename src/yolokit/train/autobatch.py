@@ -109,7 +109,7 @@ def measure_batch(probe: Callable[[int], None], device: torch.device, *, fractio
 def worst_case_boxes(dataset: DetectionDataset, cfg: TrainConfig) -> int:
     """Most boxes one training image can hold: the busiest labelled image, x4 with Mosaic, x2 with MixUp."""
     most = max((len(labels) for labels in dataset.index.labels), default=0)
-    return max(1, most * (4 if cfg.mosaic > 0 else 1) * (2 if cfg.mixup > 0 else 1))
+    return max(1, most * (4 if cfg.augment.mosaic > 0 else 1) * (2 if cfg.augment.mixup > 0 else 1))
 
 
 def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module, precision: Precision,

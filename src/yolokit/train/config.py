@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import types
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -50,20 +50,9 @@ class TrainConfig:
     box: float = 7.5
     cls: float = 0.5
     dfl: float = 1.5
-    # augmentation (defaults: yolokit.data.AugmentConfig, YOLOv8's values)
+    # augmentation: the data pipeline's own config (flags and flat YAML keys name its fields: --hsv-h)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     close_mosaic: int = 10
-    hsv_h: float = AugmentConfig.hsv_h
-    hsv_s: float = AugmentConfig.hsv_s
-    hsv_v: float = AugmentConfig.hsv_v
-    degrees: float = AugmentConfig.degrees
-    translate: float = AugmentConfig.translate
-    scale: float = AugmentConfig.scale
-    shear: float = AugmentConfig.shear
-    perspective: float = AugmentConfig.perspective
-    flipud: float = AugmentConfig.flipud
-    fliplr: float = AugmentConfig.fliplr
-    mosaic: float = AugmentConfig.mosaic
-    mixup: float = AugmentConfig.mixup
     mosaic_buffer: int = 64  # recent images Mosaic partners come from; 0: any image (augmentation then
     #                          depends on (seed, epoch, image) only: the same for any number of processes)
     # speed
@@ -92,6 +81,8 @@ class TrainConfig:
     plots: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.augment, dict):  # from YAML or a checkpoint's train_config
+            self.augment = _augment(self.augment, {})
         if isinstance(self.batch, str) and self.batch != "auto":
             try:
                 self.batch = int(self.batch)
@@ -140,12 +131,17 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """A config from a dict; unknown keys are an error that names them."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        """A config from a dict; unknown keys are an error that names them.
+
+        Augmentation comes nested (``augment: {hsv_h: ...}``, as ``to_dict`` writes it) or
+        flat (``hsv_h: ...``, as Ultralytics configs and the flags name it); flat keys win.
+        """
+        flat = {k: v for k, v in data.items() if k in AUGMENT_FIELDS}
+        rest = {k: v for k, v in data.items() if k not in AUGMENT_FIELDS}
+        unknown = sorted(set(rest) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown TrainConfig fields: {', '.join(unknown)}")
-        return cls(**data)
+        return cls(**{**rest, "augment": _augment(rest.get("augment") or {}, flat)})
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
@@ -158,12 +154,24 @@ class TrainConfig:
             raise ValueError(f"{path}: a config file must hold a mapping of field names to values")
         return cls.from_dict({**data, **overrides})
 
-    def augment_config(self) -> AugmentConfig:
-        """The augmentation fields as the data pipeline takes them."""
-        return AugmentConfig(**{f.name: getattr(self, f.name) for f in fields(AugmentConfig)})
-
     def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with ``changes``; augmentation fields may be named flat (``mosaic=0.0``)."""
+        flat = {k: changes.pop(k) for k in list(changes) if k in AUGMENT_FIELDS}
+        if flat:
+            changes["augment"] = dataclasses.replace(changes.get("augment", self.augment), **flat)
         return dataclasses.replace(self, **changes)
+
+
+AUGMENT_FIELDS = frozenset(f.name for f in fields(AugmentConfig))
+
+
+def _augment(nested: AugmentConfig | dict[str, Any], flat: dict[str, Any]) -> AugmentConfig:
+    """An AugmentConfig from a nested value and flat overrides; unknown keys are named."""
+    values = asdict(nested) if isinstance(nested, AugmentConfig) else dict(nested)
+    unknown = sorted(set(values) - AUGMENT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown augment fields: {', '.join(unknown)} (known: {', '.join(sorted(AUGMENT_FIELDS))})")
+    return AugmentConfig(**{**values, **flat})
 
 
 def _flag_type(hint: Any) -> tuple[Any, bool]:
@@ -180,8 +188,8 @@ def _flag_type(hint: Any) -> tuple[Any, bool]:
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Adds one ``--field`` flag per TrainConfig field (default: unset) and ``--config``."""
     parser.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
-    hints = get_type_hints(TrainConfig)
-    for f in fields(TrainConfig):
+    hints = {**get_type_hints(TrainConfig), **get_type_hints(AugmentConfig)}
+    for f in [f for f in fields(TrainConfig) if f.name != "augment"] + list(fields(AugmentConfig)):
         kind, is_bool = _flag_type(hints[f.name])
         flags = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
         if is_bool:
@@ -193,7 +201,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig a parsed command line asks for: defaults < --config file < flags."""
-    flags = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    names = [f.name for f in fields(TrainConfig) if f.name != "augment"] + sorted(AUGMENT_FIELDS)
+    flags = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
     if getattr(args, "config", None):
         return TrainConfig.from_yaml(args.config, **flags)
     return TrainConfig.from_dict(flags)

@@ -350,7 +350,7 @@ class Trainer:
 def _datasets(cfg: TrainConfig, main: bool) -> tuple[DetectionDataset, DetectionDataset]:
     """The train and val splits; the main process builds them first (caches), then the others."""
     def build() -> tuple[DetectionDataset, DetectionDataset]:
-        train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment_config(),
+        train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment,
                                      cache_images=cfg.cache, buffer_size=cfg.mosaic_buffer)
         val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache)
         return train_set, val_set
