@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-for folder in (TESTS, os.path.join(TESTS, "train")):  # shared helpers, and workers spawned children import
+BENCHMARKS = os.path.join(os.path.dirname(TESTS), "benchmarks")  # the harness lives in the checkout only
+for folder in (TESTS, os.path.join(TESTS, "train"), BENCHMARKS):  # shared helpers, workers spawned children import
     if folder not in sys.path:
         sys.path.insert(0, folder)
 

@@ -150,7 +150,7 @@ def test_regular_box_wins_over_a_closer_ignored_one():
 
 
 def test_equals_cocoeval_on_a_validation_like_set():
-    from yolokit.bench.inputs import evaluation_set
+    from harness.inputs import evaluation_set
 
     data = evaluation_set(40, classes=3, max_det=300, seed=5)  # up to 300 ranked detections per image
     gt = [(i, b, c) for i, d in enumerate(data) for b, c in zip(d["gt_boxes"], d["gt_labels"])]
