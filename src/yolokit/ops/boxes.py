@@ -180,8 +180,3 @@ def clip_boxes(boxes: Tensor, shape: Sequence[int]) -> Tensor:
     out[..., 0::2] = out[..., 0::2].clamp(0, w)
     out[..., 1::2] = out[..., 1::2].clamp(0, h)
     return out
-
-
-# Transitional: train/evaluate.py still imports unletterbox_boxes from here. Delete this line
-# once it imports from yolokit.ops.geometry (at the end: geometry imports clip_boxes above).
-from yolokit.ops.geometry import unletterbox_boxes  # noqa: E402, F401

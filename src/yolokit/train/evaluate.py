@@ -31,7 +31,7 @@ from tqdm import tqdm
 from yolokit.accel import distributed
 from yolokit.data import to_device
 from yolokit.data.images import ImageError, read_image
-from yolokit.ops.boxes import unletterbox_boxes
+from yolokit.ops.geometry import unletterbox_boxes
 from yolokit.ops.nms import Detections
 from yolokit.train.cocoeval import RECALL_THRESHOLDS, evaluate_boxes
 
