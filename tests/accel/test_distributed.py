@@ -39,19 +39,31 @@ def test_rank_helpers_read_torchrun_env(clean_env, monkeypatch):
 
 
 def test_setup_arguments(clean_env, monkeypatch):
-    calls = []
+    calls, stores = [], []
+
+    def rendezvous(url, rank, world_size, timeout):
+        stores.append(distributed.dist.HashStore())
+        calls.append(("rendezvous", url, rank, world_size, timeout))
+        yield stores[-1], rank, world_size
+
+    monkeypatch.setattr(distributed.dist, "rendezvous", rendezvous)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: calls.append((a, k)))
     distributed.setup("gloo", rank=1, world_size=2, master_addr="10.0.0.7", master_port=1234, timeout=5)
-    (backend,), kwargs = calls[0]
-    assert backend == "gloo" and kwargs["init_method"] == "tcp://10.0.0.7:1234"
-    assert (kwargs["rank"], kwargs["world_size"]) == (1, 2) and kwargs["timeout"].total_seconds() == 5
+    assert calls[0][:4] == ("rendezvous", "tcp://10.0.0.7:1234", 1, 2) and calls[0][4].total_seconds() == 5
+    (backend,), kwargs = calls[1]
+    assert backend == "gloo" and (kwargs["rank"], kwargs["world_size"]) == (1, 2)
+    assert kwargs["timeout"].total_seconds() == 5
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("1", "2", "1")
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29400")):
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29400"),
+                 ("TORCHELASTIC_RESTART_COUNT", "2")):
         monkeypatch.setenv(k, v)
     distributed.setup()
-    _, kwargs = calls[1]
-    assert kwargs["init_method"] == "env://" and (kwargs["rank"], kwargs["world_size"]) == (0, 4)
-    assert kwargs["timeout"].total_seconds() == 1800
+    assert calls[2][:4] == ("rendezvous", "env://", 0, 4)
+    _, kwargs = calls[3]
+    assert (kwargs["rank"], kwargs["world_size"]) == (0, 4) and kwargs["timeout"].total_seconds() == 1800
+    # a restarted group's keys live under their own prefix, apart from the dead group's
+    kwargs["store"].set("rank_0", "addr")
+    assert stores[-1].get("yolokit/attempt2/rank_0") == b"addr"
 
 
 def test_unwrap_compiled_module():

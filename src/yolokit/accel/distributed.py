@@ -121,9 +121,14 @@ def setup(
     else:
         addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
         init_method = f"tcp://{addr}:{master_port or _env_int('MASTER_PORT', 29500)}"
+    store, rank_, world = next(dist.rendezvous(init_method, rank_, world, timeout=timeout))
+    # A group torchrun restarts reaches the same store, which still holds the dead group's
+    # entries (gloo's peer addresses): a fresh prefix per attempt keeps them apart. Without
+    # it the new ranks could dial the dead ones and fail or hang in init_process_group.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group(
         backend,
-        init_method=init_method,
+        store=dist.PrefixStore(f"yolokit/attempt{attempt}", store),
         rank=rank_,
         world_size=world,
         timeout=timeout,
