@@ -7,6 +7,7 @@ Two "machines" are two torchrun agents on this machine meeting at a c10d rendezv
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -33,12 +34,17 @@ def _torchrun(*flags: str, out, data, background: bool = False):
     cmd = [sys.executable, "-m", "torch.distributed.run", *flags, "-m", "yolokit", "train", "--data", data,
            "--imgsz", "64", "--batch", "4", "--nbs", "8", "--epochs", "2", "--workers", "0", "--no-plots",
            "--mosaic-buffer", "0", "--close-mosaic", "1", "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     return proc if background else _finish(proc)
 
 
 def _finish(proc) -> str:
-    out, _ = proc.communicate(timeout=400)
+    try:
+        out, _ = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # no ranks left running after a failed test
+        pytest.fail(f"still running after 400 s:\n{proc.communicate()[0][-4000:]}")
     assert proc.returncode == 0, out[-4000:]
     return out
 
