@@ -184,3 +184,14 @@ def test_train_mode_is_restored_after_predict():
     model = yolokit.create_model("yolov3-tiny", num_classes=2).train()
     model.predict(np.zeros((32, 32, 3), np.uint8), imgsz=64)
     assert model.training
+
+
+def test_one_channels_last_rule_for_inference_and_training():
+    from yolokit.models import prefers_channels_last
+    from yolokit.train import TrainConfig
+
+    for device in ("cpu", "cuda", "mps"):
+        assert TrainConfig().uses_channels_last(device) == prefers_channels_last(device)
+    fused = yolokit.create_model("yolov8n", num_classes=2).fuse()   # on the CPU
+    weights = [p for p in fused.parameters() if p.ndim == 4]
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in weights) == prefers_channels_last("cpu")

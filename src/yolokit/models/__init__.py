@@ -1,6 +1,6 @@
 """Networks: layers, backbones, necks, heads, the Detector and the model zoo."""
 
-from yolokit.models.detector import Detector, ModelSummary
+from yolokit.models.detector import Detector, ModelSummary, prefers_channels_last
 from yolokit.models.zoo import (
     MODELS,
     YOLOv3Config,
@@ -21,4 +21,5 @@ __all__ = [
     "config_from_dict",
     "create_model",
     "list_models",
+    "prefers_channels_last",
 ]

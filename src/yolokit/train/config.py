@@ -18,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from yolokit.data import AugmentConfig
-from yolokit.models import MODELS
+from yolokit.models import MODELS, prefers_channels_last
 
 
 @dataclass
@@ -58,7 +58,7 @@ class TrainConfig:
     # speed
     precision: str = "auto"
     checkpointing: str | None = None
-    channels_last: bool | None = None  # None: on when training on the CPU (oneDNN's NHWC kernels), else off
+    channels_last: bool | None = None  # None: models.prefers_channels_last(device)
     compile: bool = False
     device: str = "auto"
     devices: int = 1
@@ -107,8 +107,8 @@ class TrainConfig:
                 raise ValueError(message)
 
     def uses_channels_last(self, device_type: str) -> bool:
-        """``channels_last`` resolved for a device type: when unset, on for "cpu" only."""
-        return self.channels_last if self.channels_last is not None else device_type == "cpu"
+        """``channels_last`` resolved for a device type: when unset, ``models.prefers_channels_last``."""
+        return self.channels_last if self.channels_last is not None else prefers_channels_last(device_type)
 
     def uses_sync_bn(self, world: int, device_type: str) -> bool:
         """Whether BatchNorm becomes SyncBatchNorm: asked for, several processes, CUDA devices.
