@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 NUMBER = r"[0-9]+(?:\.[0-9]+)?"
@@ -35,25 +36,104 @@ def test_run_py_writes_json(tmp_path):
     assert all(r["case"] == "nms" and r["ratio"] is None and r["ours"][0] > 0 for r in saved["results"])
 
 
+GPU_SECTIONS = ["tests", "precision", "channels_last", "checkpointing", "batch", "loader", "mfu", "reference"]
+
+
+def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
+    """Per section of gpu.py's JSON, its rows by what they measure."""
+    saved = json.loads(path.read_text())
+    return {name: {r["what"]: r for r in section["rows"]} for name, section in saved["sections"].items()}
+
+
 @pytest.mark.slow
-def test_gpu_py_cpu_smoke_runs_every_section(tmp_path):
+def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     out = tmp_path / "gpu.json"
-    text = run_script("gpu.py", "--cpu-smoke", "--models", "yolov8n", "--json", str(out))
-    saved = json.loads(out.read_text())
-    assert {"throughput", "checkpointing", "batch", "utilisation", "mfu"} <= set(saved)
-    rows = saved["throughput"]
-    assert [(r["precision"], r["channels_last"]) for r in rows] == [
-        (p, cl) for p in ("fp32", "bf16", "fp16") for cl in (False, True)]  # no compile rows on the CPU
-    assert all(r["images_per_s"] > 0 for r in rows) and rows[0]["speedup_vs_fp32"] == 1.0
-    ckpt = saved["checkpointing"][0]
-    assert ckpt["peak_gib"] > 0.05 and ckpt["peak_gib_checkpointed"] > 0.05  # the whole process's peak on the CPU
-    batch = saved["batch"][0]
-    assert 1 <= batch["find_batch_size"] <= batch["true_largest"] <= 4  # --cpu-smoke caps the batch at 4
-    assert saved["utilisation"]["images_per_s"] > 0 and 0 <= saved["utilisation"]["data_wait_share"] < 1
-    mfu = saved["mfu"][0]
-    assert mfu["train_gflops_per_image"] == pytest.approx(0.26, rel=0.1)  # yolov8n at 64 px, forward + backward
-    assert 0 < mfu["mfu"]
-    assert ("reference: skipped" in text) == ("reference" not in saved)
+    text = run_script("gpu.py", "--all", "--cpu-smoke", "--json", str(out))
+    rows = gpu_rows(out)
+    assert list(rows) == GPU_SECTIONS
+    for name in GPU_SECTIONS:
+        assert re.search(rf"\({name}: {NUMBER} s\)", text)  # each section's elapsed time
+    table = text[text.index("== GPU pass"):]
+    for section in rows.values():
+        for what, r in section.items():
+            assert what != "error", r["note"]
+            assert re.search(rf"^{r['section']} +{re.escape(what)} ", table, re.MULTILINE)
+            if r["target"] is not None and r["value"] is not None:
+                assert r["ok"] == {">=": r["value"] >= r["target"][1], "<=": r["value"] <= r["target"][1],
+                                   "==": r["value"] == r["target"][1]}[r["target"][0]]
+
+    tests = rows["tests"]  # the gpu-marked tests were collected and skipped (no CUDA), none failed
+    assert tests["pytest -m gpu: failed or errors"]["value"] == 0
+    assert tests["pytest -m gpu: passed"]["data"]["skipped"] >= 5
+    assert "deselected" in tests["pytest -m gpu: passed"]["note"]
+
+    precision = rows["precision"]
+    assert [r["value"] > 0 for r in precision.values()] == [True] * 4
+    for p in ("bf16", "fp16"):
+        r = precision[f"yolov8s {p} / fp32 (TF32 conv) img/s"]
+        base = precision["yolov8s fp32 (TF32 conv) img/s"]["value"]
+        assert r["value"] == pytest.approx(r["data"]["images_per_s"] / base) and r["target"] == [">=", 2.6]
+
+    layout = rows["channels_last"]
+    pairs = [r for what, r in layout.items() if "on / off" in what]
+    assert len(pairs) == 3 and all(r["value"] == pytest.approx(r["data"]["images_per_s_on"] /
+                                                               r["data"]["images_per_s_off"]) for r in pairs)
+    assert layout["faster with channels_last on (of 3)"]["value"] == sum(r["value"] > 1 for r in pairs)
+
+    ckpt = rows["checkpointing"]
+    for name in ("yolov8l", "yolov3"):
+        cut = ckpt[f"{name} batch 2 peak memory cut"]
+        assert cut["data"]["peak_gib"] > 0.05 and cut["data"]["peak_gib_checkpointed"] > 0.05  # the process's peak
+        assert cut["value"] == pytest.approx(100 * (1 - cut["data"]["peak_gib_checkpointed"] / cut["data"]["peak_gib"]))
+        assert ckpt[f"{name} batch 2 step time on / off"]["value"] > 0
+
+    batch = rows["batch"]  # an injected limit of 12 images, a memory model that fills it exactly
+    for fraction, picked in ((0.8, 9), (0.95, 11)):  # floor((fraction * 1e9 - 1e8) / 7.5e7)
+        found = batch[f"yolov8s finder at fraction {fraction:g} / true largest batch"]
+        assert (found["data"]["picked"], found["data"]["true_largest"]) == (picked, 12)
+        assert found["value"] == pytest.approx(picked / 12)
+        assert found["data"]["trials"] == [1, 2, 4, 8, picked]  # four probes and the check
+        assert batch[f"yolov8s finder at fraction {fraction:g}: trials"]["value"] == 5
+    oom = batch["OOM mid-run: recoveries at step 3"]
+    assert oom["value"] == 1 and oom["data"]["splits"] == 2 and oom["data"]["recoveries_total"] == 1
+    assert oom["data"]["images_step3"] == oom["data"]["images_step4"] == oom["data"]["effective_batch"] == 4
+    assert "effective batch unchanged" in oom["data"]["warnings"]
+    assert batch["OOM mid-run: images in step 3 (effective batch 4)"]["ok"] is True
+
+    loader = rows["loader"]
+    for name in ("yolov8s", "yolov8n"):
+        assert loader[f"{name} img/s with the real loader"]["value"] > 0
+        busy = loader[f"{name} GPU utilisation with the real loader (NVML)"]
+        assert busy["value"] is None and busy["note"] == "n/a on the CPU" and busy["data"]["steps"] == 2
+    keep_up = loader["yolov8n: cores the loader needs to keep up"]
+    assert keep_up["value"] == pytest.approx(keep_up["data"]["gpu_images_per_s"] / keep_up["data"]["per_core"])
+    assert loader["loader img/s per core (per CPU-second)"]["value"] > 0
+
+    mfu = rows["mfu"]
+    eager = mfu["yolov8l MFU, bf16 channels_last"]
+    assert eager["data"]["train_gflops_per_image"] == pytest.approx(3 * 165.2 / 100, rel=0.05)  # 3 x forward at 64 px
+    assert eager["value"] == pytest.approx(100 * eager["data"]["train_gflops_per_image"] * 1e9 *
+                                           eager["data"]["images_per_s"] / (eager["data"]["peak_tflops"] * 1e12))
+    assert mfu["yolov8l MFU, bf16 channels_last, compiled"]["note"] == "skipped: no compile in the smoke run"
+    assert mfu["yolov8l MFU, best of the above"]["value"] == eager["value"]
+
+    from harness.reference import version
+    if version() is None:
+        assert rows["reference"]["step time yolokit / Ultralytics"]["note"] == "skipped: ultralytics not importable"
+    else:
+        assert all(r["value"] > 0 for r in rows["reference"].values())
+
+
+@pytest.mark.slow
+def test_gpu_py_reference_in_another_interpreter_and_no_cuda(tmp_path):
+    out = tmp_path / "gpu.json"
+    text = run_script("gpu.py", "--sections", "reference", "--cpu-smoke", "--reference-python", sys.executable,
+                      "--json", str(out))
+    assert "  | " in text  # the other interpreter's lines
+    assert list(gpu_rows(out)) == ["reference"] and all(r["what"] != "error" for r in gpu_rows(out)["reference"].values())
+    if not torch.cuda.is_available():
+        done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu.py"), "--all"], capture_output=True, text=True)
+        assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
 
 
 SCRIPTS = {

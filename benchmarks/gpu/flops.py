@@ -1,0 +1,125 @@
+"""Model FLOPs utilisation of yolov8l training, and yolokit's step time against the reference's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second
+from harness import inputs
+from harness.timing import alternate, median
+
+MFU_FLOOR = 20.0  # %: NVIDIA's tuned ResNet-50 reaches about this on an A100; issue 16 aims well above
+RATIO = 0.9       # issue 16: yolokit's step time / Ultralytics' <= 0.9
+
+
+def matmul_peak(s: Settings) -> float:
+    """Measured dense bf16 matmul FLOP/s of the device (8192^3 on the GPU)."""
+    n, iters = (8192, 50) if s.cuda else (256, 2)
+    a = torch.randn(n, n, device=s.device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=s.device, dtype=torch.bfloat16)
+    seconds = median(alternate([lambda: a @ b], warmup=5, repeats=3, inner=iters, device=s.device)[0])
+    return 2 * n**3 / seconds
+
+
+def mfu(s: Settings, clock: Clock) -> list[Row]:
+    """yolov8l at 640, batch 32, bf16, channels_last: training FLOPs of one step (forward and
+    backward, ``torch.utils.flop_counter``) times steps/s over the matmul peak; eager and compiled."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    name, batch = "yolov8l", s.batch(32)
+    peak = matmul_peak(s)
+    step = TrainStep(s, name, batch, "bf16", channels_last=True)
+    step()
+    with FlopCounterMode(display=False) as counter:
+        step()
+    flops = counter.get_total_flops()
+    print(f"  bf16 matmul peak {peak / 1e12:.1f} TFLOP/s; {name} {flops / batch / 1e9:.1f} GFLOP per image "
+          f"per training step", flush=True)
+    rows, best = [], None
+    for compiled in (False, True):
+        what = f"{name} MFU, bf16 channels_last{', compiled' if compiled else ''}"
+        if compiled and s.smoke:
+            rows.append(Row("mfu", what, None, "%", note="skipped: no compile in the smoke run"))
+            continue
+        if clock.over():
+            rows.append(clock.skipped(what))
+            continue
+        start = time.perf_counter()
+        try:
+            if compiled:
+                step = TrainStep(s, name, batch, "bf16", channels_last=True, compile=True)
+                step()  # compiles forward and backward
+            warm = time.perf_counter() - start
+            rate, note = attempt(lambda: images_per_second(s, [step], batch)[0])
+        except Exception as exc:  # a compile failure is a finding, not the end of the pass
+            rate, warm, note = None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:160]
+        value = None if rate is None else 100 * flops / batch * rate / peak
+        best = value if value is not None and (best is None or value > best) else best
+        print(f"  {what}: {note or f'{rate:.1f} img/s, {flops / batch * rate / 1e12:.1f} TFLOP/s, MFU {value:.1f}%'}"
+              f"{f' (compile {warm:.0f} s)' if compiled else ''}", flush=True)
+        rows.append(Row("mfu", what, value, "%", note=note or f"{rate:.1f} img/s",
+                        data={"images_per_s": rate, "train_gflops_per_image": flops / batch / 1e9,
+                              "peak_tflops": peak / 1e12, "warmup_s": warm}))
+        step = None
+        free()
+    rows.append(Row("mfu", f"{name} MFU, best of the above", best, "%", (">=", MFU_FLOOR),
+                    note=f"of a measured bf16 matmul peak of {peak / 1e12:.0f} TFLOP/s"))
+    return rows
+
+
+CASES = (("yolov8s", 64, "fp16"), ("yolov8s", 64, "bf16"), ("yolov8n", 64, "fp16"))
+
+
+def reference(s: Settings, clock: Clock) -> list[Row]:
+    """The same training step through Ultralytics (its AMP: fp16 with a GradScaler; and bf16),
+    on the same batch, layout and device, timed in turns with yolokit's; yolokit's time / theirs."""
+    from harness import reference as ref
+
+    version = ref.version()
+    if version is None:
+        return [Row("reference", "step time yolokit / Ultralytics", None, "x", note="skipped: ultralytics not importable")]
+    rows = []
+    for name, batch, precision in CASES:
+        batch, what = s.batch(batch), f"{name} {precision} step time yolokit / Ultralytics {version}"
+        if clock.over():
+            rows.append(clock.skipped(what))
+            continue
+
+        def measure() -> list[float]:
+            ours = TrainStep(s, name, batch, precision)
+            theirs = ref.train_step(name, inputs.random_images(batch, s.imgsz),
+                                    inputs.random_targets(batch, BOXES, s.imgsz), s.device,
+                                    dtype=getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[precision]),
+                                    channels_last=ours.channels_last)
+            return images_per_second(s, [ours, theirs], batch)
+
+        rates, note = attempt(measure)
+        ratio = rates[1] / rates[0] if rates else None
+        note = note or f"yolokit {rates[0]:.1f}, reference {rates[1]:.1f} img/s {ref.NOTES.get(name, '')}".rstrip()
+        print(f"  {what}, batch {batch}: {note}{'' if ratio is None else f', ratio {ratio:.2f}'}", flush=True)
+        rows.append(Row("reference", what, ratio, "x", ("<=", RATIO), note,
+                        {"yolokit_images_per_s": rates and rates[0], "reference_images_per_s": rates and rates[1]}))
+    return rows
+
+
+def reference_elsewhere(python: str, s: Settings, clock: Clock) -> list[Row]:
+    """The reference section run by another interpreter (an environment where ultralytics imports)."""
+    script = Path(__file__).resolve().parents[1] / "gpu.py"
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "reference.json"
+        cmd = [python, str(script), "--sections", "reference", "--json", str(out)] + (["--cpu-smoke"] * s.smoke)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, clock.cap_s - clock.elapsed()))
+        sys.stdout.write("".join(f"  | {line}\n" for line in done.stdout.splitlines()[3:]))
+        if done.returncode != 0 or not out.exists():
+            return [Row("reference", "step time yolokit / Ultralytics", None, "x",
+                        note=f"failed in {python}: {done.stderr.strip()[-160:]}")]
+        saved = json.loads(out.read_text())["sections"]["reference"]["rows"]
+    return [Row(**{k: v for k, v in r.items() if k != "ok"} | {"target": tuple(r["target"]) if r["target"] else None})
+            for r in saved]
