@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     s = settings(args.cpu_smoke)
     if s.cuda:
         torch.backends.cudnn.benchmark = True  # as the trainer sets it
-    described = header()
+    described = header({"ultralytics": flops.reference_version() or "not importable"})
     print(described)
     start, rows, sections = time.perf_counter(), [], {}
     for name in names:

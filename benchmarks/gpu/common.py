@@ -8,11 +8,13 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness import inputs
+from harness.pipeline import dataset_yaml
 from harness.timing import alternate, median
 
 BOXES = 8  # boxes per synthetic image (random_targets), as in the other benchmarks
@@ -137,6 +139,11 @@ def tf32(enabled: bool | None) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def shapes_yaml(s: Settings) -> Path:
+    """The shapes set the loader and batch sections read: 2,048 training images at 640 (32 at 64 in the smoke run)."""
+    return dataset_yaml(images=2048 if s.cuda else 32, imgsz=s.imgsz)
 
 
 def default_channels_last(s: Settings) -> bool:

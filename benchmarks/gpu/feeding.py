@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from gpu.common import Clock, Row, Settings, TrainStep, attempt, images_per_second
-from harness.pipeline import dataset_yaml, epochs, yolokit_loader
+from gpu.common import Clock, Row, Settings, TrainStep, attempt, images_per_second, shapes_yaml
+from harness.pipeline import epochs, yolokit_loader
 from harness.timing import synchronize
 
 BUSY = 90.0  # issue 16: the loader keeps the GPU >= 90% busy training yolov8s at 640
@@ -31,7 +31,7 @@ def utilisation(s: Settings, clock: Clock) -> list[Row]:
     yolov8n training eats from batches already on the GPU."""
     from yolokit.data import DetectionDataset, build_dataloader
 
-    yaml = dataset_yaml(images=2048 if s.cuda else 16, imgsz=s.imgsz)
+    yaml = shapes_yaml(s)
     dataset = DetectionDataset(yaml, "train", imgsz=s.imgsz, augment=True)
     batch, rows, fed = s.batch(64), [], {}
     for name in ("yolov8s", "yolov8n"):
@@ -110,7 +110,7 @@ def starvation(s: Settings, clock: Clock, yaml, batch: int, fed: float | None) -
     if clock.over():
         return [clock.skipped(what)]
     run, _ = yolokit_loader(yaml, imgsz=s.imgsz, batch=batch, workers=s.workers)
-    timed = run(24, 6) if s.cuda else run(2, 1)
+    timed = run(24, 6) if s.cuda else run(14, 1)  # an epoch: 32 batches of 64 (GPU), 16 of 2 (smoke)
     rate = timed.units / timed.seconds
     per_core = timed.units / timed.cpu_seconds if timed.cpu_seconds else float("nan")
     eats, note = attempt(lambda: images_per_second(s, [TrainStep(s, "yolov8n", batch, "bf16")], batch)[0])

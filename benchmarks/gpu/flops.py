@@ -74,6 +74,13 @@ def mfu(s: Settings, clock: Clock) -> list[Row]:
     return rows
 
 
+def reference_version() -> str | None:
+    """The Ultralytics version importable here, or None."""
+    from harness import reference as ref
+
+    return ref.version()
+
+
 CASES = (("yolov8s", 64, "fp16"), ("yolov8s", 64, "bf16"), ("yolov8n", 64, "fp16"))
 
 

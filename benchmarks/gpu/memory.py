@@ -9,14 +9,14 @@ that fits exactly ``SMOKE_LIMIT`` images. Every other line is the GPU's code pat
 from __future__ import annotations
 
 import math
+import traceback
 import warnings
 from collections.abc import Callable
 
 import torch
 
-from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second
+from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second, shapes_yaml
 from harness import inputs
-from harness.pipeline import dataset_yaml
 from harness.timing import peak_memory
 
 CUT, SLOWER = 40.0, 1.3        # checkpointing: peak memory -40% or more, for <= 1.3x the step time
@@ -68,7 +68,7 @@ def batch_finder(s: Settings, clock: Clock) -> list[Row]:
     from yolokit.train.autobatch import AUTO_FRACTION, measure_batch, training_probe, worst_case_boxes
 
     name, rows = "yolov8s", []
-    dataset = DetectionDataset(dataset_yaml(images=1024 if s.cuda else 16, imgsz=s.imgsz), "train", imgsz=s.imgsz)
+    dataset = DetectionDataset(shapes_yaml(s), "train", imgsz=s.imgsz)
     boxes = worst_case_boxes(dataset, TrainConfig())
     parts = TrainStep(s, name, 1, "bf16")
     probe = training_probe(parts.model, parts.net, parts.criterion, parts.amp, s.device, imgsz=s.imgsz,
@@ -99,7 +99,11 @@ def batch_finder(s: Settings, clock: Clock) -> list[Row]:
     free()
     if clock.over() or largest is None:
         return rows + [clock.skipped("OOM mid-run: recoveries")]
-    return rows + oom_mid_run(s, name, max(2, math.floor(0.8 * largest)) if s.cuda else 4)
+    try:
+        return rows + oom_mid_run(s, name, max(2, math.floor(0.8 * largest)) if s.cuda else 4)
+    except Exception as exc:  # keep the finder's rows
+        traceback.print_exc()
+        return rows + [Row("batch", "OOM mid-run: recoveries at step 3", None, note=f"error: {exc}"[:200])]
 
 
 def _counted(probe: Callable[[int], None], trials: list[int], limit: int | None) -> Callable[[int], None]:
@@ -174,13 +178,15 @@ def oom_mid_run(s: Settings, name: str, batch: int) -> list[Row]:
         ballast = torch.empty(max(0, room), dtype=torch.uint8, device=s.device)
     else:
         limit[0] = batch // 2
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        images3, loss3 = step()
-        recovered, splits = acc.recoveries, acc.splits
-        images4, loss4 = step()
-    del ballast
-    free()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            images3, loss3 = step()
+            recovered, splits = acc.recoveries, acc.splits
+            images4, loss4 = step()
+    finally:
+        del ballast
+        free()
     said = "; ".join(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
     print(f"  OOM mid-run, batch {batch}: step 3 {images3} images in {splits} micro-batches after {recovered} "
           f"recoveries (loss {loss3:.3g}), step 4 {images4} images, {acc.recoveries} recoveries in all. {said}",
