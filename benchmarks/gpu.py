@@ -116,8 +116,8 @@ def default_json() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--all", action="store_true", help="every section, in order")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every section, in order (the default)")
     which.add_argument("--sections", nargs="+", choices=list(SECTIONS), help="these sections only")
     parser.add_argument("--no-tests", action="store_true", help="skip the pytest -m gpu run")
     parser.add_argument("--json", type=Path, default=None, help="where to write the results (see the docstring)")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
               f"--cpu-smoke runs its code paths on the CPU.", file=sys.stderr)
         return 2
-    names = list(SECTIONS) if args.all else args.sections
+    names = args.sections or list(SECTIONS)
     names = [n for n in names if not (args.no_tests and n == "tests")]
     s = settings(args.cpu_smoke)
     if s.cuda:
