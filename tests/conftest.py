@@ -13,8 +13,7 @@ for folder in (TESTS, os.path.join(TESTS, "train"), BENCHMARKS):  # shared helpe
     if folder not in sys.path:
         sys.path.insert(0, folder)
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID")
+from _torchrun_env import TORCHRUN_VARS  # noqa: E402  (after the path above)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,6 +28,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No torchrun variables, so launch() spawns and setup() sees a single process."""
+    for k in TORCHRUN_VARS:
+        monkeypatch.delenv(k, raising=False)
 
 
 @pytest.fixture(autouse=True)

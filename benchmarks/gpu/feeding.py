@@ -39,7 +39,7 @@ def utilisation(s: Settings, clock: Clock) -> list[Row]:
             rows.append(clock.skipped(f"{name} GPU utilisation with the real loader"))
             continue
         loader = build_dataloader(dataset, batch, workers=s.workers, shuffle=True, seed=0, uint8_images=True)
-        result, note = attempt(lambda: train_from_loader(s, TrainStep(s, name, 1, "bf16"), loader))
+        result, note = attempt(lambda loader=loader: train_from_loader(s, TrainStep(s, name, 1, "bf16"), loader))
         del loader
         if result is None:
             rows.append(Row("loader", f"{name} GPU utilisation with the real loader", None, note=note))

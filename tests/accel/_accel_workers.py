@@ -110,7 +110,7 @@ def accumulation_over_uneven_shards() -> dict:
     Equals one process that runs rank 0's, then rank 1's batches of each step in turn: the
     gradients at every step, the weights, and BatchNorm's running statistics.
     """
-    r, w = distributed.rank(), distributed.world_size()
+    r = distributed.rank()
     x, y = _batch(10)
     micro = [(x[2 * i:2 * i + 2], y[2 * i:2 * i + 2]) for i in range(5)]
     shards = {0: [0, 1, 4], 1: [2, 3]}   # step 0: rank 0 -> 0, 1; rank 1 -> 2, 3. step 1: rank 0 -> 4

@@ -8,14 +8,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # spawned children import the workers by name
 import _accel_workers as workers  # noqa: E402
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    """No torchrun variables, so launch() spawns and setup() sees a single process."""
-    for k in TORCHRUN_VARS + ("TORCHELASTIC_RUN_ID",):
-        monkeypatch.delenv(k, raising=False)
+from _torchrun_env import TORCHRUN_VARS  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +16,7 @@ def gloo_suite():
     """Results of ``workers.ddp_suite`` on 2 spawned gloo processes (spawning costs seconds)."""
     from yolokit.accel.launch import launch
 
-    saved = {k: os.environ.pop(k) for k in TORCHRUN_VARS + ("TORCHELASTIC_RUN_ID",) if k in os.environ}
+    saved = {k: os.environ.pop(k) for k in TORCHRUN_VARS if k in os.environ}
     try:
         return launch(workers.ddp_suite, 2, timeout=150)
     finally:

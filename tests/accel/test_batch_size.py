@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from torch import nn
 
 from yolokit.accel import batch_size as bs
 from yolokit.accel.batch_size import (

@@ -25,14 +25,9 @@ from yolokit.train.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 
-TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID")
-
-
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for k in TORCHRUN:
-        monkeypatch.delenv(k, raising=False)
+def _single_process_env(clean_env):
+    """No torchrun variables: launch() spawns, the trainer runs one process unless told."""
 
 
 @pytest.fixture(scope="module")

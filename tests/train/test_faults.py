@@ -18,26 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from _torchrun_env import output, start
 from yolokit.data import make_shapes
 from yolokit.train.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")]
 
-TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT",
-            "TORCHELASTIC_MAX_RESTARTS")
-
-
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     """24 images in micro-batches of 2, 2 processes accumulating 2: 3 optimizer steps per epoch."""
     return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=24, n_val=4, imgsz=64))
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def _train_flags(data: str, out: Path, epochs: int) -> list[str]:
@@ -63,16 +53,6 @@ def _children(pid: int) -> list[tuple[int, int, bytes, bytes]]:
     return sorted(found)
 
 
-def _finish(proc: subprocess.Popen, timeout: float) -> str:
-    """The output of ``proc`` once it ends; past ``timeout`` its whole session is killed (no orphaned
-    ranks left running after a failed test) and the test fails with the output so far."""
-    try:
-        return proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"still running after {timeout} s:\n{proc.communicate()[0][-4000:]}")
-
-
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.is_file():
@@ -85,14 +65,13 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> Non
 def test_a_killed_rank_stops_the_run_within_a_minute_and_is_named(shapes, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "yolokit", *_train_flags(shapes, out, epochs=50), "--devices", "2"]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = start(cmd)
     _wait_for(out / "weights" / "last.pt", proc)
     ranks = [pid for _, pid, cmdline, _ in _children(proc.pid) if b"spawn_main" in cmdline]
     assert len(ranks) == 2, _children(proc.pid)
     os.kill(ranks[1], signal.SIGKILL)                    # rank 1: started second
     killed = time.monotonic()
-    log = _finish(proc, 120)
+    log = output(proc, 120)
     elapsed = time.monotonic() - killed
     assert proc.returncode != 0 and elapsed < 60, (proc.returncode, elapsed, log[-4000:])
     assert "rank 1 was killed by signal SIGKILL; the other processes were stopped" in log, log[-4000:]
@@ -102,15 +81,14 @@ def test_a_killed_rank_stops_the_run_within_a_minute_and_is_named(shapes, tmp_pa
 def _torchrun(out: Path, data: str, epochs: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", "1", "-m", "yolokit", *_train_flags(data, out, epochs), "--resume", "auto"]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return start(cmd)
 
 
 def test_torchrun_restarts_the_group_and_it_resumes_from_the_last_checkpoint(shapes, tmp_path):
     """``--max-restarts --resume auto``: after rank 1 is killed, the restarted group finds the same
     run folder, resumes from its last iteration checkpoint and ends with the bits of a run never killed."""
     whole = _torchrun(tmp_path / "whole", shapes, epochs=3)
-    log = _finish(whole, 400)
+    log = output(whole, 400)
     assert whole.returncode == 0, log[-4000:]
 
     proc = _torchrun(tmp_path / "killed", shapes, epochs=3)
@@ -118,7 +96,7 @@ def test_torchrun_restarts_the_group_and_it_resumes_from_the_last_checkpoint(sha
     workers = [pid for _, pid, _, env in _children(proc.pid) if b"\0RANK=1\0" in b"\0" + env]
     assert len(workers) == 1, _children(proc.pid)
     os.kill(workers[0], signal.SIGKILL)
-    log = _finish(proc, 400)
+    log = output(proc, 400)
     assert proc.returncode == 0, log[-4000:]
     assert "resuming at optimizer step" in log or "resuming after epoch" in log, log[-4000:]
 

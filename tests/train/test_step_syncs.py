@@ -80,9 +80,15 @@ def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypat
     from yolokit.accel import perf
 
     original = perf.prepare_model
-    monkeypatch.setattr(perf, "prepare_model",
-                        lambda model, **kw: original(model, **kw, **({"compile_backend": "aot_eager"}
-                                                                       if kw.get("compile") else {})))
+    compiled_nets = []
+
+    def prepare(model, **kw):
+        net = original(model, **kw, **({"compile_backend": "aot_eager"} if kw.get("compile") else {}))
+        if isinstance(net, torch._dynamo.eval_frame.OptimizedModule):
+            compiled_nets.append(net)
+        return net
+
+    monkeypatch.setattr(perf, "prepare_model", prepare)
     rows = {}
     for compiled in (False, True):
         cfg = TrainConfig(data=shapes, imgsz=64, batch=4, nbs=8, epochs=2, workers=0, plots=False,
@@ -90,6 +96,7 @@ def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypat
                           out=str(tmp_path / f"run{int(compiled)}"))
         Trainer(cfg).fit()
         rows[compiled] = list(csv.DictReader((tmp_path / f"run{int(compiled)}" / "results.csv").open()))
+        assert len(compiled_nets) == int(compiled)   # the second run trained through a compiled module
     for eager, comp in zip(rows[False], rows[True], strict=True):
         for k in ("train/box", "train/cls", "train/dfl", "lr", "steps"):
             assert float(comp[k]) == pytest.approx(float(eager[k]), rel=1e-4), k

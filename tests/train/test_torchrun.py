@@ -6,45 +6,28 @@ Two "machines" are two torchrun agents on this machine meeting at a c10d rendezv
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from _torchrun_env import output, start
 from yolokit.accel.launch import free_port
 from yolokit.data import make_shapes
 from yolokit.train.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 
-TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN}
-    env["OMP_NUM_THREADS"] = "1"   # the same kernels in both layouts (torchrun sets 1 only for several local processes)
-    return env
-
-
 def _torchrun(*flags: str, out, data, background: bool = False):
     cmd = [sys.executable, "-m", "torch.distributed.run", *flags, "-m", "yolokit", "train", "--data", data,
            "--imgsz", "64", "--batch", "4", "--nbs", "8", "--epochs", "2", "--workers", "0", "--no-plots",
            "--mosaic-buffer", "0", "--close-mosaic", "1", "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = start(cmd)
     return proc if background else _finish(proc)
 
 
 def _finish(proc) -> str:
-    try:
-        out, _ = proc.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # no ranks left running after a failed test
-        pytest.fail(f"still running after 400 s:\n{proc.communicate()[0][-4000:]}")
+    out = output(proc, 400)
     assert proc.returncode == 0, out[-4000:]
     return out
 
