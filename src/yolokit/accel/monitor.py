@@ -1,9 +1,9 @@
 """Device readings: memory allocated / reserved / peak, and NVML utilisation when present.
 
 Memory numbers come from PyTorch's CUDA allocator. Utilisation, temperature and power
-come from NVML through the optional ``nvidia-ml-py`` package (``import pynvml``), which is
-imported only when a reading is taken. Any quantity that cannot be read is ``None``, so a
-reading on CPU is valid and empty::
+come from NVML through ``torch.cuda.utilization`` and its siblings, which need the optional
+``nvidia-ml-py`` package (amdsmi on ROCm) and raise without it. Any quantity that cannot be
+read is ``None``, so a reading on CPU is valid and empty::
 
     read_device_stats("cpu").as_dict()        # {'device': 'cpu'}
     with DeviceMonitor("cuda", interval=1.0) as mon:
@@ -20,7 +20,15 @@ from typing import Any
 
 import torch
 
-_NVML: dict[str, Any] = {}  # lazily filled: {"module": pynvml or None}
+# DeviceStats field -> (torch.cuda reader, divisor to our unit). torch maps the CUDA index to
+# NVML's through CUDA_VISIBLE_DEVICES (ordinals or GPU- UUIDs; MIG- reads nothing), taking CUDA's
+# order to be NVML's PCI bus order: on mixed-GPU machines set CUDA_DEVICE_ORDER=PCI_BUS_ID.
+_NVML_READERS: dict[str, tuple[str, float]] = {
+    "utilization_percent": ("utilization", 1.0),
+    "memory_utilization_percent": ("memory_usage", 1.0),
+    "temperature_c": ("temperature", 1.0),
+    "power_w": ("power_draw", 1000.0),  # milliwatts
+}
 
 
 @dataclass(frozen=True)
@@ -58,38 +66,18 @@ class DeviceStats:
         return " ".join(parts)
 
 
-def _pynvml() -> Any:
-    """The initialised pynvml module, or None when absent or NVML cannot start."""
-    if "module" not in _NVML:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            _NVML["module"] = pynvml
-        except Exception:  # missing package, no driver, no GPU: all mean "no NVML"
-            _NVML["module"] = None
-    return _NVML["module"]
-
-
 def _nvml_readings(index: int) -> dict[str, float]:
-    nvml = _pynvml()
-    if nvml is None:
-        return {}
+    """NVML readings of CUDA device ``index``; a reading that raises is left out.
+
+    Without ``nvidia-ml-py``, a driver or NVML support for a quantity, torch raises
+    (``ModuleNotFoundError``, ``RuntimeError``, ``pynvml.NVMLError``): all mean "no reading".
+    """
     out: dict[str, float] = {}
-    try:
-        try:  # match by PCI bus id, so CUDA_VISIBLE_DEVICES reordering is respected
-            props = torch.cuda.get_device_properties(index)
-            bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-            handle = nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+    for key, (reader, divisor) in _NVML_READERS.items():
+        try:
+            out[key] = float(getattr(torch.cuda, reader)(index)) / divisor
         except Exception:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-        out["utilization_percent"] = float(rates.gpu)
-        out["memory_utilization_percent"] = float(rates.memory)
-        out["temperature_c"] = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-        out["power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # milliwatts
-    except Exception:  # a reading NVML refuses (permissions, unsupported): keep what we have
-        pass
+            continue
     return out
 
 
