@@ -44,6 +44,7 @@ The loop::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Callable
@@ -156,13 +157,9 @@ class Accumulator:
         """
         if self._held:
             raise RuntimeError(f"{len(self._held)} loader batches are still waiting for an optimizer step")
-        rank, world = _world()
-        if world > 1:
-            counts = [0] * world
-            dist.all_gather_object(counts, int(batches))
-            self._plan = counts
-        else:
-            self._plan = [int(batches)]
+        self._plan = [int(batches)] * _world()[1]
+        if len(self._plan) > 1:
+            dist.all_gather_object(self._plan, int(batches))  # fills in every rank's count
         self._first = self._step_index = int(first_step)
 
     @property
@@ -332,21 +329,9 @@ def _same_marker(a: tuple[int, Any] | None, b: tuple[int, Any] | None) -> bool:
     return torch.equal(a[1], b[1]) if isinstance(a[1], torch.Tensor) else a[1] == b[1]
 
 
-def _no_sync(model: nn.Module):
-    if isinstance(model, DistributedDataParallel):
-        return model.no_sync()
-    inner = getattr(model, "_orig_mod", None)  # torch.compile around DDP
-    if isinstance(inner, DistributedDataParallel):
-        return inner.no_sync()
-    return _Null()
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
+def _no_sync(model: nn.Module) -> contextlib.AbstractContextManager:
+    inner = getattr(model, "_orig_mod", model)  # torch.compile around DDP, or the model itself
+    return inner.no_sync() if isinstance(inner, DistributedDataParallel) else contextlib.nullcontext()
 
 
 def _batch_len(batch: Any) -> int:
