@@ -349,18 +349,3 @@ def test_pad_targets_with_max_boxes():
     with pytest.raises(ValueError, match="image index -1"):
         pad_targets(torch.tensor([[-1, 0, 0, 0, 1, 1.0]]), 3)
 
-
-def test_pairwise_ciou_is_ops_ciou_bit_for_bit():
-    """The assigner's pairwise CIoU repeats ``ops.boxes.ciou``'s arithmetic on per-box terms;
-    if either changes, this fails."""
-    from yolokit.losses.assigners import _box_terms, _pairwise_ciou
-
-    gen = torch.Generator().manual_seed(3)
-    xy = torch.rand(2, 50, 2, generator=gen) * 100
-    pred = torch.cat([xy, xy + torch.rand(2, 50, 2, generator=gen) * 60], -1)
-    pred[0, :5, 2:] = pred[0, :5, :2]  # zero-size predictions
-    gxy = torch.rand(2, 7, 2, generator=gen) * 100
-    gts = torch.cat([gxy, gxy + 1 + torch.rand(2, 7, 2, generator=gen) * 80], -1)
-    pairs = _pairwise_ciou([t[:, None] for t in _box_terms(pred)], [t[..., None] for t in _box_terms(gts)])
-    expected = ciou(pred[:, None].expand(2, 7, 50, 4), gts[:, :, None].expand(2, 7, 50, 4))
-    assert pairs.shape == (2, 7, 50) and torch.equal(pairs, expected)

@@ -7,14 +7,13 @@ Boxes are ``xyxy`` in input pixels.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-CIOU_EPS = 1e-7  # ops.boxes.ciou's default eps, which the pairwise CIoU here repeats
+from yolokit.losses.pairwise import box_terms, pairwise_ciou
 
 
 class TaskAlignment(NamedTuple):
@@ -244,10 +243,10 @@ class TaskAlignedAssigner(nn.Module):
         (b, p, c), n = pred_scores.shape, image.shape[0]
         scores = pred_scores.transpose(1, 2)  # [B, C, P] view
         flat_scores = scores.reshape(b * c, p) if scores.stride(-1) == 1 and scores.stride(0) == c * p else None
-        pred_terms = torch.stack(_box_terms(pred_boxes), dim=1)  # [B, 6, P]
+        pred_terms = torch.stack(box_terms(pred_boxes), dim=1)  # [B, 6, P]
         # per GT: its terms, then "inside" bounds x1 + eps, y1 + eps, x2 - eps, y2 - eps (none for invalid rows)
         low = torch.where(valid[:, None], gt_boxes[:, :2] + self.eps, torch.inf)
-        gt_terms = torch.cat([torch.stack(_box_terms(gt_boxes), dim=1), low, gt_boxes[:, 2:] - self.eps], 1)
+        gt_terms = torch.cat([torch.stack(box_terms(gt_boxes), dim=1), low, gt_boxes[:, 2:] - self.eps], 1)
         out = (torch.empty(n, k, dtype=torch.long, device=points.device), pred_boxes.new_empty(n, k),
                pred_boxes.new_empty(n, k), torch.empty(n, k, dtype=torch.bool, device=points.device))
         x, y = points[:, 0], points[:, 1]
@@ -256,7 +255,7 @@ class TaskAlignedAssigner(nn.Module):
             # x > x1 <=> x - x1 > 0 for floats (gradual underflow); subtractions are cheaper than compares
             margin = torch.minimum(x - gt[6], gt[8] - x)
             outside = torch.minimum(margin, torch.minimum(y - gt[7], gt[9] - y), out=margin) <= 0  # [b_c, g_c, P]
-            u = _pairwise_ciou(pred.unbind(1), gt[:6]).clamp_(min=0)
+            u = pairwise_ciou(pred.unbind(1), gt[:6]).clamp_(min=0)
             if flat_scores is not None:  # [r, P] score of each GT's class
                 s = flat_scores.index_select(0, image[rows] * c + labels[rows]).float()
             else:
@@ -291,35 +290,6 @@ class TaskAlignedAssigner(nn.Module):
                 for g0 in range(0, g, rows_per_chunk):
                     g1 = min(g0 + rows_per_chunk, g)
                     yield slice(b * g + g0, b * g + g1), pred_terms[b:b + 1, :, None], (1, g1 - g0)
-
-
-def _box_terms(boxes: Tensor) -> tuple[Tensor, ...]:
-    """Per-box terms of ``ops.boxes.ciou``, computed as it does: (x1, y1, x2, y2, area,
-    atan(w / h)), each Tensor[...] for boxes Tensor[..., 4]."""
-    x1, y1, x2, y2 = boxes.unbind(-1)
-    eps = CIOU_EPS
-    area = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
-    return x1, y1, x2, y2, area, torch.atan((x2 - x1) / ((y2 - y1).clamp(min=0) + eps))
-
-
-def _pairwise_ciou(pred: Sequence[Tensor], gt: Sequence[Tensor]) -> Tensor:
-    """``ops.boxes.ciou(pred, gt)`` over broadcast pairs from ``_box_terms`` of both sides,
-    with the same operations in the same order (equal results, bit for bit), in place
-    where it can: a fraction of the memory traffic of broadcasting the boxes."""
-    px1, py1, px2, py2, p_area, p_atan = pred
-    gx1, gy1, gx2, gy2, g_area, g_atan = gt
-    eps = CIOU_EPS
-    inter = torch.minimum(px2, gx2).sub_(torch.maximum(px1, gx1)).clamp_(min=0)
-    inter.mul_(torch.minimum(py2, gy2).sub_(torch.maximum(py1, gy1)).clamp_(min=0))
-    u = inter.div_((p_area + g_area).sub_(inter).add_(eps))
-    ex = torch.maximum(px2, gx2).sub_(torch.minimum(px1, gx1))
-    ey = torch.maximum(py2, gy2).sub_(torch.minimum(py1, gy1))
-    diag2 = ex.mul_(ex).add_(ey.mul_(ey)).add_(eps)
-    cx, cy = (px1 + px2) - (gx1 + gx2), (py1 + py2) - (gy1 + gy2)
-    centre = cx.mul_(cx).add_(cy.mul_(cy)).div_(4).div_(diag2)
-    v = (g_atan - p_atan).pow_(2).mul_(4 / math.pi**2)
-    alpha = v / (v - u + (1 + eps))
-    return (u - centre).sub_(alpha.mul_(v))
 
 
 class AnchorMatch(NamedTuple):
