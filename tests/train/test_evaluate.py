@@ -10,7 +10,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from yolokit.ops.nms import Detections
-from yolokit.train.evaluate import coco_evaluate, greedy_match, matches_at_iou, validate
+from yolokit.train.evaluate import coco_evaluate, validate
 
 
 def handmade():
@@ -79,20 +79,6 @@ def test_no_detections_gives_zeros():
     assert result.map50 == 0 and result.map50_95 == 0
     with pytest.raises(ValueError, match="predictions"):
         coco_evaluate([empty, empty], targets, [(20, 20)], num_classes=1)
-
-
-def test_matching_is_greedy_by_score():
-    gt_boxes, gt_labels = np.array([[0.0, 0, 10, 10]]), np.array([0])
-    dets = np.array([[1.0, 1, 10, 10], [0.0, 0, 10, 10]])  # the lower-scoring one fits better
-    assert matches_at_iou(dets, np.array([0.9, 0.8]), np.array([0, 0]), gt_boxes, gt_labels, 0.5).tolist() == [
-        True, False]
-    assert matches_at_iou(dets, np.array([0.7, 0.8]), np.array([0, 0]), gt_boxes, gt_labels, 0.5).tolist() == [
-        False, True]
-    assert matches_at_iou(dets, np.array([0.9, 0.8]), np.array([1, 0]), gt_boxes, gt_labels, 0.5).tolist() == [
-        False, True]  # another class never matches
-    iou = np.array([[0.5, 0.45], [0.6, 0.0]])
-    assert greedy_match(iou, np.array([0.9, 0.8]), 0.5).tolist() == [0, -1]  # 0.5 >= 0.5 taken first
-    assert greedy_match(iou, np.array([0.9, 0.8]), 0.5, inclusive=False).tolist() == [-1, 0]
 
 
 def confusion_case():
