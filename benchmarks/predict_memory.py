@@ -30,8 +30,8 @@ from harness.timing import header, resident_bytes
 def _child(folder: str, mode: str, imgsz: int, batch: int) -> dict:
     """One case in this (fresh) process: images predicted, peak resident MiB, seconds."""
     import yolokit
-    from yolokit.ops.images import letterbox_batch
     from yolokit.predict import frames, predict_iter
+    from yolokit.predict.predictor import letterbox_batch
 
     torch.manual_seed(0)
     model = yolokit.create_model("yolov8n", num_classes=80).eval().fuse()
@@ -40,7 +40,7 @@ def _child(folder: str, mode: str, imgsz: int, batch: int) -> dict:
         count = sum(1 for _ in predict_iter(model, folder, imgsz=imgsz, batch=batch))
     else:
         images = [f.image for f in frames(folder)]
-        stacked, _ = letterbox_batch(images, imgsz, 32)
+        stacked = letterbox_batch(images, imgsz, 32)[0].float() / 255  # as it was: one float batch
         with torch.inference_mode():
             for i in range(0, len(stacked), batch):
                 model(stacked[i:i + batch])

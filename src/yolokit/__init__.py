@@ -3,7 +3,8 @@
 Example:
     >>> import yolokit
     >>> model = yolokit.create_model("yolov8n", num_classes=80)
-    >>> detections = model.predict("path/to/images", conf=0.25)
+    >>> from yolokit.predict import predict
+    >>> results = predict(model, "path/to/images", conf=0.25)  # files, folders, videos, arrays
     >>> model = yolokit.load("yolov8n.pt")  # Ultralytics, Darknet (model=...) or yolokit files
 
 The public names below are imported on first use, so ``import yolokit.accel`` (in a

@@ -1,13 +1,10 @@
 import itertools
 
-import numpy as np
 import pytest
 import torch
 
-from yolokit.data.transforms import letterbox as letterbox_pixels
 from yolokit.data.transforms import scale_boxes
 from yolokit.ops.geometry import LetterboxPlan, letterbox_plan, unletterbox_boxes
-from yolokit.ops.images import letterbox as letterbox_tensor
 
 
 def test_plan_hand_cases():
@@ -39,23 +36,6 @@ def test_every_plan_is_consistent(h, w):
             assert oh % 32 == 0 and ow % 32 == 0 and oh - nh < 32 and ow - nw < 32
         if not scaleup:
             assert nh <= h and nw <= w
-
-
-@pytest.mark.parametrize("h, w", [(7, 13), (333, 500), (97, 61), (120, 128)])
-@pytest.mark.parametrize("new_shape, auto", [(64, False), ((96, 200), False), (200, True), ((65, 33), False)])
-def test_pixel_and_tensor_letterbox_agree(h, w, new_shape, auto):
-    image = np.random.default_rng(h * w).integers(0, 255, (h, w, 3), dtype=np.uint8)
-    out_np, rp_np = letterbox_pixels(image, new_shape, auto=auto)
-    out_t, rp_t = letterbox_tensor(torch.from_numpy(image).permute(2, 0, 1), new_shape, auto=auto)
-    plan = letterbox_plan((h, w), new_shape, auto=auto)
-    assert rp_np == rp_t == plan.ratio_pad
-    assert out_np.shape[:2] == tuple(out_t.shape[-2:]) == plan.shape
-    left, top, right, bottom = plan.pad
-    assert (out_np[:top] == 114).all() and (out_np[out_np.shape[0] - bottom:] == 114).all()
-    assert (out_np[:, :left] == 114).all() and (out_np[:, out_np.shape[1] - right:] == 114).all()
-    grey = torch.tensor(114 / 255)
-    assert (out_t[:, :top] == grey).all() and (out_t[:, :, :left] == grey).all()
-    assert (out_t[:, out_t.shape[1] - bottom:] == grey).all() and (out_t[:, :, out_t.shape[2] - right:] == grey).all()
 
 
 def test_boxes_there_and_back():

@@ -1,4 +1,4 @@
-"""predict_iter / predict: batching, equality with Detector.predict, streaming, constant memory."""
+"""predict_iter / predict: letterboxed batches, equality with Detector.predict, streaming, constant memory."""
 
 import subprocess
 import sys
@@ -10,7 +10,8 @@ import torch
 
 import yolokit
 from yolokit.predict import batches, predict, predict_iter
-from yolokit.predict.predictor import read_ahead
+from yolokit.data.images import letterbox
+from yolokit.predict.predictor import letterbox_batch, read_ahead
 
 
 @pytest.fixture(scope="module")
@@ -35,18 +36,60 @@ def test_batches_and_read_ahead():
         list(read_ahead(failing()))
 
 
-def test_results_equal_detector_predict_whatever_the_batch(model, tmp_path, write_image):
+def test_letterbox_batch_is_a_rectangle_for_one_shape_a_square_for_mixed():
+    wide = torch.full((3, 100, 200), 7, dtype=torch.uint8)
+    batch, pads = letterbox_batch([wide, wide], 60, 32)  # 60 rounds up to 64
+    assert batch.shape == (2, 3, 32, 64) and batch.dtype == torch.uint8 and pads[0] == ((0.32, 0.32), (0.0, 0.0))
+    assert (batch[:, :, :, :] == 7).all()  # 32x64 content fills the rectangle exactly
+    mixed, pads = letterbox_batch([wide, torch.zeros(3, 50, 50, dtype=torch.uint8)], 64, 32)
+    assert mixed.shape == (2, 3, 64, 64) and pads == [((0.32, 0.32), (0.0, 16.0)), ((1.28, 1.28), (0.0, 0.0))]
+    assert (mixed[0, :, :16] == 114).all() and (mixed[0, :, 16:48] == 7).all() and (mixed[0, :, 48:] == 114).all()
+
+
+def test_results_equal_detector_predict_on_the_letterboxed_images_whatever_the_batch(model, tmp_path, write_image):
     images = [write_image(tmp_path / f"{i}.png", h=48, w=64, seed=i) for i in range(5)]
-    kwargs = dict(imgsz=64, conf=0.0, max_det=7)
-    expected = model.predict(images, **kwargs)
+    kwargs = dict(conf=0.0, max_det=7)
+    expected = []
+    for rgb in images:
+        boxed, ratio_pad = letterbox(rgb, 64, stride=32, auto=True)  # 48x64 -> 64x64 (rect of one shape)
+        assert boxed.shape == (64, 64, 3)
+        expected += model.predict(torch.from_numpy(boxed).permute(2, 0, 1), orig_shapes=[(48, 64)],
+                                  ratio_pad=[ratio_pad], **kwargs)
     for batch in (1, 2, 5):
-        got = list(predict_iter(model, tmp_path, batch=batch, **kwargs))
+        got = list(predict_iter(model, tmp_path, batch=batch, imgsz=64, **kwargs))
         assert [r.name for r in got] == [f"{i}.png" for i in range(5)]
         for r, e in zip(got, expected):
-            torch.testing.assert_close(r.boxes, e.boxes)
-            torch.testing.assert_close(r.scores, e.scores)
+            torch.testing.assert_close(r.boxes, e.boxes.cpu())
+            torch.testing.assert_close(r.scores, e.scores.cpu())
             assert torch.equal(r.labels, e.labels) and r.orig_shape == (48, 64) and r.names == model.names
             assert r.boxes.device.type == "cpu" and len(r) == 7
+
+
+def test_boxes_come_back_in_original_pixels_for_every_in_memory_kind(model, monkeypatch):
+    from PIL import Image
+
+    # 90x200 at imgsz 64: ratio 0.32 -> 29x64 content, padded to 32x64 (1 px on top)
+    def fake_decode(maps):
+        out = torch.zeros(len(maps[0]), 1, 7)
+        out[:, 0, :4] = torch.tensor([0.0, 1.0, 32.0, 30.0])
+        out[:, 0, 4] = 0.9
+        return out
+
+    monkeypatch.setattr(model, "decode", fake_decode)
+    rgb = np.random.default_rng(0).integers(0, 255, (90, 200, 3), dtype=np.uint8)
+    as_tensor = torch.from_numpy(rgb).permute(2, 0, 1)
+    for source in (rgb, Image.fromarray(rgb), as_tensor, as_tensor.float() / 255, [rgb, rgb],
+                   np.ascontiguousarray(rgb[..., ::-1])[..., ::-1]):  # a negative-stride view
+        for r in predict(model, source, imgsz=64):
+            torch.testing.assert_close(r.boxes, torch.tensor([[0.0, 0.0, 100.0, 90.0]]), atol=0.5, rtol=0)
+            assert r.orig_shape == (90, 200) and torch.equal(r.image, as_tensor)
+    # mixed sizes share one 64x64 batch, each mapped back through its own letterbox:
+    # 40x60 -> ratio 64/60 (43x64, 10 px on top); 64x30 -> ratio 1 (17 px on the left)
+    small, tall = predict(model, [np.zeros((40, 60, 3), np.uint8), np.zeros((64, 30, 3), np.uint8)], imgsz=64,
+                          batch=2)
+    assert small.orig_shape == (40, 60) and tall.orig_shape == (64, 30)
+    torch.testing.assert_close(small.boxes, torch.tensor([[0.0, 0.0, 30.0, 20 * 40 / 43]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(tall.boxes, torch.tensor([[0.0, 1.0, 15.0, 30.0]]), atol=1e-4, rtol=0)
 
 
 def test_one_result_per_video_frame(model, tmp_path, write_video):

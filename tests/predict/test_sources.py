@@ -1,5 +1,6 @@
 """Sources: what frames() yields for files, folders, globs, lists, in-memory images, videos and streams."""
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -79,7 +80,7 @@ class FakeCapture:
         return self.target != "rtsp://down"
 
     def get(self, prop):
-        return 25.0 if prop == sources.cv2.CAP_PROP_FPS else 0.0
+        return 25.0 if prop == cv2.CAP_PROP_FPS else 0.0
 
     def read(self):
         self.left -= 1
@@ -90,7 +91,7 @@ class FakeCapture:
 
 
 def test_camera_index_and_stream_url_go_through_opencv(monkeypatch):
-    monkeypatch.setattr(sources.cv2, "VideoCapture", FakeCapture)
+    monkeypatch.setattr(cv2, "VideoCapture", FakeCapture)  # read_video (yolokit.data.images) opens them
     FakeCapture.opened.clear()
     cam = list(frames(0))
     assert [(f.name, f.frame, f.fps, f.frames) for f in cam] == [("camera0.mp4", i, 25.0, None) for i in range(3)]

@@ -8,7 +8,7 @@ Typical use:
 
 from yolokit.data.albu import Albumentations
 from yolokit.data.dataset import DetectionDataset
-from yolokit.data.images import ImageError, read_image, verify_image
+from yolokit.data.images import ImageError, VideoFrame, image_tensor, letterbox, read_image, read_video, verify_image
 from yolokit.data.labels import Problem, SplitIndex
 from yolokit.data.loader import (
     AspectRatioBatchSampler,
@@ -34,7 +34,6 @@ from yolokit.data.transforms import (
     augment_hsv,
     flip_lr,
     flip_ud,
-    letterbox,
     random_affine,
     random_flip,
     scale_boxes,
@@ -48,5 +47,5 @@ __all__ = [
     "flip_ud",
     "MosaicCanvas", "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4", "mosaic4_canvas",
     "random_affine", "random_flip", "read_data_yaml", "read_image", "scale_boxes", "to_device",
-    "transform_boxes", "verify_image", "yolo_index",
+    "transform_boxes", "verify_image", "yolo_index", "VideoFrame", "image_tensor", "read_video",
 ]

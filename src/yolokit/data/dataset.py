@@ -34,13 +34,12 @@ import torch
 from torch.utils.data import Dataset
 
 from yolokit.data.albu import Albumentations
-from yolokit.data.images import ImageError, read_image
+from yolokit.data.images import ImageError, letterbox, read_image
 from yolokit.data.mosaic import mixup, mosaic4_canvas
 from yolokit.data.sources import DatasetError, load_split
 from yolokit.data.transforms import (
     AugmentConfig,
     augment_hsv,
-    letterbox,
     random_affine,
     random_flip,
     scale_boxes,

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolokit.data.dataset import DetectionDataset
-from yolokit.data.transforms import PAD_VALUE
+from yolokit.data.images import PAD_VALUE
 
 
 def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

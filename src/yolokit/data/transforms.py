@@ -14,9 +14,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from yolokit.ops.geometry import RatioPad, letterbox_plan
-
-PAD_VALUE = 114
+from yolokit.data.images import PAD_VALUE
 
 
 @dataclass
@@ -44,46 +42,6 @@ class AugmentConfig:
     fliplr: float = 0.5
     mosaic: float = 1.0
     mixup: float = 0.0
-
-
-def letterbox(
-    image: np.ndarray,
-    new_shape: int | tuple[int, int],
-    *,
-    stride: int = 32,
-    auto: bool = False,
-    scaleup: bool = True,
-    pad_value: int = PAD_VALUE,
-) -> tuple[np.ndarray, RatioPad]:
-    """Resize keeping the aspect ratio, then pad (centred): ``ops.geometry.letterbox_plan``.
-
-    Args:
-        image: [h, w, 3].
-        new_shape: output `(H, W)` or one int for a square.
-        stride: with `auto`, the output is padded only up to the next multiple of it.
-        auto: minimal stride-aligned padding instead of the full `new_shape`.
-        scaleup: when False, small images are not enlarged.
-        pad_value: grey level of the border.
-
-    Returns:
-        `(image, ((ratio_w, ratio_h), (pad_w, pad_h)))`, as `yolokit.ops.images.letterbox`:
-        image [H, W, 3] (with `auto`, each side a multiple of `stride`); ratio exact per axis
-        (resized size / original size); pad the pixels added on the left and the top, so
-        letterboxed = original * ratio + pad.
-
-    Example:
-        >>> out, ratio_pad = letterbox(np.zeros((480, 640, 3), np.uint8), 320)
-        >>> out.shape, ratio_pad
-        ((320, 320, 3), ((0.5, 0.5), (0.0, 40.0)))
-    """
-    plan = letterbox_plan(image.shape[:2], new_shape, stride=stride, auto=auto, scaleup=scaleup)
-    (nh, nw), (left, top, right, bottom) = plan.size, plan.pad
-    if plan.size != image.shape[:2]:
-        image = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
-    if plan.shape != plan.size:
-        image = cv2.copyMakeBorder(image, top, bottom, left, right, cv2.BORDER_CONSTANT,
-                                   value=(pad_value,) * 3)
-    return image, plan.ratio_pad
 
 
 def scale_boxes(boxes: np.ndarray, ratio: tuple[float, float],

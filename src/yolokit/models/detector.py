@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from yolokit.models.layers import Conv
 from yolokit.models.necks import neck_units
 from yolokit.ops.geometry import unletterbox_boxes
-from yolokit.ops.images import letterbox_batch, load_images
 from yolokit.ops.nms import Detections, non_max_suppression
 
 
@@ -106,75 +106,77 @@ class Detector(nn.Module):
     @torch.inference_mode()
     def predict(
         self,
-        images: Any,
+        images: Tensor,
         *,
         conf: float = 0.25,
         iou: float = 0.7,
         max_det: int = 300,
-        imgsz: int = 640,
         classes: Sequence[int] | None = None,
         agnostic: bool = False,
         multi_label: bool = False,
-        batch: int = 16,
         orig_shapes: Sequence[tuple[int, int]] | None = None,
         ratio_pad: Sequence[Any] | None = None,
     ) -> list[Detections]:
-        """Detects objects in images held in memory; boxes come back in original image pixels.
+        """Detects objects in a batch of input tensors: forward, decode, NMS, boxes mapped back.
 
-        Files, folders, globs, videos and streams go through ``yolokit.predict``
-        (``predict(model, source)``, ``predict_iter``), which reads and batches them with
-        constant memory; this method takes what is already decoded.
+        The tensors are the network's input as they are: nothing is resized here. Files,
+        folders, videos, streams and numpy or PIL images go through ``yolokit.predict``
+        (``predict(model, source, imgsz=640)``), which decodes, letterboxes and batches them
+        with constant memory and then calls this method.
 
         Args:
-            images: a numpy HxWx3 uint8 RGB image, a PIL image, a Tensor[3, H, W] (uint8,
-                or float in [0, 1]), a list of these, or a Tensor[B, 3, H, W] batch. With
-                ``orig_shapes`` a float batch is taken as already letterboxed (a data
-                loader batch) and only mapped back.
+            images: Tensor[B, 3, H, W] or Tensor[3, H, W], RGB, uint8 or float in [0, 1],
+                on any device. Sides that are not a multiple of the largest stride are
+                padded with grey at the right and bottom (boxes are unaffected).
             conf: score threshold.
             iou: NMS IoU threshold.
             max_det: most detections per image.
-            imgsz: inference size (rounded up to a stride multiple); images keep their
-                aspect ratio and are padded with grey.
             classes: keep only these classes.
             agnostic: class-agnostic NMS.
             multi_label: a box may be kept once per class scoring above ``conf`` (the
                 validation protocol); otherwise only its best class.
-            batch: images per forward pass when given a list.
-            orig_shapes: (h, w) per image of a ready batch.
-            ratio_pad: per image ((ratio_w, ratio_h), (pad_w, pad_h)) of a ready batch;
-                without it the batch is taken as a plain resize of the originals.
+            orig_shapes: (h, w) of each original image, to map boxes back to its pixels;
+                None keeps them in input pixels.
+            ratio_pad: per image ((ratio_w, ratio_h), (pad_w, pad_h)) of the letterbox that
+                made the input; None with ``orig_shapes`` means a plain resize.
 
         Returns:
             One ``Detections`` per image, on the model's device.
 
         Example:
             >>> model = yolokit.create_model("yolov8n", num_classes=3)
-            >>> (det,) = model.predict(np.zeros((48, 64, 3), np.uint8), conf=0.0, max_det=5, imgsz=64)
+            >>> (det,) = model.predict(torch.zeros(3, 48, 64), conf=0.0, max_det=5)
             >>> det.boxes.shape
             torch.Size([5, 4])
         """
+        if not isinstance(images, Tensor):
+            raise TypeError(f"Detector.predict takes Tensor[B, 3, H, W] or Tensor[3, H, W], got "
+                            f"{type(images).__name__}: files, folders, videos and numpy or PIL images go through "
+                            "yolokit.predict(model, source)")
+        batch = images[None] if images.ndim == 3 else images
+        if batch.ndim != 4 or batch.shape[1] != 3:
+            raise ValueError(f"images must be Tensor[B, 3, H, W] or Tensor[3, H, W], got shape {tuple(images.shape)}")
+        h, w = batch.shape[-2:]
+        if orig_shapes is None:
+            orig_shapes, ratio_pad = [(h, w)] * len(batch), None
+        if ratio_pad is None:
+            ratio_pad = [((w / ow, h / oh), (0.0, 0.0)) for oh, ow in orig_shapes]
         nms = dict(conf=conf, iou=iou, classes=classes, agnostic=agnostic, multi_label=multi_label, max_det=max_det)
-        if isinstance(images, Tensor) and images.ndim == 4 and orig_shapes is not None:
-            if ratio_pad is None:
-                h, w = images.shape[-2:]
-                ratio_pad = [((w / ow, h / oh), (0.0, 0.0)) for oh, ow in orig_shapes]
-            return self._detect(images, list(orig_shapes), list(ratio_pad), nms)
-        tensors = load_images(images)
-        out = []
-        for start in range(0, len(tensors), max(1, batch)):
-            chunk = tensors[start:start + max(1, batch)]
-            device = next(self.parameters()).device
-            boxed, pads = letterbox_batch([t.to(device) for t in chunk], imgsz, max(self.strides))
-            out += self._detect(boxed, [tuple(t.shape[-2:]) for t in chunk], pads, nms)
-        return out
+        return self._detect(batch, list(orig_shapes), list(ratio_pad), nms)
 
     def _detect(self, batch: Tensor, orig_shapes: list, ratio_pad: list, nms: dict[str, Any]) -> list[Detections]:
-        """Forward (eval mode), decode and NMS of a letterboxed Tensor[B, 3, H, W]; boxes mapped back."""
+        """Forward (eval mode), decode and NMS of an input Tensor[B, 3, H, W]; boxes mapped back."""
         param = next(self.parameters())
+        batch = batch.to(param.device)
+        batch = batch.to(param.dtype) / 255 if not batch.is_floating_point() else batch.to(param.dtype)
+        stride = int(max(self.strides))
+        h, w = batch.shape[-2:]
+        if h % stride or w % stride:
+            batch = F.pad(batch, (0, -w % stride, 0, -h % stride), value=114 / 255)
         was_training = self.training
         self.eval()
         try:
-            preds = self.decode(self(batch.to(param.device, param.dtype)))
+            preds = self.decode(self(batch))
         finally:
             self.train(was_training)
         dets = non_max_suppression(preds, **nms)

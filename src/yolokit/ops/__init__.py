@@ -1,4 +1,4 @@
-"""Pure tensor functions: boxes, IoU, NMS, anchors and grids, letterbox geometry, in-memory images."""
+"""Pure tensor functions: boxes, IoU, NMS, anchors and grids, letterbox geometry."""
 
 from yolokit.ops.anchors import anchor_to_box, box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import (
@@ -12,7 +12,6 @@ from yolokit.ops.boxes import (
     iou,
 )
 from yolokit.ops.geometry import LetterboxPlan, letterbox_plan, unletterbox_boxes
-from yolokit.ops.images import letterbox, load_images
 from yolokit.ops.nms import Detections, non_max_suppression
 
 __all__ = [
@@ -31,9 +30,7 @@ __all__ = [
     "giou",
     "grid_points",
     "iou",
-    "letterbox",
     "letterbox_plan",
-    "load_images",
     "non_max_suppression",
     "unletterbox_boxes",
 ]

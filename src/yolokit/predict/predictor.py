@@ -1,18 +1,24 @@
-"""Prediction over any source: frames -> batches -> ``Detector.predict`` -> ``Result``s, streamed.
+"""Prediction over any source: frames -> letterboxed batches -> ``Detector.predict`` -> ``Result``s.
 
-``predict_iter`` reads one batch ahead in a background thread (decoding overlaps the
-forward pass) and never holds more than two batches of decoded images, so memory does
-not grow with the number of images; ``predict`` adds saving into a run folder and, with
+``predict_iter`` reads, letterboxes and stacks one batch ahead in a background thread
+(decoding and resizing overlap the forward pass) and never holds more than two batches of
+decoded images, so memory does not grow with the number of images; ``predict`` adds saving into a run folder and, with
 ``stream=False``, collects the results into a list.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+import torch
+from torch import Tensor
+
+from yolokit.data.images import letterbox
 from yolokit.models import Detector
 from yolokit.predict.results import Result
 from yolokit.predict.saving import ResultWriter
@@ -33,6 +39,24 @@ def batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def letterbox_batch(images: Sequence[Tensor], imgsz: int, stride: int) -> tuple[Tensor, list[Any]]:
+    """Letterboxes Tensor[3, H, W] uint8 images (``yolokit.data.images.letterbox``) into one batch.
+
+    ``imgsz`` is rounded up to a multiple of ``stride``. When every image has the same
+    shape the batch is the smallest stride-aligned rectangle around them (less padding,
+    faster), otherwise the square.
+
+    Returns:
+        ``(batch, ratio_pads)``: Tensor[B, 3, H', W'] uint8, and one
+        ``((ratio_w, ratio_h), (pad_w, pad_h))`` per image.
+    """
+    size = math.ceil(imgsz / stride) * stride
+    same = len({tuple(im.shape[-2:]) for im in images}) == 1
+    boxed = [letterbox(np.ascontiguousarray(im.permute(1, 2, 0).numpy()), size, stride=stride, auto=same)
+             for im in images]
+    return torch.from_numpy(np.stack([b for b, _ in boxed]).transpose(0, 3, 1, 2)), [rp for _, rp in boxed]
 
 
 def read_ahead(items: Iterator[T]) -> Iterator[T]:
@@ -69,7 +93,8 @@ def predict_iter(
             ``.fuse()`` first). Its ``names`` label the results.
         source: a file, folder, glob, ``.txt`` list, video, camera index, stream URL,
             in-memory image or a list of these (see ``yolokit.predict.sources``).
-        imgsz: inference size; images keep their aspect ratio.
+        imgsz: inference size (rounded up to a stride multiple); images keep their aspect
+            ratio and are padded with grey.
         conf: score threshold.
         iou: NMS IoU threshold.
         max_det: most detections per image.
@@ -84,10 +109,15 @@ def predict_iter(
         ...     print(result.frame, result.summary())
         0 2 circle, 1 star
     """
-    names = model.names
-    for chunk in read_ahead(batches(frames(source, vid_stride=vid_stride), batch)):
-        dets = model.predict([f.image for f in chunk], batch=len(chunk), imgsz=imgsz, conf=conf, iou=iou,
-                             max_det=max_det, classes=classes, agnostic=agnostic, multi_label=multi_label)
+    names, stride = model.names, int(max(model.strides))
+
+    def prepared(chunk: list[Frame]) -> tuple[list[Frame], Tensor, list[Any]]:
+        return chunk, *letterbox_batch([f.image for f in chunk], imgsz, stride)
+
+    for chunk, boxed, ratio_pad in read_ahead(map(prepared, batches(frames(source, vid_stride=vid_stride), batch))):
+        dets = model.predict(boxed, orig_shapes=[tuple(f.image.shape[-2:]) for f in chunk], ratio_pad=ratio_pad,
+                             conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic,
+                             multi_label=multi_label)
         for f, d in zip(chunk, dets):
             yield _result(f, d.to("cpu"), names)
 

@@ -27,7 +27,7 @@ class Result:
         path: the source: a file path, a stream URL, ``camera<i>`` or ``image<i>``.
         name: the relative path of its outputs in a run folder (see ``Frame.name``).
         orig_shape: (height, width) of the original image.
-        image: the original image, Tensor[3, H, W] RGB (uint8, or float in [0, 1]).
+        image: the original image, Tensor[3, H, W] RGB (uint8; float in [0, 1] is accepted).
         frame: index of the frame in its video or stream; None for a still image.
         fps: the video's frame rate; None for a still image.
     """

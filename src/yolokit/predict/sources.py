@@ -21,13 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import cv2
-import numpy as np
-import torch
 from torch import Tensor
 
-from yolokit.data.images import ImageError, is_image_file, read_image
-from yolokit.ops.images import to_image_tensor
+from yolokit.data.images import ImageError, bgr_to_tensor, image_tensor, is_image_file, read_image, read_video
 
 VIDEO_SUFFIXES = frozenset({".asf", ".avi", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".webm",
                             ".wmv"})
@@ -39,7 +35,7 @@ class Frame:
     """One image to predict on.
 
     Attributes:
-        image: Tensor[3, H, W] RGB, uint8 (or float in [0, 1] when given so).
+        image: Tensor[3, H, W] uint8 RGB.
         path: where it came from: a file path, a stream URL, ``camera<i>`` or ``image<i>``.
         name: relative POSIX path of its outputs in a run folder (``"sub/a.jpg"``,
             ``"clip.mp4"``); all frames of a video share it.
@@ -86,7 +82,7 @@ def frames(source: Any, *, vid_stride: int = 1) -> Iterator[Frame]:
         root = _root_of([source])
         yield from _one_path(source, root, vid_stride, counter=[0])
     else:
-        yield Frame(to_image_tensor(source), "image0", "image0.jpg")
+        yield Frame(image_tensor(source), "image0", "image0.jpg")
 
 
 def _is_path_like(source: Any) -> bool:
@@ -101,7 +97,7 @@ def _many(sources: Sequence[Any], vid_stride: int) -> Iterator[Frame]:
         if _is_path_like(source):
             yield from _one_path(source, root, vid_stride, counter)
         else:
-            yield Frame(to_image_tensor(source), f"image{i}", f"image{i}.jpg")
+            yield Frame(image_tensor(source), f"image{i}", f"image{i}.jpg")
 
 
 def _is_stream(source: Any) -> bool:
@@ -217,30 +213,7 @@ def _files(files: Sequence[Path], root: Path, vid_stride: int, *, strict: bool) 
         yield Frame(bgr_to_tensor(bgr), str(path), name)
 
 
-def bgr_to_tensor(bgr: np.ndarray) -> Tensor:
-    """An HxWx3 uint8 BGR array (OpenCV's order) as Tensor[3, H, W] uint8 RGB."""
-    return torch.from_numpy(np.ascontiguousarray(bgr[..., ::-1].transpose(2, 0, 1)))
-
-
 def _video(target: str | int, path: str, name: str, vid_stride: int) -> Iterator[Frame]:
-    """Frames of a video file, camera or stream through OpenCV, every ``vid_stride``-th one."""
-    capture = cv2.VideoCapture(target)
-    if not capture.isOpened():
-        capture.release()
-        what = f"camera {target}" if isinstance(target, int) else f"video or stream {target}"
-        raise ValueError(f"OpenCV cannot open {what}")
-    try:
-        fps = capture.get(cv2.CAP_PROP_FPS)
-        fps = fps if fps and 0 < fps < 1000 else 30.0
-        count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if not isinstance(target, int) else 0
-        index = 0
-        while True:
-            ok, bgr = capture.read()
-            if not ok:
-                break
-            if index % vid_stride == 0:
-                yield Frame(bgr_to_tensor(bgr), path, name, frame=index, fps=fps / vid_stride,
-                            frames=count if count > 0 else None)
-            index += 1
-    finally:
-        capture.release()
+    """Frames of a video file, camera or stream (``yolokit.data.images.read_video``)."""
+    for f in read_video(target, vid_stride=vid_stride):
+        yield Frame(bgr_to_tensor(f.bgr), path, name, frame=f.index, fps=f.fps / vid_stride, frames=f.count)
