@@ -118,13 +118,57 @@ def test_interrupt_writes_a_resumable_checkpoint(shapes, tmp_path, monkeypatch):
         return original(*args, **kw)
 
     monkeypatch.setattr(T, "_optimizer_step", interrupted)
+    rec = Recorder()
     with pytest.raises(KeyboardInterrupt):
-        Trainer(tiny(shapes, tmp_path / "run", nbs=8, epochs=2)).fit()
+        Trainer(tiny(shapes, tmp_path / "run", nbs=8, epochs=2), callbacks=[rec]).fit()
     monkeypatch.undo()
+    assert [c for c in rec.calls if c[0] in ("on_interrupt", "on_train_end", "on_export")] == [
+        ("on_interrupt", (1, tmp_path / "run")), ("on_train_end", ())]  # one step taken, no final weights
     state = load_checkpoint(tmp_path / "run" / "weights" / "last.pt")
     assert state["epoch"] == 0  # the interrupted first epoch restarts on resume
     result = train(TrainConfig(resume=str(tmp_path / "run")))
     assert load_checkpoint(tmp_path / "run" / "weights" / "last.pt")["epoch"] == 2 and "mAP50" in result
+
+
+class Recorder(Callback):
+    """Every hook call, in order, with its arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            return lambda *args: self.calls.append((name, args))
+        return super().__getattribute__(name)
+
+
+def test_everything_a_run_reports_goes_through_the_callbacks(shapes, tmp_path, monkeypatch, capsys):
+    from yolokit.train import callbacks
+
+    written = []
+    monkeypatch.setattr(callbacks.tqdm, "write", lambda text, *a, **k: written.append(text))
+    yolokit.save(yolokit.create_model("yolov8n", num_classes=7), tmp_path / "w.safetensors")
+    rec = Recorder()
+    # patience 1: the first validation that does not beat the best stops the run (the seeded
+    # 16-image run reaches one before epoch 4; the assertions below would catch it if not)
+    Trainer(tiny(shapes, tmp_path / "run", epochs=4, patience=1, weights=str(tmp_path / "w.safetensors")),
+            callbacks=[rec]).fit()
+    assert capsys.readouterr().out == ""  # the trainer printed nothing beside its callbacks
+    names = [n for n, _ in rec.calls]
+    assert names[:3] == ["on_setup_end", "on_train_start", "on_epoch_start"]
+    assert names[-3:] == ["on_early_stop", "on_train_end", "on_export"]
+    summary = rec.calls[0][1][0]
+    assert {k: summary[k] for k in ("batch", "per_process", "accumulate", "step_batch", "world", "classes")} == \
+        {"batch": 8, "per_process": 8, "accumulate": 2, "step_batch": 16, "world": 1, "classes": 4}
+    assert len(summary["notes"]) == 1 and "left as initialised (the weights have 7 classes" in summary["notes"][0]
+    (epoch, patience), = [args for n, args in rec.calls if n == "on_early_stop"]
+    assert patience == 1 and names.count("on_epoch_end") == epoch + 1 < 4
+    assert rec.calls[-1][1] == (tmp_path / "run" / "weights" / "model.pt",) and rec.calls[-1][1][0].is_file()
+    assert written[0].startswith("yolokit train: yolov8n on ") and "batch 8 (8 per process) x 2 accumulation" in \
+        written[0]
+    assert written[1] == summary["notes"][0]
+    assert f"early stop after epoch {epoch + 1}: no improvement for 1 validations" in written
+    assert written[-1] == f"results in {tmp_path / 'run'}"
 
 
 def test_bad_inputs_are_named(shapes, tmp_path):

@@ -31,7 +31,8 @@ PROBE_SIZES = (1, 2, 4, 8)
 
 def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device: torch.device, *,
                   resumed: dict[str, Any] | None = None,
-                  memory: tuple[float, Callable[[int], float]] | None = None) -> int:
+                  memory: tuple[float, Callable[[int], float]] | None = None,
+                  report: Callable[[str], None] = print) -> int:
     """Total images per loader batch over all processes.
 
     A number must divide by the number of processes (each runs ``batch / world``).
@@ -46,6 +47,8 @@ def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device:
             measured and ``CPU_AUTO_BATCH`` images are shared among the processes.
         resumed: The checkpoint being resumed, if any.
         memory: ``(budget_bytes, peak_bytes(b))`` instead of CUDA's own readings (tests).
+        report: receives the finder's lines (print by default; the trainer routes them to
+            its callbacks' ``on_setup_end``).
 
     Returns:
         The total batch, a multiple of the world size.
@@ -59,24 +62,26 @@ def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device:
         return batch
     if resumed is not None and resumed.get("batch"):
         return int(resumed["batch"])
-    per_rank = measure_batch(probe, device, memory=memory)
+    per_rank = measure_batch(probe, device, memory=memory, report=report)
     smallest = min(distributed.all_gather_object(per_rank))
     if distributed.is_main():
-        print(f"batch auto: {smallest} images per process ({smallest * world} in all)")
+        report(f"batch auto: {smallest} images per process ({smallest * world} in all)")
     return smallest * world
 
 
 def measure_batch(probe: Callable[[int], None], device: torch.device, *, fraction: float = AUTO_FRACTION,
-                  max_size: int = 1024, memory: tuple[float, Callable[[int], float]] | None = None) -> int:
+                  max_size: int = 1024, memory: tuple[float, Callable[[int], float]] | None = None,
+                  report: Callable[[str], None] = print) -> int:
     """Images per step whose peak memory is ``fraction`` of the budget (see the module docstring).
 
     Without CUDA and without ``memory`` nothing is measured: ``CPU_AUTO_BATCH`` images
-    shared among the processes.
+    shared among the processes. ``report`` receives what was tried (the main process's
+    line when nothing is measured).
     """
     if memory is None and device.type != "cuda":
         per_rank = max(1, CPU_AUTO_BATCH // distributed.world_size())
         if distributed.is_main():
-            print(f"batch auto: no CUDA device to measure, using {per_rank} per process")
+            report(f"batch auto: no CUDA device to measure, using {per_rank} per process")
         return per_rank
     if memory is None:
         free, _ = torch.cuda.mem_get_info(device)
@@ -101,7 +106,7 @@ def measure_batch(probe: Callable[[int], None], device: torch.device, *, fractio
 
     size = predict_batch_size(checked, fraction=fraction, probe_sizes=PROBE_SIZES, max_size=max_size,
                               total_bytes=budget, measure=measured)
-    print(f"batch auto on {device}: budget {fraction:.0%} of {budget / 2**30:.2f} GiB; tried "
+    report(f"batch auto on {device}: budget {fraction:.0%} of {budget / 2**30:.2f} GiB; tried "
           f"{', '.join(tried)} -> {size} images per step")
     return size
 

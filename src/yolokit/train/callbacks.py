@@ -1,9 +1,13 @@
 """Training callbacks: a tqdm progress bar, a CSV log, TensorBoard, and end-of-run plots.
 
 A callback receives plain values (numbers, dicts, arrays), never the trainer, so each
-one can be tested and reused on its own. The trainer calls, in order:
+one can be tested and reused on its own. The trainer prints nothing itself: what a run
+reports goes through these hooks, and ``ProgressBar`` is the one that writes to the
+console. The trainer calls, in order: ``on_setup_end`` (what was built) and
 ``on_train_start``, then per epoch ``on_epoch_start`` / ``on_batch_end`` ... /
-``on_epoch_end`` (with the results row, after validation), and ``on_train_end``.
+``on_validation_end`` / ``on_epoch_end`` (with the results row), ``on_early_stop`` when
+patience runs out, ``on_interrupt`` on Ctrl-C / SIGTERM, then ``on_train_end`` (always)
+and ``on_export`` (the final weights, when training finished).
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from yolokit.train.plots import results_plot, validation_plots
 class Callback:
     """No-op hooks; subclasses override what they need."""
 
+    def on_setup_end(self, summary: dict[str, Any]) -> None:
+        """What setup built: ``model``, ``data``, ``classes``, ``world``, ``device``, ``batch``,
+        ``per_process``, ``accumulate``, ``step_batch``, ``optimizer``, ``lr0``, ``precision``,
+        ``layout``, ``sync_bn``, ``config`` (YAML text) and ``notes`` (lines from the batch
+        finder, pretrained weights and resume)."""
+
     def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None: ...
 
     def on_epoch_start(self, epoch: int, epochs: int, batches: int) -> None: ...
@@ -36,14 +46,41 @@ class Callback:
                           names: Sequence[str]) -> None:
         """After a validation: its ``EvalResult``, (image, predictions, ground truth) samples, class names."""
 
+    def on_early_stop(self, epoch: int, patience: int) -> None:
+        """Training stops after ``epoch`` (0-based): no improvement for ``patience`` validations."""
+
+    def on_interrupt(self, steps: int, run_dir: Path) -> None:
+        """Ctrl-C or SIGTERM: ``last.pt`` in ``run_dir`` holds the last of ``steps`` optimizer steps."""
+
     def on_train_end(self) -> None: ...
+
+    def on_export(self, weights: Path) -> None:
+        """The run finished and its final inference weights are at ``weights``."""
 
 
 class ProgressBar(Callback):
-    """One tqdm bar per epoch: it/s (tqdm), images/s, running mean losses, device memory."""
+    """The console: the run header, one tqdm bar per epoch (it/s, images/s, running mean
+    losses, device memory), the validation line, and early stop / interrupt / results lines."""
 
     def __init__(self, enabled: bool = True):
-        self.enabled, self.bar, self.sums, self.count = enabled, None, {}, 0
+        self.enabled, self.bar, self.sums, self.count, self.run_dir = enabled, None, {}, 0, None
+
+    def _write(self, text: str) -> None:
+        if self.enabled:
+            tqdm.write(text)
+
+    def on_setup_end(self, summary: dict[str, Any]) -> None:
+        s = summary
+        self._write(f"yolokit train: {s['model']} on {s['data']} ({s['classes']} classes), {s['world']} x "
+                    f"{s['device']}, batch {s['batch']} ({s['per_process']} per process) x {s['accumulate']} "
+                    f"accumulation = {s['step_batch']} per step, {s['optimizer']} lr {s['lr0']:g}, "
+                    f"{s['precision']}, {s['layout']}{', SyncBatchNorm' if s['sync_bn'] else ''}\n"
+                    f"config:\n{s['config']}")
+        for note in s["notes"]:
+            self._write(note)
+
+    def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None:
+        self.run_dir = run_dir
 
     def on_epoch_start(self, epoch: int, epochs: int, batches: int) -> None:
         self.sums, self.count, self.images, self.start = {}, 0, 0, time.perf_counter()
@@ -66,6 +103,17 @@ class ProgressBar(Callback):
         if self.enabled and "mAP50" in row:
             tqdm.write(f"  val: P {row['precision']:.3f}  R {row['recall']:.3f}  "
                        f"mAP50 {row['mAP50']:.3f}  mAP50-95 {row['mAP50-95']:.3f}")
+
+    def on_early_stop(self, epoch: int, patience: int) -> None:
+        self._write(f"early stop after epoch {epoch + 1}: no improvement for {patience} validations")
+
+    def on_interrupt(self, steps: int, run_dir: Path) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self._write(f"\ninterrupted after {steps} optimizer steps: resume with `yolokit train --resume {run_dir}`")
+
+    def on_export(self, weights: Path) -> None:
+        self._write(f"results in {self.run_dir or weights.parent.parent}")
 
 
 class CSVLogger(Callback):

@@ -86,6 +86,11 @@ class EvalResult:
     confusion: np.ndarray = field(default_factory=lambda: np.zeros((1, 1), np.int64))
     stats: np.ndarray = field(default_factory=lambda: np.zeros(12))
 
+    @property
+    def fitness(self) -> float:
+        """Model selection score: 0.1 mAP50 + 0.9 mAP50-95."""
+        return 0.1 * self.map50 + 0.9 * self.map50_95
+
     def as_dict(self) -> dict[str, float]:
         return {"precision": self.precision, "recall": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}
 

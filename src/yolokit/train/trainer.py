@@ -69,11 +69,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def fitness(result: EvalResult) -> float:
-    """Model selection score: 0.1 mAP50 + 0.9 mAP50-95."""
-    return 0.1 * result.map50 + 0.9 * result.map50_95
-
-
 @dataclass
 class Run:
     """Everything :meth:`Trainer.setup` builds for one training run."""
@@ -131,19 +126,16 @@ class Trainer:
             run.accumulator.rewind()             # a partial step leaves no trace (gradients, BatchNorm stats)
             if run.done == epoch:                # mid-epoch: a checkpoint at the last completed step
                 self._save_position(run, epoch)
-            if run.main:
-                print(f"\ninterrupted after {run.steps} optimizer steps: resume with "
-                      f"`yolokit train --resume {run.run_dir}`")
+            _call(run.callbacks, "on_interrupt", run.steps, run.run_dir)
             raise
         finally:
-            for cb in run.callbacks:
-                cb.on_train_end()
+            _call(run.callbacks, "on_train_end")
         if run.main:
-            export_final(run.ema.module if run.ema else run.model, run.run_dir / "weights" / "model.pt",
-                         run.names, run.cfg)
-            print(f"results in {run.run_dir}")
+            weights = export_final(run.ema.module if run.ema else run.model, run.run_dir / "weights" / "model.pt",
+                                   run.names, run.cfg)
+            _call(run.callbacks, "on_export", weights)
         distributed.teardown()
-        return {**run.result.as_dict(), "fitness": fitness(run.result), "run_dir": str(run.run_dir)}
+        return {**run.result.as_dict(), "fitness": run.result.fitness, "run_dir": str(run.run_dir)}
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -155,7 +147,7 @@ class Trainer:
         run_dir = distributed.broadcast_object(run_dir)
         seed_everything(cfg.seed + distributed.rank())
         perf.configure(deterministic=cfg.deterministic)   # deterministic kernels, no NaN fills
-        callbacks = self._callbacks(run_dir, main)
+        callbacks, notes = self._callbacks(run_dir, main), []   # notes: lines for on_setup_end
 
         # data: the main process builds (and caches) it first, then the others read it
         train_set, val_set = _datasets(cfg, main)
@@ -164,7 +156,7 @@ class Trainer:
         # model and loss; every process starts from the main process's weights
         model = create_model(cfg.model, num_classes=len(names))
         if cfg.weights and resume is None:
-            load_pretrained(model, cfg.weights)
+            load_pretrained(model, cfg.weights, report=notes.append)
         model.to(device)
         distributed.broadcast_module(model)
         criterion = build_loss(model, cfg)
@@ -183,7 +175,7 @@ class Trainer:
         probe = training_probe(model, train_net, criterion, precision, device, imgsz=cfg.imgsz,
                                max_boxes=worst_case_boxes(train_set, cfg), channels_last=channels_last,
                                state_tensors=1 if cfg.optimizer.lower() == "sgd" else 2)
-        batch = resolve_batch(cfg, probe, device, resumed=resume)
+        batch = resolve_batch(cfg, probe, device, resumed=resume, report=notes.append)
         per_rank = batch // world
         sync_bn = cfg.uses_sync_bn(world, device.type)   # collectives in every forward and backward,
         if sync_bn:                                      # so equal micro-batch counts: no OOM split
@@ -207,17 +199,16 @@ class Trainer:
                   distributed.GracefulStop())
         if resume is not None:
             restore_run(run, resume)
+            notes.append(resume_note(run))
         if main:
-            print(f"yolokit train: {cfg.model} on {cfg.data} ({len(names)} classes), {world} x {device}, batch "
-                  f"{batch} ({per_rank} per process) x {accumulator.steps} accumulation = "
-                  f"{accumulator.effective_batch} per step, {opt_name} lr {lr0:g}, {precision.precision}, "
-                  f"{perf.describe(model)}{', SyncBatchNorm' if sync_bn else ''}\nconfig:\n{cfg.to_yaml()}")
-            if resume is not None:
-                print(resume_note(run))
             (run_dir / "weights").mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
-        for cb in callbacks:
-            cb.on_train_start(run_dir, cfg.to_dict())
+        _call(callbacks, "on_setup_end", dict(
+            model=cfg.model, data=cfg.data, classes=len(names), world=world, device=str(device), batch=batch,
+            per_process=per_rank, accumulate=accumulator.steps, step_batch=accumulator.effective_batch,
+            optimizer=opt_name, lr0=lr0, precision=precision.precision, layout=perf.describe(model),
+            sync_bn=sync_bn, config=cfg.to_yaml(), notes=notes))
+        _call(callbacks, "on_train_start", run_dir, cfg.to_dict())
         return run
 
     # --- one epoch -------------------------------------------------------------------------
@@ -230,8 +221,7 @@ class Trainer:
         run.train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic   # Mosaic off for the last K
         run.loader.set_epoch(epoch, start_step=first)                  # their batches are not loaded again
         run.model.train()
-        for cb in run.callbacks:
-            cb.on_epoch_start(epoch, cfg.epochs, len(run.loader))
+        _call(run.callbacks, "on_epoch_start", epoch, cfg.epochs, len(run.loader))
         run.meter = meter = LossMeter(run.device)
         if first and run.resume_meter:
             meter.load_state_dict(run.resume_meter)
@@ -254,8 +244,8 @@ class Trainer:
             if meter.due(i):                               # the device is read every few batches only
                 self._check_finite(run, meter.longest_nonfinite_run(), epoch)
                 run.precision.check()                      # skipped steps: warn, or stop
-            for cb in run.callbacks:
-                cb.on_batch_end(meter.running(), len(batch["indices"]), _memory_gb(run.device))
+            memory = torch.cuda.memory_reserved(run.device) / 2**30 if run.device.type == "cuda" else 0.0
+            _call(run.callbacks, "on_batch_end", meter.running(), len(batch["indices"]), memory)
         while acc.should_step():                           # uneven shards: the other ranks' last steps
             self._optimizer_step(run, epoch)
         self._check_finite(run, max(distributed.all_gather_object(meter.longest_nonfinite_run())), epoch)
@@ -311,9 +301,8 @@ class Trainer:
             run.result, samples = validate(run.ema.module if run.ema else run.model, run.val_loader,
                                            num_classes=len(run.names), conf=cfg.conf, iou=cfg.iou,
                                            max_det=cfg.max_det, keep_samples=16 if last and cfg.plots else 0)
-            for cb in run.callbacks:
-                cb.on_validation_end(run.result, samples, run.names)
-        score = fitness(run.result)
+            _call(run.callbacks, "on_validation_end", run.result, samples, run.names)
+        score = run.result.fitness
         improved = evaluated and score > run.best
         run.best, run.stale = (score, 0) if improved else (run.best, run.stale + int(evaluated))
         row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **run.result.as_dict(),
@@ -327,11 +316,10 @@ class Trainer:
                 if improved:
                     atomic_save(state, run.run_dir / "weights" / "best.pt")
             run.done = epoch + 1
-        for cb in run.callbacks:
-            cb.on_epoch_end(row)
+        _call(run.callbacks, "on_epoch_end", row)
         stop = run.stale >= cfg.patience
-        if stop and run.main:
-            print(f"early stop: no improvement for {cfg.patience} validations")
+        if stop:
+            _call(run.callbacks, "on_early_stop", epoch, cfg.patience)
         if run.stop.requested():
             raise KeyboardInterrupt("stop requested by a signal")
         return stop
@@ -345,6 +333,12 @@ class Trainer:
         if self.config.plots:
             built.append(Plotter(run_dir))
         return built + self.user_callbacks
+
+
+def _call(callbacks: list[Callback], hook: str, *args: Any) -> None:
+    """Calls ``hook`` of every callback, in order."""
+    for cb in callbacks:
+        getattr(cb, hook)(*args)
 
 
 def _datasets(cfg: TrainConfig, main: bool) -> tuple[DetectionDataset, DetectionDataset]:
@@ -376,10 +370,6 @@ def _start_processes(cfg: TrainConfig) -> torch.device:
                       "resume='auto' (--resume auto); as it is, a restart starts a new run", stacklevel=2)
     device_type = None if cfg.device == "auto" else torch.device(cfg.device).type
     return distributed.setup(device_type=device_type)
-
-
-def _memory_gb(device: torch.device) -> float:
-    return torch.cuda.memory_reserved(device) / 2**30 if device.type == "cuda" else 0.0
 
 
 def _pick_device(name: str) -> torch.device:

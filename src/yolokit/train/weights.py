@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +10,12 @@ from yolokit.interop import load, save
 from yolokit.models import Detector
 
 
-def load_pretrained(model: Detector, path: str | Path) -> list[str]:
+def load_pretrained(model: Detector, path: str | Path, *, report: Callable[[str], None] = print) -> list[str]:
     """Copies every tensor of the file at ``path`` whose name and shape match into ``model``.
 
     Any format ``yolokit.load`` reads works (yolokit, Ultralytics, a run's checkpoint).
     Tensors that do not fit (the class layers when the class count differs) keep their
-    fresh initialisation; they are named in a printed message.
+    fresh initialisation; ``report`` (print by default) receives a line that counts them.
 
     Returns:
         Names of the tensors left as initialised.
@@ -31,7 +32,7 @@ def load_pretrained(model: Detector, path: str | Path) -> list[str]:
     if skipped:
         note = (f" (the weights have {head_classes} classes, the data {model.num_classes})"
                 if head_classes not in (None, model.num_classes) else "")
-        print(f"pretrained {path}: {len(kept)}/{len(target)} tensors loaded; "
+        report(f"pretrained {path}: {len(kept)}/{len(target)} tensors loaded; "
               f"{len(skipped)} left as initialised{note}")
     return skipped
 
