@@ -14,12 +14,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 
 import yolokit
 from yolokit.data import DetectionDataset, build_dataloader
+from yolokit.data.shapes import draw_shapes_image
 from yolokit.interop import export_onnx, load
 from yolokit.models import Detector
 from yolokit.predict import ResultWriter, next_run_dir, predict_iter
@@ -144,21 +144,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _demo_images(n: int, size: int, seed: int) -> list[np.ndarray]:
-    """``n`` RGB images of random filled circles and rectangles on a noisy background."""
+    """``n`` RGB images of the built-in shapes set's kind (``yolokit.data.shapes``), long side ``size``."""
     rng = np.random.default_rng(seed)
-    images = []
-    for _ in range(n):
-        image = rng.integers(90, 160, (size, size, 3), dtype=np.uint8)
-        for _ in range(int(rng.integers(1, 5))):
-            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-            x, y = (int(v) for v in rng.integers(size // 8, size - size // 8, 2))
-            r = int(rng.integers(size // 16, size // 5))
-            if rng.random() < 0.5:
-                cv2.circle(image, (x, y), r, colour, -1)
-            else:
-                cv2.rectangle(image, (x - r, y - r), (x + r, y + r), colour, -1)
-        images.append(image)
-    return images
+    return [np.ascontiguousarray(draw_shapes_image(rng, imgsz=size, background_fraction=0.0)[0][..., ::-1])
+            for _ in range(n)]
 
 
 def run_demo(args: argparse.Namespace) -> int:
