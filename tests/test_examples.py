@@ -24,10 +24,13 @@ def run(script, *args, cwd):
     return proc.stdout
 
 
-def test_custom_loop_trains_and_its_weights_load_back(tmp_path):
-    out = run("custom_loop.py", "--epochs", 1, "--imgsz", 64, "--batch", 8, "--nominal-batch", 16, "--workers", 0,
-              "--save", tmp_path / "w.pt", cwd=tmp_path)
-    assert "epoch 1/1" in out and "(8 batches of 8 per process" in out  # 64 generated images
+def test_custom_loop_trains_on_two_processes_and_its_weights_load_back(tmp_path):
+    out = run("custom_loop.py", "--epochs", 1, "--imgsz", 64, "--batch", 6, "--nominal-batch", 18, "--workers", 0,
+              "--nprocs", 2, "--save", tmp_path / "w.pt", cwd=tmp_path)
+    assert "rank 0: cpu" in out and "rank 1: cpu" in out
+    # 64 images in micro-batches of 3: 22 (the last of 1 image); 3 steps of 2 ranks x 3, then the
+    # last 4 go to the lowest ranks first: rank 0 runs 12, rank 1 runs 10 (uneven shards)
+    assert "epoch 1/1" in out and "(12 batches of 3 per process" in out
     loss = float(re.search(r"final loss ([0-9.]+)", out).group(1))
     assert math.isfinite(loss) and loss > 0
     model = yolokit.load(tmp_path / "w.pt")

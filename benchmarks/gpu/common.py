@@ -193,11 +193,17 @@ class TrainStep:
         self.targets = inputs.random_targets(batch, BOXES, s.imgsz).to(s.device)
 
     def __call__(self) -> None:
-        with self.amp.autocast():
-            loss, _ = self.criterion(self.net(self.images), self.targets, max_boxes=BOXES)
-        self.amp.backward(loss * self.batch)
+        self.forward_backward(self.images, self.targets, BOXES, self.batch)
         self.amp.step(self.optimizer, clip_grad_norm=10.0, blocking=False)
         self.optimizer.zero_grad(set_to_none=True)
+
+
+    def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, max_boxes: int, weight: float) -> torch.Tensor:
+        """The trainer's micro-batch step (``yolokit.train.step.forward_backward``); the detached loss."""
+        from yolokit.train.step import forward_backward
+
+        return forward_backward(self.net, self.criterion, self.amp, images, targets, max_boxes=max_boxes,
+                                weight=weight, channels_last=self.channels_last)[0]
 
 
 def images_per_second(s: Settings, fns: list[Callable[[], Any]], batch: int | list[int]) -> list[float]:

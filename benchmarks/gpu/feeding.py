@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 
-import torch
 
 from gpu.common import Clock, Row, Settings, TrainStep, attempt, images_per_second, shapes_yaml
 from harness.pipeline import epochs, yolokit_loader
@@ -85,15 +84,10 @@ def train_from_loader(s: Settings, parts: TrainStep, loader) -> dict:
             batch = next(batches)
             wait += time.perf_counter() - t0
             data = to_device(batch, s.device, non_blocking=True)
-            images_in = data["images"]
-            if parts.channels_last:
-                images_in = images_in.contiguous(memory_format=torch.channels_last)
-            with parts.amp.autocast():
-                loss, _ = parts.criterion(parts.net(images_in), data["targets"], max_boxes=batch["max_boxes"])
-            parts.amp.backward(loss * len(images_in))
+            parts.forward_backward(data["images"], data["targets"], batch["max_boxes"], len(data["images"]))
             parts.amp.step(parts.optimizer, clip_grad_norm=10.0, blocking=False)
             parts.optimizer.zero_grad(set_to_none=True)
-            images += len(images_in)
+            images += len(data["images"])
             steps += 1
         synchronize(s.device)
         elapsed = time.perf_counter() - start

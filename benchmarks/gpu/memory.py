@@ -156,11 +156,7 @@ def oom_mid_run(s: Settings, name: str, batch: int) -> list[Row]:
         if limit[0] is not None and len(micro["images_uint8"]) > limit[0]:
             raise torch.OutOfMemoryError("injected: the smoke run's memory is taken away")
         data = to_device(micro, s.device, non_blocking=True)
-        images = data["images"].contiguous(memory_format=torch.channels_last) if parts.channels_last else data["images"]
-        with parts.amp.autocast():
-            loss, _ = parts.criterion(parts.net(images), data["targets"], max_boxes=micro["max_boxes"])
-        parts.amp.backward(loss * weight)
-        return len(images), loss.detach()
+        return len(data["images"]), parts.forward_backward(data["images"], data["targets"], micro["max_boxes"], weight)
 
     def step() -> tuple[int, float]:
         outs = acc.run(forward_backward, host)

@@ -179,9 +179,8 @@ def image_tensor(image: Any) -> Tensor:
     if isinstance(image, Tensor):
         if image.ndim != 3 or image.shape[0] != 3:
             raise ValueError(f"an image tensor must be Tensor[3, H, W], got shape {tuple(image.shape)}")
-        if image.is_floating_point():
-            image = (image.detach().clamp(0, 1) * 255).round().to(torch.uint8)
-        return image.detach().cpu()
+        image = image.detach().cpu()
+        return (image.clamp(0, 1) * 255).round().to(torch.uint8) if image.is_floating_point() else image
     if hasattr(image, "convert") and hasattr(image, "size"):  # PIL.Image, duck-typed
         image = np.asarray(image.convert("RGB"))
     array = np.asarray(image)

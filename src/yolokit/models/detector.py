@@ -161,16 +161,12 @@ class Detector(nn.Module):
             orig_shapes, ratio_pad = [(h, w)] * len(batch), None
         if ratio_pad is None:
             ratio_pad = [((w / ow, h / oh), (0.0, 0.0)) for oh, ow in orig_shapes]
-        nms = dict(conf=conf, iou=iou, classes=classes, agnostic=agnostic, multi_label=multi_label, max_det=max_det)
-        return self._detect(batch, list(orig_shapes), list(ratio_pad), nms)
-
-    def _detect(self, batch: Tensor, orig_shapes: list, ratio_pad: list, nms: dict[str, Any]) -> list[Detections]:
-        """Forward (eval mode), decode and NMS of an input Tensor[B, 3, H, W]; boxes mapped back."""
         param = next(self.parameters())
-        batch = batch.to(param.device)
-        batch = batch.to(param.dtype) / 255 if not batch.is_floating_point() else batch.to(param.dtype)
+        uint8 = not batch.is_floating_point()
+        batch = batch.to(param.device, param.dtype)
+        if uint8:
+            batch = batch / 255
         stride = int(max(self.strides))
-        h, w = batch.shape[-2:]
         if h % stride or w % stride:
             batch = F.pad(batch, (0, -w % stride, 0, -h % stride), value=114 / 255)
         was_training = self.training
@@ -179,7 +175,8 @@ class Detector(nn.Module):
             preds = self.decode(self(batch))
         finally:
             self.train(was_training)
-        dets = non_max_suppression(preds, **nms)
+        dets = non_max_suppression(preds, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
+                                   multi_label=multi_label, max_det=max_det)
         return [Detections(unletterbox_boxes(d.boxes, rp, shape), d.scores, d.labels)
                 for d, rp, shape in zip(dets, ratio_pad, orig_shapes)]
 

@@ -2,8 +2,8 @@
 
 ``predict_iter`` reads, letterboxes and stacks one batch ahead in a background thread
 (decoding and resizing overlap the forward pass) and never holds more than two batches of
-decoded images, so memory does not grow with the number of images; ``predict`` adds saving into a run folder and, with
-``stream=False``, collects the results into a list.
+decoded images, so memory does not grow with the number of images; ``predict`` adds
+saving into a run folder and, with ``stream=False``, collects the results into a list.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from yolokit.accel.amp import Precision
 from yolokit.accel.batch_size import free_memory, measure_peak_memory, predict_batch_size
 from yolokit.data import DetectionDataset
 from yolokit.train.config import TrainConfig
+from yolokit.train.step import forward_backward
 
 AUTO_FRACTION = 0.8   # of the device memory free for this process when the run starts
 CPU_AUTO_BATCH = 16
@@ -138,11 +139,8 @@ def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module,
                 p.grad = torch.zeros_like(p)
             gen = torch.Generator(device=device).manual_seed(seed)
             images = torch.rand(b, 3, imgsz, imgsz, device=device, generator=gen)
-            if channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            with precision.autocast():
-                loss, _ = criterion(train_net(images), _targets(b, max_boxes, imgsz, device, gen), max_boxes=max_boxes)
-            precision.backward(loss * b)
+            forward_backward(train_net, criterion, precision, images, _targets(b, max_boxes, imgsz, device, gen),
+                             max_boxes=max_boxes, weight=b, channels_last=channels_last)
         finally:
             for p in params:
                 p.grad = None

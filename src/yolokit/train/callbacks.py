@@ -113,7 +113,7 @@ class ProgressBar(Callback):
         self._write(f"\ninterrupted after {steps} optimizer steps: resume with `yolokit train --resume {run_dir}`")
 
     def on_export(self, weights: Path) -> None:
-        self._write(f"results in {self.run_dir or weights.parent.parent}")
+        self._write(f"results in {self.run_dir}")
 
 
 class CSVLogger(Callback):

@@ -51,6 +51,7 @@ from yolokit.train.ema import ModelEMA
 from yolokit.train.evaluate import EvalResult, validate
 from yolokit.train.meter import LossMeter
 from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
+from yolokit.train.step import forward_backward
 from yolokit.train.weights import export_final, load_pretrained
 
 
@@ -226,19 +227,15 @@ class Trainer:
         if first and run.resume_meter:
             meter.load_state_dict(run.resume_meter)
 
-        def forward_backward(micro: dict, weight: float) -> tuple[dict[str, torch.Tensor], int]:
+        def micro_step(micro: dict, weight: float) -> tuple[dict[str, torch.Tensor], int]:
             data = to_device(micro, run.device, non_blocking=True)
-            images = data["images"]
-            if run.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            with run.precision.autocast():
-                loss, parts = run.criterion(run.train_net(images), data["targets"], max_boxes=micro["max_boxes"])
-            run.precision.backward(loss * weight)      # weight = images: Ultralytics' loss * batch
-            return parts, len(images)
+            _, parts = forward_backward(run.train_net, run.criterion, run.precision, data["images"], data["targets"],
+                                        max_boxes=micro["max_boxes"], weight=weight, channels_last=run.channels_last)
+            return parts, len(data["images"])    # weight = images: Ultralytics' loss * batch
 
         acc.start_epoch(len(run.loader), first_step=first)
         for i, batch in enumerate(run.loader):
-            meter.add(acc.run(forward_backward, batch))    # micro-batches; split and replayed on OOM
+            meter.add(acc.run(micro_step, batch))    # micro-batches; split and replayed on OOM
             if acc.should_step():                          # gradients summed over processes
                 self._optimizer_step(run, epoch)
             if meter.due(i):                               # the device is read every few batches only
