@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ import numpy as np
 import torch
 
 import yolokit
+from yolokit.accel import distributed
+from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.data.shapes import draw_shapes_image
 from yolokit.interop import export_onnx, load
@@ -118,16 +121,23 @@ def run_predict(args: argparse.Namespace) -> int:
     source = args.source if len(args.source) > 1 else args.source[0]
     out = Path(args.out) if args.out else next_run_dir(Path("runs") / "predict")
     count, started = 0, time.perf_counter()
-    with ResultWriter(out, save=args.save, save_txt=args.save_txt, save_conf=args.save_conf,
-                      save_json=args.save_json, save_crop=args.save_crop) as writer:
-        for result in predict_iter(model, source, imgsz=args.imgsz, conf=args.conf, iou=args.iou,
-                                   max_det=args.max_det, batch=args.batch, classes=args.classes,
-                                   agnostic=args.agnostic, vid_stride=args.vid_stride):
-            writer.write(result)
-            count += 1
-            where = result.path if result.frame is None else f"{result.path} frame {result.frame}"
-            h, w = result.orig_shape
-            print(f"{where}: {w}x{h} {result.summary()}")
+    try:
+        with ResultWriter(out, save=args.save, save_txt=args.save_txt, save_conf=args.save_conf,
+                          save_json=args.save_json, save_crop=args.save_crop) as writer:   # closes files and videos
+            for result in predict_iter(model, source, imgsz=args.imgsz, conf=args.conf, iou=args.iou,
+                                       max_det=args.max_det, batch=args.batch, classes=args.classes,
+                                       agnostic=args.agnostic, vid_stride=args.vid_stride):
+                writer.write(result)
+                count += 1
+                where = result.path if result.frame is None else f"{result.path} frame {result.frame}"
+                h, w = result.orig_shape
+                print(f"{where}: {w}x{h} {result.summary()}")
+    except KeyboardInterrupt as exc:
+        stop = Interrupted.of(exc)
+        print(f"stopped by {signal.Signals(stop.signum).name} after {count} images; their results are in {out}",
+              file=sys.stderr)
+        stop.reported = True
+        raise stop from None
     seconds = time.perf_counter() - started
     print(f"{count} images in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f}/s) on "
           f"{next(model.parameters()).device}; results written to {out}")
@@ -243,12 +253,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs a subcommand; returns the exit code (2: bad input; 130 / 143: stopped by SIGINT / SIGTERM).
+
+    Ctrl-C and SIGTERM stop any command with one line and no traceback (``train`` stops at an
+    optimizer step and saves first); a second one stops it at once.
+    """
     args = build_parser().parse_args(argv)
+    stop = GracefulStop()    # the trainer installs its own while it trains
     try:
-        return args.func(args)
+        with stop:
+            code = args.func(args)
+        if stop.received:                 # a signal whose exception Python dropped: stop now
+            raise Interrupted(stop.received)
+        return code
     except (FileNotFoundError, ValueError) as exc:
         print(f"yolokit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:      # one line, no traceback
+        interrupted = Interrupted.of(exc)
+        if not interrupted.reported and distributed.is_main():
+            print(f"yolokit {args.command}: stopped by {signal.Signals(interrupted.signum).name}", file=sys.stderr)
+        return interrupted.exit_code
 
 
 if __name__ == "__main__":

@@ -16,8 +16,7 @@ import torch
 
 from yolokit.accel import distributed
 from yolokit.data import DetectionDataset, build_dataloader
-from yolokit.train import Trainer, TrainConfig, validate
-from yolokit.train import autobatch
+from yolokit.train import TrainConfig, Trainer, autobatch, validate
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import load_checkpoint
 
@@ -93,7 +92,7 @@ class _CrashAt(Callback):
     def __init__(self, at: int, how: str, rank: int | None = None):
         self.at, self.how, self.rank, self.seen = at, how, rank, 0
 
-    def on_batch_end(self, losses, images, memory_gb):
+    def on_batch_end(self, losses, images, memory_gb, data_share):
         self.seen += 1
         if self.seen != self.at or self.rank not in (None, distributed.rank()):
             return

@@ -20,14 +20,20 @@ def test_csv_logger_appends_rows_under_one_header(tmp_path):
     assert [r["epoch"] for r in rows] == ["1", "2"] and rows[1]["train/box"] == "1.25"
 
 
-def test_progress_bar_reports_means(capsys):
+def test_progress_bar_shows_the_running_means_then_the_epoch_row(capsys):
+    """The bar shows the meter's running means as given (not a mean of means), the data share and
+    memory; at the epoch's end the results row's losses, which are what results.csv holds."""
     bar = ProgressBar()
     bar.on_epoch_start(0, 3, 2)
-    bar.on_batch_end({"box": 1.0}, 8, 0.0)
-    bar.on_batch_end({"box": 3.0}, 8, 0.0)
-    assert bar.sums["box"] / bar.count == 2.0 and bar.images == 16
-    bar.on_epoch_end({"epoch": 1, "precision": 0.5, "recall": 0.5, "mAP50": 0.4, "mAP50-95": 0.2})
-    assert "mAP50 0.400" in capsys.readouterr().out
+    bar.on_batch_end({"box": 1.0}, 8, 0.5, 0.25)
+    assert bar.postfix["box"] == "1.000" and bar.postfix["data"] == "25%" and bar.postfix["mem"] == "0.50G"
+    bar.on_batch_end({"box": 3.0}, 8, 0.5, 0.125)
+    assert bar.postfix["box"] == "3.000" and bar.postfix["data"] == "12%" and bar.images == 16
+    bar.on_epoch_end({"epoch": 1, "train/box": 2.5, "data%": 40.0, "precision": 0.5, "recall": 0.5, "mAP50": 0.4,
+                      "mAP50-95": 0.2})
+    assert bar.postfix["box"] == "2.500" and bar.postfix["data"] == "40%"
+    captured = capsys.readouterr()
+    assert "mAP50 0.400" in captured.out and "box=2.500" in captured.err
 
 
 def fake_result(num_classes=2):
@@ -81,7 +87,10 @@ def test_validation_charts(tmp_path):
         share, _ = ink(path)
         assert 0.01 < share < 0.9, path
     grid = cv2.imread(str(tmp_path / "val_predictions.jpg"))[..., ::-1]
-    is_colour = lambda c: (np.abs(grid.astype(int) - c).sum(-1) < 40).sum()
+
+    def is_colour(c):
+        return (np.abs(grid.astype(int) - c).sum(-1) < 40).sum()
+
     assert is_colour(class_colour(1)) > 100 and is_colour(class_colour(0)) == 0  # the 0.1 score is hidden
 
 

@@ -10,7 +10,10 @@ from yolokit.train.optim import LRSchedule, build_optimizer, load_optimizer_stat
 def test_groups_split_weights_norms_and_biases():
     model = yolokit.create_model("yolov8n", num_classes=2)
     decay, norm, bias = parameter_groups(model, 5e-4)
-    ids = lambda g: {id(p) for p in g["params"]}
+
+    def ids(g):
+        return {id(p) for p in g["params"]}
+
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.requires_grad]
     bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert ids(decay) == {id(c.weight) for c in convs}
@@ -86,9 +89,10 @@ def test_optimizer_is_fused_on_the_cpu_and_matches_the_per_parameter_loop(name):
         for a, b in zip(params, expected, strict=True):
             if name == "sgd" or impl == "foreach":
                 assert torch.equal(a, b), impl  # same arithmetic, bit for bit
-            else:
-                torch.testing.assert_close(a, b, rtol=0, atol=1e-7)  # fused AdamW rounds differently
-    moved = max((a - b).abs().max().item() for a, b in zip(expected, model.parameters()))
+            else:  # fused AdamW rounds differently: a few float32 ulps of the parameter, or of the
+                ulp = torch.finfo(torch.float32).eps   # step (about lr) where the parameter is near zero
+                torch.testing.assert_close(a, b, rtol=8 * ulp, atol=8 * ulp * lr)
+    moved = max((a - b).abs().max().item() for a, b in zip(expected, model.parameters(), strict=True))
     assert moved > 1e-3  # the steps did something
 
 

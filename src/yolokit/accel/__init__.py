@@ -7,7 +7,8 @@ Imports torch only. Modules: :mod:`~yolokit.accel.amp` (mixed precision),
 (micro-batching: accumulation, synchronisation, split on OOM), :mod:`~yolokit.accel.reduce`
 (gradients and BatchNorm statistics summed over processes), :mod:`~yolokit.accel.batch_size`
 (batch-size finder), :mod:`~yolokit.accel.perf` (speed switches),
-:mod:`~yolokit.accel.monitor` (device readings).
+:mod:`~yolokit.accel.monitor` (device readings), :mod:`~yolokit.accel.stop` (Ctrl-C and SIGTERM
+as a stop at a step boundary).
 """
 
 from yolokit.accel import distributed
@@ -23,12 +24,15 @@ from yolokit.accel.launch import LaunchError, launch
 from yolokit.accel.monitor import DeviceMonitor, DeviceStats, read_device_stats
 from yolokit.accel.perf import configure, describe, prepare_model
 from yolokit.accel.reduce import BatchNormSync, all_reduce_gradients
+from yolokit.accel.stop import GracefulStop, Interrupted
 
 __all__ = [
     "Accumulator",
     "BatchNormSync",
     "DeviceMonitor",
     "DeviceStats",
+    "GracefulStop",
+    "Interrupted",
     "LaunchError",
     "MemoryModel",
     "Precision",

@@ -13,19 +13,17 @@ as one plain process, under :func:`yolokit.accel.launch.launch`, or under ``torc
 
 Failure handling: the launcher (``launch`` or torchrun) terminates the other ranks when
 one raises or dies, and ``setup`` gives every collective a timeout, so no rank waits
-forever. :class:`GracefulStop` turns Ctrl-C and torchrun's SIGTERM into a stop that every
-rank makes at the same optimizer step.
+forever. :class:`yolokit.accel.stop.GracefulStop` turns Ctrl-C and torchrun's SIGTERM into a stop
+that every rank makes at the same optimizer step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
-import signal
-import threading
 import warnings
-from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -138,8 +136,14 @@ def setup(
 
 
 def teardown() -> None:
-    """Destroy the default process group if one exists (safe to call twice)."""
+    """Destroy the default process group if one exists (safe to call twice).
+
+    Unreachable DDP wrappers are collected first: a ``DistributedDataParallel`` that outlives
+    its process group can abort the process at exit ("terminate called without an active
+    exception", SIGABRT). Delete DDP-wrapped models you still hold before calling it.
+    """
     if is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
@@ -271,81 +275,3 @@ def broadcast_module(model: nn.Module, src: int = 0) -> nn.Module:
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, src=src)
     return model
-
-
-
-class GracefulStop:
-    """SIGINT (Ctrl-C) and SIGTERM (torchrun's shutdown) as a stop at an optimizer step boundary.
-
-    One process: a signal raises ``KeyboardInterrupt`` at once, as Python does for Ctrl-C,
-    except inside :meth:`deferred` sections (an optimizer step and its bookkeeping), where it
-    is raised when the section ends; the caller drops the step in progress and saves.
-
-    Several processes: a signal only records the request (raising at once would leave the
-    other ranks waiting in a collective). Every rank calls :meth:`requested` at every step
-    boundary; it max-reduces the ranks' flags over a gloo group (no accelerator
-    synchronisation: a separate gloo group under NCCL) without waiting: the exchange started
-    at boundary k is read at boundary k + 1, so all ranks answer the same, one step after
-    the signal.
-
-    Use as a context manager around training: handlers are installed on entry (from the
-    main thread only) and the previous ones put back on exit.
-    """
-
-    def __init__(self) -> None:
-        self.received: int | None = None      # the last signal number caught
-        self._depth, self._pending, self._many = 0, False, False
-        self._previous: dict[int, Any] = {}
-        self._group: Any = None
-        self._work: Any = None
-        self._flag = torch.zeros(1, dtype=torch.int32)
-
-    def __enter__(self) -> GracefulStop:
-        self._many = is_initialized() and dist.get_world_size() > 1
-        if self._many and dist.get_backend() != "gloo":
-            self._group = dist.new_group(backend="gloo")
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, kind: Any, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-        if self._work is not None and kind is None:   # finished normally: every rank started it
-            self._work.wait()
-        self._work = None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signum
-        if self._many:
-            return
-        if self._depth:
-            self._pending = True
-            return
-        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        """A section a one-process signal does not interrupt (it is raised at the end)."""
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-        if self._pending and not self._depth:
-            self._pending = False
-            raise KeyboardInterrupt(f"{signal.Signals(self.received).name} received")
-
-    def requested(self) -> bool:
-        """Whether every rank stops here (several processes; call at every step boundary on every rank)."""
-        if not self._many:
-            return False
-        decided = False
-        if self._work is not None:
-            self._work.wait()
-            decided = bool(self._flag.item())            # a CPU tensor: no device read
-        self._flag = torch.tensor([int(self.received is not None)], dtype=torch.int32)
-        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        return decided

@@ -21,10 +21,12 @@ cell, because processes are started with the ``spawn`` method)::
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -34,6 +36,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from yolokit.accel import distributed
+from yolokit.accel.stop import Interrupted, raise_interrupted
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -67,6 +70,11 @@ def free_port() -> int:
 
 
 def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int, results: Any) -> None:
+    # A session of its own, as torchrun gives its ranks: Ctrl-C in the terminal reaches the launcher
+    # alone, which passes each signal on once (the second one it sends is a hard stop). PyTorch's
+    # wrapper makes the launcher's death a SIGINT here.
+    os.setsid()
+    signal.signal(signal.SIGTERM, raise_interrupted)   # a stop before training installs its own
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -79,11 +87,15 @@ def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, po
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
     try:
         result = fn(*args)
+    except KeyboardInterrupt as exc:     # a signal: the rank stopped where it could; no traceback
+        stop = Interrupted.of(exc)
+        results.put((local_rank, "interrupted", (stop.signum, stop.reported)))
+        return
     except BaseException:
-        results.put((local_rank, False, traceback.format_exc()))
+        results.put((local_rank, "error", traceback.format_exc()))
         raise  # exit at once; the parent terminates the other processes
     distributed.teardown()
-    results.put((local_rank, True, result))
+    results.put((local_rank, "ok", result))
 
 
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | None = None) -> list[Any]:
@@ -92,6 +104,12 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
     Under torchrun, or with ``nprocs <= 1``, ``fn`` runs once in this process. When a
     process raises or dies, the remaining ones are terminated and :class:`LaunchError`
     is raised here, so no rank is left waiting in a collective.
+
+    Signals: each process runs in a session of its own, as under torchrun. Ctrl-C or SIGTERM
+    sent to this process is passed on to every process once (a training loop stops them at
+    the same optimizer step, see :class:`yolokit.accel.stop.GracefulStop`); when they
+    have ended, :class:`yolokit.accel.stop.Interrupted` is raised here. A second
+    signal kills them at once, with their loader workers.
 
     Args:
         fn: Picklable function (module level) that calls ``distributed.setup()``.
@@ -111,12 +129,27 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
     )
     collected: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    stopped: dict[int, tuple[int, bool]] = {}
+    signals: list[int] = []
 
     def drain() -> None:
         while not results.empty():
-            r, ok, value = results.get()
-            (collected if ok else errors)[r] = value
+            r, status, value = results.get()
+            {"ok": collected, "error": errors, "interrupted": stopped}[status][r] = value
 
+    def forward(signum: int, frame: Any) -> None:
+        signals.append(signum)
+        for p in ctx.processes:
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    if len(signals) == 1:
+                        os.kill(p.pid, signum)
+                    else:                        # the second signal: now, loader workers included
+                        os.killpg(p.pid, signal.SIGKILL)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     deadline = None if timeout is None else time.monotonic() + timeout
     first: int | None = None
     try:
@@ -130,12 +163,28 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
                 raise TimeoutError(f"launched processes did not finish within {timeout} s")
     except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as e:
         drain()
+        if signals or stopped:
+            _terminate(ctx.processes)
+            raise _interrupted(signals, stopped) from None
         lost = e.error_index if first is None else first
         details = "".join(f"\n-- rank {r} raised:\n{errors[r]}" for r in sorted(errors))
         raise LaunchError(f"rank {lost} {_fate(ctx.processes[lost].exitcode)}; the other processes were "
                           f"stopped{details}", lost, sorted(errors)) from e
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     drain()
+    if signals or stopped:
+        raise _interrupted(signals, stopped)
     return [collected.get(r) for r in range(nprocs)]
+
+
+def _interrupted(signals: list[int], stopped: dict[int, tuple[int, bool]]) -> Interrupted:
+    """The launcher's stop: the first signal it got (else the ranks'), reported if a rank said where it stopped."""
+    signum = signals[0] if signals else max(s for s, _ in stopped.values())
+    stop = Interrupted(signum)
+    stop.reported = any(reported for _, reported in stopped.values())
+    return stop
 
 
 def _first_failure(processes: list) -> int | None:

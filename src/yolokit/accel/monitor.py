@@ -14,6 +14,8 @@ read is ``None``, so a reading on CPU is valid and empty::
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +81,31 @@ def _nvml_readings(index: int) -> dict[str, float]:
         except Exception:
             continue
     return out
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now, in bytes (``/proc/self/statm``; the peak where only
+    ``getrusage`` is available, as on macOS); ``None`` where neither can be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+    except ImportError:   # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def memory_in_use(device: torch.device | str) -> int:
+    """Bytes the training process holds on ``device``: the CUDA allocator's reserved memory, else
+    the process's resident memory (0 when unreadable)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device)
+    return resident_bytes() or 0
 
 
 def read_device_stats(device: torch.device | str | None = None) -> DeviceStats:

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 from collections.abc import Iterator
 
-import cv2
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -28,6 +26,7 @@ from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.images import PAD_VALUE
+from yolokit.data.workers import init_worker, signals_deferred
 
 
 def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -257,6 +256,13 @@ class DetectionLoader(DataLoader):
     def epoch(self) -> int:
         return self._epoch
 
+    def close(self) -> None:
+        """End the worker processes now. Persistent workers otherwise live as long as the loader
+        (a script's exit ends them too); the next iteration starts new ones."""
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
     def __iter__(self):
         if not self._epoch_given:
             self._epoch, self._start_step = self._epoch + 1, 0
@@ -271,16 +277,8 @@ class DetectionLoader(DataLoader):
             self.dataset.set_epoch(self._epoch)
         if self.generator is not None:
             self.generator.manual_seed(self.seed * 100_003 + self._epoch)
-        return super().__iter__()
-
-
-def _init_worker(worker_id: int) -> None:
-    cv2.setNumThreads(0)  # one worker per core is the parallelism; no nested threads
-    # Ctrl-C and torchrun's SIGTERM reach the whole process group: the training process decides
-    # when to stop (after writing a checkpoint) and shuts its workers down; they exit on their
-    # own if it dies.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with signals_deferred(self.num_workers > 0):   # workers may start here
+            return super().__iter__()
 
 
 def build_dataloader(
@@ -350,7 +348,7 @@ def build_dataloader(
         persistent_workers = workers > 0
     common = dict(num_workers=workers, collate_fn=collate_uint8 if uint8_images else collate,
                   pin_memory=pin_memory, generator=torch.Generator(),
-                  worker_init_fn=_init_worker if workers > 0 else None,
+                  worker_init_fn=init_worker if workers > 0 else None,
                   persistent_workers=persistent_workers and workers > 0,
                   multiprocessing_context=multiprocessing_context if workers > 0 else None,
                   prefetch_factor=prefetch_factor if workers > 0 else None)

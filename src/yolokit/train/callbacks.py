@@ -38,7 +38,11 @@ class Callback:
 
     def on_epoch_start(self, epoch: int, epochs: int, batches: int) -> None: ...
 
-    def on_batch_end(self, losses: dict[str, float], images: int, memory_gb: float) -> None: ...
+    def on_batch_end(self, losses: dict[str, float], images: int, memory_gb: float, data_share: float) -> None:
+        """After a loader batch: the running mean of each loss part over the epoch's finite batches
+        (as of the last device read, every few batches), the batch's images, the memory in use
+        (device memory reserved on CUDA, the process's resident memory on the CPU) and the share
+        of the epoch's time so far spent waiting for the loader, in [0, 1]."""
 
     def on_epoch_end(self, row: dict[str, float]) -> None: ...
 
@@ -60,10 +64,11 @@ class Callback:
 
 class ProgressBar(Callback):
     """The console: the run header, one tqdm bar per epoch (it/s, images/s, running mean
-    losses, device memory), the validation line, and early stop / interrupt / results lines."""
+    losses, memory, the share of time spent waiting for data), the validation line, and early
+    stop / interrupt / results lines. At an epoch's end the bar shows the results row's losses."""
 
     def __init__(self, enabled: bool = True):
-        self.enabled, self.bar, self.sums, self.count, self.run_dir = enabled, None, {}, 0, None
+        self.enabled, self.bar, self.run_dir, self.postfix = enabled, None, None, {}
 
     def _write(self, text: str) -> None:
         if self.enabled:
@@ -83,22 +88,23 @@ class ProgressBar(Callback):
         self.run_dir = run_dir
 
     def on_epoch_start(self, epoch: int, epochs: int, batches: int) -> None:
-        self.sums, self.count, self.images, self.start = {}, 0, 0, time.perf_counter()
+        self.images, self.start, self.postfix = 0, time.perf_counter(), {}
         self.bar = tqdm(total=batches, desc=f"epoch {epoch + 1}/{epochs}", disable=not self.enabled,
                         dynamic_ncols=True, leave=True)
 
-    def on_batch_end(self, losses: dict[str, float], images: int, memory_gb: float) -> None:
-        self.count += 1
+    def on_batch_end(self, losses: dict[str, float], images: int, memory_gb: float, data_share: float) -> None:
         self.images += images
-        for k, v in losses.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v
         rate = self.images / max(time.perf_counter() - self.start, 1e-9)
-        shown = {k: f"{v / self.count:.3f}" for k, v in self.sums.items()}
-        self.bar.set_postfix(**shown, img_s=f"{rate:.1f}", mem=f"{memory_gb:.2f}G", refresh=False)
+        self.postfix = {**{k: f"{v:.3f}" for k, v in losses.items()}, "img_s": f"{rate:.1f}",
+                        "data": f"{100 * data_share:.0f}%", "mem": f"{memory_gb:.2f}G"}
+        self.bar.set_postfix(self.postfix, refresh=False)
         self.bar.update(1)
 
     def on_epoch_end(self, row: dict[str, float]) -> None:
-        if self.bar is not None:
+        if self.bar is not None:      # the epoch's means over every process, as results.csv has them
+            means = {k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items() if k.startswith("train/")}
+            self.postfix = {**self.postfix, **means, "data": f"{row.get('data%', 0):.0f}%"}
+            self.bar.set_postfix(self.postfix, refresh=True)
             self.bar.close()
         if self.enabled and "mAP50" in row:
             tqdm.write(f"  val: P {row['precision']:.3f}  R {row['recall']:.3f}  "

@@ -26,12 +26,12 @@ class TrainConfig:
     """Training settings. Field names are the CLI flags and the YAML keys."""
 
     # what to train, on what
-    model: str = "yolov8n"
+    model: str | None = None      # a variant name; None: the variant of `weights`, else yolov8n
     data: str = "shapes"
-    weights: str | None = None
+    weights: str | None = None    # pretrained weights (any format yolokit.load reads); they bring their variant
     epochs: int = 100
     imgsz: int = 640
-    batch: Union[int, str] = 16   # total over all processes (each runs batch / world), or "auto"
+    batch: int | str = 16   # total over all processes (each runs batch / world), or "auto"
     nbs: int = 64                  # nominal batch: images one optimizer step represents
     # optimizer and schedule
     optimizer: str = "auto"
@@ -89,13 +89,17 @@ class TrainConfig:
             except ValueError:
                 raise ValueError(f"batch must be an integer or 'auto', got {self.batch!r}") from None
         checks = [
-            (self.model in MODELS, f"unknown model {self.model!r}; available: {', '.join(MODELS)}"),
+            (self.model is None or self.model in MODELS,
+             f"unknown model {self.model!r}; available: {', '.join(MODELS)}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.imgsz >= 32 and self.imgsz % 32 == 0, f"imgsz must be a multiple of 32, got {self.imgsz}"),
             (self.batch == "auto" or self.batch >= 1, f"batch must be >= 1 or 'auto', got {self.batch}"),
-            (self.optimizer.lower() in ("auto", "sgd", "adamw"), f"optimizer must be SGD, AdamW or auto, got {self.optimizer}"),
-            (self.precision in ("auto", "fp32", "fp16", "bf16"), f"precision must be auto/fp32/fp16/bf16, got {self.precision}"),
-            (self.checkpointing in (None, "backbone", "neck", "all"), f"checkpointing must be backbone/neck/all, got {self.checkpointing}"),
+            (self.optimizer.lower() in ("auto", "sgd", "adamw"),
+             f"optimizer must be SGD, AdamW or auto, got {self.optimizer}"),
+            (self.precision in ("auto", "fp32", "fp16", "bf16"),
+             f"precision must be auto/fp32/fp16/bf16, got {self.precision}"),
+            (self.checkpointing in (None, "backbone", "neck", "all"),
+             f"checkpointing must be backbone/neck/all, got {self.checkpointing}"),
             (self.devices >= 1, f"devices must be >= 1, got {self.devices}"),
             (self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
             (self.mosaic_buffer >= 0, f"mosaic_buffer must be >= 0, got {self.mosaic_buffer}"),

@@ -21,11 +21,13 @@ class LossMeter:
 
     Args:
         device: Where the sums live.
-        every: :meth:`due` is true every ``every`` batches (when the trainer reads).
+        every: :meth:`due` is true every ``every`` batches (when the trainer reads). Default: 16 on
+            an accelerator (a read waits for the device), every batch on the CPU (a read is free).
     """
 
-    def __init__(self, device: torch.device, every: int = 16) -> None:
-        self.device, self.every = device, every
+    def __init__(self, device: torch.device, every: int | None = None) -> None:
+        self.device = torch.device(device)
+        self.every = every if every is not None else (1 if self.device.type == "cpu" else 16)
         self.keys: list[str] = []
         self._sums: torch.Tensor | None = None       # [P] sums of finite batches' parts
         self._counts = torch.zeros(3, device=device)  # finite batches, current bad run, longest bad run
@@ -76,7 +78,7 @@ class LossMeter:
         if not self._read:
             return {}
         n = max(self._read[len(self.keys)], 1.0)
-        return {k: v / n for k, v in zip(self.keys, self._read)}
+        return {k: v / n for k, v in zip(self.keys, self._read, strict=False)}
 
     def longest_nonfinite_run(self) -> int:
         """Longest run of consecutive batches with a non-finite loss this epoch (reads the device)."""
@@ -94,4 +96,4 @@ class LossMeter:
         sums = self._sums if self._sums is not None else torch.zeros(len(keys), device=self.device)
         totals = distributed.all_reduce_mean(torch.cat([sums, self._counts[:1]]))
         n = max(float(totals[-1]), 1e-12)
-        return {k: float(v) / n for k, v in zip(keys, totals[:-1])}
+        return {k: float(v) / n for k, v in zip(keys, totals[:-1], strict=True)}

@@ -18,7 +18,7 @@ over the same micro-batches (:class:`yolokit.data.ShardedBatchSampler` hands the
 
 Resume is exact at any optimizer step (see :mod:`yolokit.train.checkpoint`): ``last.pt``
 is written at epoch ends, every ``save_period_iters`` steps, and on Ctrl-C / SIGTERM at
-the last completed step (:class:`yolokit.accel.distributed.GracefulStop`).
+the last completed step (:class:`yolokit.accel.stop.GracefulStop`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import math
 import os
 import random
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ from yolokit.accel import distributed, perf
 from yolokit.accel.accumulation import Accumulator
 from yolokit.accel.amp import Precision, TrainingDiverged
 from yolokit.accel.checkpointing import enable_activation_checkpointing
+from yolokit.accel.monitor import memory_in_use
+from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, DetectionLoader, build_dataloader, to_device
 from yolokit.losses import YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, create_model
@@ -51,8 +52,9 @@ from yolokit.train.ema import ModelEMA
 from yolokit.train.evaluate import EvalResult, validate
 from yolokit.train.meter import LossMeter
 from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
+from yolokit.train.plan import start_processes
 from yolokit.train.step import forward_backward
-from yolokit.train.weights import export_final, load_pretrained
+from yolokit.train.weights import DEFAULT_MODEL, export_final, read_pretrained, transfer_weights
 
 
 def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
@@ -93,7 +95,7 @@ class Run:
     ema: ModelEMA | None
     batch: int
     channels_last: bool
-    stop: distributed.GracefulStop
+    stop: GracefulStop
     start_epoch: int = 0
     start_step: int = 0                 # optimizer steps of start_epoch taken before a resume
     resume_meter: dict | None = None    # this rank's loss sums of those steps
@@ -104,6 +106,11 @@ class Run:
     meter: LossMeter | None = None      # the current epoch's loss sums
     result: EvalResult = field(default_factory=EvalResult)
     epoch_started: float = 0.0
+    data_wait: float = 0.0              # seconds of this epoch the loop waited for the loader
+
+    def data_share(self) -> float:
+        """Share of this epoch's training time so far spent waiting for data, in [0, 1]."""
+        return self.data_wait / max(time.perf_counter() - self.epoch_started, 1e-9)
     done: int = 0                       # epochs completed and checkpointed
 
 
@@ -123,13 +130,17 @@ class Trainer:
                     losses = self.train_epoch(run, epoch)
                     if self.end_epoch(run, epoch, losses):
                         break
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:         # a second signal from here on ends the process at once
+            stop = Interrupted.of(exc)
             run.accumulator.rewind()             # a partial step leaves no trace (gradients, BatchNorm stats)
             if run.done == epoch:                # mid-epoch: a checkpoint at the last completed step
                 self._save_position(run, epoch)
             _call(run.callbacks, "on_interrupt", run.steps, run.run_dir)
-            raise
+            stop.reported = True                 # the callbacks said where it stopped
+            raise stop from None
         finally:
+            run.loader.close()                   # workers end now, not at interpreter exit
+            run.val_loader.close()
             _call(run.callbacks, "on_train_end")
         if run.main:
             weights = export_final(run.ema.module if run.ema else run.model, run.run_dir / "weights" / "model.pt",
@@ -142,7 +153,7 @@ class Trainer:
 
     def setup(self) -> Run:
         """Processes, run folder, data, model, loss, and each accel piece where it acts."""
-        device = _start_processes(self.config)
+        device = start_processes(self.config)
         world, main = distributed.world_size(), distributed.is_main()
         cfg, resume, run_dir = resolve_run(self.config)
         run_dir = distributed.broadcast_object(run_dir)
@@ -154,10 +165,12 @@ class Trainer:
         train_set, val_set = _datasets(cfg, main)
         names = list(train_set.names.values()) if isinstance(train_set.names, dict) else list(train_set.names)
 
-        # model and loss; every process starts from the main process's weights
+        # model and loss: pretrained weights bring their variant; every process starts from the main one's weights
+        source = read_pretrained(cfg.weights, cfg.model) if cfg.weights and resume is None else None
+        cfg = cfg.replace(model=cfg.model or (source.name if source is not None else DEFAULT_MODEL))
         model = create_model(cfg.model, num_classes=len(names))
-        if cfg.weights and resume is None:
-            load_pretrained(model, cfg.weights, report=notes.append)
+        if source is not None:
+            transfer_weights(model, source, path=cfg.weights, report=notes.append)
         model.to(device)
         distributed.broadcast_module(model)
         criterion = build_loss(model, cfg)
@@ -197,7 +210,7 @@ class Trainer:
                               cfg.warmup_momentum, cfg.warmup_bias_lr, momentum, cfg.cos_lr)
         run = Run(cfg, device, main, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net,
                   criterion, precision, accumulator, optimizer, schedule, ema, batch, channels_last,
-                  distributed.GracefulStop())
+                  GracefulStop())
         if resume is not None:
             restore_run(run, resume)
             notes.append(resume_note(run))
@@ -234,15 +247,18 @@ class Trainer:
             return parts, len(data["images"])    # weight = images: Ultralytics' loss * batch
 
         acc.start_epoch(len(run.loader), first_step=first)
+        run.data_wait, ready = 0.0, time.perf_counter()
         for i, batch in enumerate(run.loader):
+            run.data_wait += time.perf_counter() - ready  # the host waited for data (no device sync)
             meter.add(acc.run(micro_step, batch))    # micro-batches; split and replayed on OOM
             if acc.should_step():                          # gradients summed over processes
                 self._optimizer_step(run, epoch)
             if meter.due(i):                               # the device is read every few batches only
                 self._check_finite(run, meter.longest_nonfinite_run(), epoch)
                 run.precision.check()                      # skipped steps: warn, or stop
-            memory = torch.cuda.memory_reserved(run.device) / 2**30 if run.device.type == "cuda" else 0.0
-            _call(run.callbacks, "on_batch_end", meter.running(), len(batch["indices"]), memory)
+            _call(run.callbacks, "on_batch_end", meter.running(), len(batch["indices"]),
+                  memory_in_use(run.device) / 2**30, run.data_share())
+            ready = time.perf_counter()
         while acc.should_step():                           # uneven shards: the other ranks' last steps
             self._optimizer_step(run, epoch)
         self._check_finite(run, max(distributed.all_gather_object(meter.longest_nonfinite_run())), epoch)
@@ -268,7 +284,7 @@ class Trainer:
             if run.cfg.save_period_iters and run.steps % run.cfg.save_period_iters == 0:
                 self._save_position(run, epoch)
         if run.stop.requested():                           # several processes: all stop at this step
-            raise KeyboardInterrupt("stop requested by a signal")
+            raise Interrupted(run.stop.received)
 
     def _save_position(self, run: Run, epoch: int) -> None:
         """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
@@ -291,7 +307,7 @@ class Trainer:
         Returns:
             True when training should stop early (the same answer on every rank).
         """
-        cfg = run.cfg
+        cfg, data_share = run.cfg, run.data_share()       # of the training loop, before validation
         last = epoch + 1 == cfg.epochs
         evaluated = (epoch + 1) % cfg.val_interval == 0 or last
         if evaluated:
@@ -304,7 +320,7 @@ class Trainer:
         run.best, run.stale = (score, 0) if improved else (run.best, run.stale + int(evaluated))
         row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **run.result.as_dict(),
                "fitness": score, "lr": run.optimizer.param_groups[0]["lr"], "steps": run.steps,
-               "seconds": time.perf_counter() - run.epoch_started}
+               "seconds": time.perf_counter() - run.epoch_started, "data%": round(100 * data_share, 1)}
         ranks = rank_states()
         with run.stop.deferred():
             if run.main:
@@ -318,7 +334,7 @@ class Trainer:
         if stop:
             _call(run.callbacks, "on_early_stop", epoch, cfg.patience)
         if run.stop.requested():
-            raise KeyboardInterrupt("stop requested by a signal")
+            raise Interrupted(run.stop.received)
         return stop
 
     # --- pieces ------------------------------------------------------------------------------
@@ -349,33 +365,6 @@ def _datasets(cfg: TrainConfig, main: bool) -> tuple[DetectionDataset, Detection
     sets = build() if main else None
     distributed.barrier()
     return sets if sets is not None else build()
-
-
-def _start_processes(cfg: TrainConfig) -> torch.device:
-    """This process's device; joins the process group when torchrun (or ``train``) started several."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world == 1:
-        if cfg.devices > 1:
-            raise ValueError(f"devices={cfg.devices}: start the processes with yolokit.train.train(config) "
-                             "(or `yolokit train --devices N`), or run under torchrun")
-        return _pick_device(cfg.device)
-    if cfg.devices not in (1, world):
-        raise ValueError(f"devices={cfg.devices} but torchrun started {world} processes; leave devices unset "
-                         "under torchrun")
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and cfg.resume != "auto":
-        warnings.warn("torchrun --max-restarts restarts the group, which continues this run only with "
-                      "resume='auto' (--resume auto); as it is, a restart starts a new run", stacklevel=2)
-    device_type = None if cfg.device == "auto" else torch.device(cfg.device).type
-    return distributed.setup(device_type=device_type)
-
-
-def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
-    return device
 
 
 def _train_worker(config: TrainConfig) -> dict[str, Any]:

@@ -1,0 +1,205 @@
+"""Ctrl-C and SIGTERM end every command as a user meets them: in a terminal, in a subprocess.
+
+A terminal's Ctrl-C sends SIGINT to the foreground process group; torchrun, schedulers and
+``kill`` send SIGTERM. Each case starts the real entry point in a session of its own, waits
+until it is under way, signals the group, and asserts the exit code (130 / 143), that no
+traceback was printed, that one line says where it stopped, that no process of the run is
+left, and, for training, that ``--resume`` finishes the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from _torchrun_env import subprocess_env
+
+from yolokit.data import make_shapes
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")]
+
+CODES = {"INT": 130, "TERM": 143}
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=16, n_val=4, imgsz=64))
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (loader workers, spawned ranks, their workers)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (zombies count as ended)."""
+    left = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.add(pid)
+    return left
+
+
+def interrupt(cmd: list[str], ready, sig: str, *, cwd: Path, again: float | None = None,
+              timeout: float = 240) -> tuple[int, str, float]:
+    """Runs ``cmd``; once ``ready(output_so_far)`` holds, sends SIG``sig`` to its process group (as a
+    terminal does; ``again``: a second one that many seconds later). Returns the exit code, the
+    output and the seconds from the signal to the exit; fails if a process of the run is left."""
+    log = cwd / f"output-{time.monotonic_ns()}.txt"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                                env={**subprocess_env(), "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready(log.read_text()):
+            assert proc.poll() is None, f"ended before it was interrupted:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"never got under way:\n{log.read_text()[-3000:]}"
+            time.sleep(0.05)
+        family = descendants(proc.pid) | {proc.pid}
+        sent = time.monotonic()
+        os.killpg(proc.pid, getattr(signal, f"SIG{sig}"))
+        if again is not None:
+            time.sleep(again)
+            os.killpg(proc.pid, getattr(signal, f"SIG{sig}"))
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - sent
+        family |= descendants(proc.pid)
+        deadline = time.monotonic() + 10     # workers end right after their parent
+        while alive(family) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(family), f"left running: {alive(family)}\n{log.read_text()[-3000:]}"
+        return code, log.read_text(), took
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def yolokit(*args: str) -> list[str]:
+    return [sys.executable, "-m", "yolokit", *args]
+
+
+def train_args(shapes: str, out: str, *extra: str) -> list[str]:
+    return ["train", "--data", shapes, "--imgsz", "64", "--epochs", "2", "--batch", "4", "--nbs", "4",
+            "--workers", "2", "--out", out, "--plots", "--save-period-iters", "2", "--close-mosaic", "1", *extra]
+
+
+def checkpointed(run: Path):
+    return lambda text: (run / "weights" / "last.pt").is_file()
+
+
+def assert_stopped_cleanly(code: int, text: str, sig: str, line: str) -> None:
+    assert code == CODES[sig], text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert text.count(line) == 1, text[-3000:]
+
+
+def assert_resumes(shapes: str, run: Path, tmp_path: Path, *extra: str) -> None:
+    done = subprocess.run(yolokit("train", "--resume", str(run), *extra), capture_output=True, text=True,
+                          cwd=tmp_path, env=subprocess_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "resuming at" in done.stdout
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"] and (run / "weights" / "model.pt").is_file()
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_train_stops_at_a_step_saves_and_resumes(shapes, tmp_path, sig):
+    run = tmp_path / "run"
+    code, text, took = interrupt(yolokit(*train_args(shapes, str(run))), checkpointed(run), sig, cwd=tmp_path)
+    assert_stopped_cleanly(code, text, sig, f"resume with `yolokit train --resume {run}`")
+    assert took < 30, took
+    if sig == "INT":   # resuming does not depend on the signal (the other tests resume too)
+        assert_resumes(shapes, run, tmp_path)
+
+
+def test_a_second_ctrl_c_stops_at_once(shapes, tmp_path):
+    """Two processes: the first Ctrl-C asks both to stop at the next step; the second kills them."""
+    run = tmp_path / "run"
+    code, text, took = interrupt(yolokit(*train_args(shapes, str(run), "--devices", "2", "--workers", "0")),
+                                 checkpointed(run), "INT", cwd=tmp_path, again=0.05)
+    assert code == 130 and "Traceback" not in text, text[-3000:]
+    assert took < 15, took
+
+
+def test_two_processes_stop_together_and_resume(shapes, tmp_path):
+    run = tmp_path / "run"
+    code, text, took = interrupt(yolokit(*train_args(shapes, str(run), "--devices", "2")), checkpointed(run),
+                                 "INT", cwd=tmp_path)
+    assert_stopped_cleanly(code, text, "INT", f"resume with `yolokit train --resume {run}`")
+    assert_resumes(shapes, run, tmp_path)   # in one process: the checkpoint holds both ranks' states
+
+
+def test_torchrun_ranks_stop_together_and_resume(shapes, tmp_path):
+    """torchrun passes a Ctrl-C on to its ranks' process groups; the ranks stop at one step and
+    exit 130 without a traceback (torchrun's own agent reports the signal with one of its own)."""
+    run, logs = tmp_path / "run", tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--log-dir", str(logs),
+           "--redirects", "3", "--tee", "3", "-m", "yolokit", *train_args(shapes, str(run))]
+    interrupt(cmd, checkpointed(run), "INT", cwd=tmp_path)
+    line = f"resume with `yolokit train --resume {run}`"
+    for rank in (0, 1):
+        (out,), (err,) = logs.rglob(f"attempt_0/{rank}/stdout.log"), logs.rglob(f"attempt_0/{rank}/stderr.log")
+        text = out.read_text() + err.read_text()
+        assert "Traceback" not in text and text.count(line) == (rank == 0), text[-3000:]
+    assert_resumes(shapes, run, tmp_path)
+
+
+def test_val_stops_with_one_line(shapes, tmp_path):
+    cmd = yolokit("val", "--data", shapes, "--num-classes", "4", "--imgsz", "640", "--batch", "1", "--workers", "2",
+                  "--device", "cpu", "--out", str(tmp_path / "val"))
+    code, text, _ = interrupt(cmd, lambda t: "val:" in t, "INT", cwd=tmp_path)
+    assert_stopped_cleanly(code, text, "INT", "yolokit val: stopped by SIGINT")
+
+
+@pytest.mark.parametrize("source, sig", [("folder", "TERM"), ("video", "INT")])
+def test_predict_stops_with_one_line_and_keeps_what_it_wrote(tmp_path, source, sig):
+    rng = np.random.default_rng(0)
+    if source == "folder":
+        (tmp_path / "images").mkdir()
+        for i in range(300):
+            cv2.imwrite(str(tmp_path / "images" / f"{i:03d}.jpg"), rng.integers(0, 255, (96, 128, 3), dtype=np.uint8))
+        target, first = tmp_path / "images", "002.jpg:"
+    else:
+        target, first = tmp_path / "clip.mp4", "frame 2:"
+        writer = cv2.VideoWriter(str(target), cv2.VideoWriter_fourcc(*"mp4v"), 10, (128, 96))
+        for _ in range(600):
+            writer.write(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8))
+        writer.release()
+    out = tmp_path / "out"
+    cmd = yolokit("predict", str(target), "--num-classes", "2", "--imgsz", "640", "--device", "cpu", "--out", str(out),
+                  "--save-txt")
+    code, text, _ = interrupt(cmd, lambda t: first in t, sig, cwd=tmp_path)
+    done = text.count(": 128x96 ")
+    assert_stopped_cleanly(code, text, sig, f"stopped by SIG{sig} after {done} images; their results are in {out}")
+    assert 3 <= done < (300 if source == "folder" else 600)
+    if source == "video":   # the video written so far is whole: every frame predicted is in it
+        capture = cv2.VideoCapture(str(out / "clip.mp4"))
+        assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == done
+    else:
+        assert len(list(out.glob("*.jpg"))) == done
