@@ -26,7 +26,6 @@ import subprocess
 import sys
 
 import torch
-
 from harness.inputs import STRIDES, random_targets, v8_maps
 from harness.timing import alternate, header, median, peak_memory
 

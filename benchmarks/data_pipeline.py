@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
 from harness.pipeline import epochs, time_batches
 from harness.timing import header
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from harness import inputs
+from harness.timing import alternate, header, median
 
 from yolokit.losses import TaskAlignedAssigner, YOLOv3Loss, YOLOv8Loss, pad_targets
 from yolokit.ops.anchors import dist_to_box, grid_points
-
-from harness import inputs
-from harness.timing import alternate, header, median
 
 V3_ANCHORS = (((10, 13), (16, 30), (33, 23)), ((30, 61), (62, 45), (59, 119)), ((116, 90), (156, 198), (373, 326)))
 
@@ -80,7 +79,7 @@ def main() -> None:
         (f"YOLOv3Loss forward + backward (ciou, Q={sum(3 * h * w for h, w in shapes)})", v3_step),
     ]
     runs = alternate([fn for _, fn in cases], warmup=args.warmup, repeats=args.repeats)
-    for (name, _), times in zip(cases, runs):
+    for (name, _), times in zip(cases, runs, strict=True):
         print(f"{name:<62} {median(times) * 1e3:8.1f} ms  ({min(times) * 1e3:.1f})")
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
-
 from harness.timing import header, resident_bytes
 
 

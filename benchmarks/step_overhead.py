@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from harness.timing import Timed, alternate, header, median
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -35,8 +36,6 @@ from yolokit.accel import perf
 from yolokit.losses.yolov8 import YOLOv8Loss
 from yolokit.train.ema import ModelEMA
 from yolokit.train.optim import build_optimizer, parameter_groups
-
-from harness.timing import Timed, alternate, header, median
 
 
 class LoopEMA(ModelEMA):
@@ -163,7 +162,8 @@ def main() -> None:
         saved_b, saved_a = b.fill_grads(), a.fill_grads()
         b.optimizer_step(saved_b), a.optimizer_step(saved_a)  # the first step also makes the state
         ops = (count_ops(b.optimizer.step), count_ops(a.optimizer.step))
-        runs = alternate([lambda: b.optimizer_step(saved_b), lambda: a.optimizer_step(saved_a)],
+        runs = alternate([lambda b=b, saved_b=saved_b: b.optimizer_step(saved_b),
+                          lambda a=a, saved_a=saved_a: a.optimizer_step(saved_a)],
                          inner=10, **timing)
         print(row(name, runs, ops), flush=True)
 

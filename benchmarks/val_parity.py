@@ -55,7 +55,8 @@ def ultralytics_checkpoint(weights: str, path: Path, imgsz: int) -> int:
     torch.save({"model": theirs.float(), "train_args": {}, "date": None, "version": "bench"}, path)
     x = torch.rand(1, 3, imgsz, imgsz)
     with torch.no_grad():
-        diff = max(float((a - b).abs().max()) for a, b in zip(ours.eval()(x), yolokit.load(path).eval()(x)))
+        outputs = zip(ours.eval()(x), yolokit.load(path).eval()(x), strict=True)
+        diff = max(float((a - b).abs().max()) for a, b in outputs)
     assert diff == 0.0, f"the Ultralytics copy computes something else (max difference {diff})"
     return ours.num_classes
 
@@ -100,7 +101,7 @@ def reference_metric(preds: list[Detections], targets: list[tuple]) -> dict:
     v = DetectionValidator()
     v.iouv, v.niou = torch.linspace(0.5, 0.95, 10), 10
     tps, confs, pcls, tcls = [], [], [], []
-    for d, (boxes, labels) in zip(preds, targets):
+    for d, (boxes, labels) in zip(preds, targets, strict=True):
         gt, cls = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4), torch.as_tensor(labels)
         tp = (v.match_predictions(d.labels.float(), cls.float(), box_iou(gt, d.boxes.float())).numpy()
               if len(cls) and len(d) else np.zeros((len(d), 10), bool))
@@ -145,7 +146,8 @@ def main() -> None:
         rows.append(("yolokit val (pad 0, original pixels)", "yolokit (COCO 101-point)", ours))
         rows.append(("yolokit val (pad 0, original pixels)", "reference", reference_metric(our_preds, our_targets)))
         for pad in (0.5, 0.0):
-            validator, preds, targets, shapes = reference_run(checkpoint, args.data, args.imgsz, pad, str(Path(tmp) / "u"))
+            validator, preds, targets, shapes = reference_run(checkpoint, args.data, args.imgsz, pad,
+                                                              str(Path(tmp) / "u"))
             name = f"reference validator (pad {pad:g})"
             rows.append((name, "reference, letterboxed frame", validator))
             rows.append((name, "reference, original pixels", reference_metric(preds, targets)))

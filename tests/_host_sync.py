@@ -49,9 +49,8 @@ class _SyncCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if name in _SYNC_OPS:
-            self.counts[name] += 1
-        elif name == "repeat_interleave" and kwargs.get("output_size") is None:  # size = repeats.sum()
+        # repeat_interleave without output_size syncs: its size is repeats.sum()
+        if name in _SYNC_OPS or (name == "repeat_interleave" and kwargs.get("output_size") is None):
             self.counts[name] += 1
         elif name in ("index", "_index_put_impl", "index_put", "index_put_") and _has_bool_index(args[1]):
             self.counts["index_put (bool mask)" if "put" in name else "index (bool mask)"] += 1

@@ -71,9 +71,9 @@ def test_imports_follow_the_architecture(path):
                 bad.append(f"{line}: nothing imports cli")
             elif target != home and target not in allowed:
                 bad.append(f"{line}: {home} imports yolokit.{target}")
-        elif home in THIRD_PARTY and parts[0] not in sys.stdlib_module_names and parts[0] != "__future__":
-            if parts[0] not in THIRD_PARTY[home]:
-                bad.append(f"{line}: {home} imports {parts[0]}")
+        elif (home in THIRD_PARTY and parts[0] not in sys.stdlib_module_names and parts[0] != "__future__"
+              and parts[0] not in THIRD_PARTY[home]):
+            bad.append(f"{line}: {home} imports {parts[0]}")
     assert not bad, f"{path.relative_to(SRC)}: " + "; ".join(bad)
 
 
@@ -87,7 +87,7 @@ def test_the_check_sees_a_violation(tmp_path):
     fake = SRC / "losses" / "_probe_.py"
     try:
         fake.write_text("from yolokit.models import create_model\nimport numpy\n")
-        assert ("1", "yolokit.models") in {(str(l), n) for l, n in imports_of(fake)}
+        assert ("1", "yolokit.models") in {(str(lineno), n) for lineno, n in imports_of(fake)}
         with pytest.raises(AssertionError, match="losses imports yolokit.models"):
             test_imports_follow_the_architecture(fake)
     finally:

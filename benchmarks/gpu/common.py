@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from harness import inputs
 from harness.pipeline import dataset_yaml
 from harness.timing import alternate, median
@@ -198,7 +197,8 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-    def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, max_boxes: int, weight: float) -> torch.Tensor:
+    def forward_backward(self, images: torch.Tensor, targets: torch.Tensor, max_boxes: int,
+                         weight: float) -> torch.Tensor:
         """The trainer's micro-batch step (``yolokit.train.step.forward_backward``); the detached loss."""
         from yolokit.train.step import forward_backward
 
@@ -210,4 +210,4 @@ def images_per_second(s: Settings, fns: list[Callable[[], Any]], batch: int | li
     """Images/s of each callable (one step of ``batch`` images), timed in turns A B A B (medians)."""
     batches = batch if isinstance(batch, list) else [batch] * len(fns)
     runs = alternate(fns, warmup=s.warmup, repeats=s.repeats, inner=s.iters, device=s.device)
-    return [b / median(r) for b, r in zip(batches, runs)]
+    return [b / median(r) for b, r in zip(batches, runs, strict=True)]

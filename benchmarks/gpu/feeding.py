@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import time
 
-
-from gpu.common import Clock, Row, Settings, TrainStep, attempt, images_per_second, shapes_yaml
 from harness.pipeline import epochs, yolokit_loader
 from harness.timing import synchronize
+
+from gpu.common import Clock, Row, Settings, TrainStep, attempt, images_per_second, shapes_yaml
 
 BUSY = 90.0  # issue 16: the loader keeps the GPU >= 90% busy training yolov8s at 640
 
@@ -38,7 +38,8 @@ def utilisation(s: Settings, clock: Clock) -> list[Row]:
             rows.append(clock.skipped(f"{name} GPU utilisation with the real loader"))
             continue
         loader = build_dataloader(dataset, batch, workers=s.workers, shuffle=True, seed=0, uint8_images=True)
-        result, note = attempt(lambda loader=loader: train_from_loader(s, TrainStep(s, name, 1, "bf16"), loader))
+        result, note = attempt(
+            lambda loader=loader, name=name: train_from_loader(s, TrainStep(s, name, 1, "bf16"), loader))
         del loader
         if result is None:
             rows.append(Row("loader", f"{name} GPU utilisation with the real loader", None, note=note))
@@ -117,5 +118,6 @@ def starvation(s: Settings, clock: Clock, yaml, batch: int, fed: float | None) -
                 note=f"{fed:.1f} img/s reached yolov8n training" if fed else ""),
             Row("loader", "loader img/s per core (per CPU-second)", per_core, "img/s"),
             Row("loader", "yolov8n training eats (batches on the device)", eats, "img/s", note=note),
-            Row("loader", what, needed, note=f"{s.workers} worker processes here: the loader {verdict}" if verdict else note,
+            Row("loader", what, needed,
+                note=f"{s.workers} worker processes here: the loader {verdict}" if verdict else note,
                 data={"loader_images_per_s": rate, "per_core": per_core, "gpu_images_per_s": eats})]

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import torch
-
-from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second
 from harness import inputs
 from harness.timing import alternate, median
+
+from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second
 
 MFU_FLOOR = 20.0  # %: NVIDIA's tuned ResNet-50 reaches about this on an A100; issue 16 aims well above
 RATIO = 0.9       # issue 16: yolokit's step time / Ultralytics' <= 0.9
@@ -57,7 +57,7 @@ def mfu(s: Settings, clock: Clock) -> list[Row]:
                 step = TrainStep(s, name, batch, "bf16", channels_last=True, compile=True)
                 step()  # compiles forward and backward
             warm = time.perf_counter() - start
-            rate, note = attempt(lambda: images_per_second(s, [step], batch)[0])
+            rate, note = attempt(lambda step=step: images_per_second(s, [step], batch)[0])
         except Exception as exc:  # a compile failure is a finding, not the end of the pass
             rate, warm, note = None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:160]
         value = None if rate is None else 100 * flops / batch * rate / peak
@@ -91,7 +91,8 @@ def reference(s: Settings, clock: Clock) -> list[Row]:
 
     version = ref.version()
     if version is None:
-        return [Row("reference", "step time yolokit / Ultralytics", None, "x", note="skipped: ultralytics not importable")]
+        return [Row("reference", "step time yolokit / Ultralytics", None, "x",
+                    note="skipped: ultralytics not importable")]
     rows = []
     for name, batch, precision in CASES:
         batch, what = s.batch(batch), f"{name} {precision} step time yolokit / Ultralytics {version}"
@@ -99,7 +100,7 @@ def reference(s: Settings, clock: Clock) -> list[Row]:
             rows.append(clock.skipped(what))
             continue
 
-        def measure() -> list[float]:
+        def measure(name: str = name, batch: int = batch, precision: str = precision) -> list[float]:
             ours = TrainStep(s, name, batch, precision)
             theirs = ref.train_step(name, inputs.random_images(batch, s.imgsz),
                                     inputs.random_targets(batch, BOXES, s.imgsz), s.device,

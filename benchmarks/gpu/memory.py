@@ -14,10 +14,10 @@ import warnings
 from collections.abc import Callable
 
 import torch
-
-from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second, shapes_yaml
 from harness import inputs
 from harness.timing import peak_memory
+
+from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second, shapes_yaml
 
 CUT, SLOWER = 40.0, 1.3        # checkpointing: peak memory -40% or more, for <= 1.3x the step time
 FOUND, TRIALS = 0.9, 8         # the finder: >= 90% of the true largest batch in <= 8 trials
@@ -36,14 +36,15 @@ def checkpointing(s: Settings, clock: Clock) -> list[Row]:
                 result[ckpt] = None
                 continue
 
-            def measure() -> tuple[float, int | None]:
+            def measure(name: str = name, batch: int = batch, ckpt: bool = ckpt) -> tuple[float, int | None]:
                 step = TrainStep(s, name, batch, "bf16", checkpoint=ckpt)
                 rate = images_per_second(s, [step], batch)[0]
                 return rate, peak_memory(lambda: [step() for _ in range(1 if s.smoke else 2)], s.device, extra=False)
 
             result[ckpt], note = attempt(measure)
             print(f"  {name} batch {batch} checkpointing {'on ' if ckpt else 'off'}: "
-                  f"{note or f'{result[ckpt][0]:.1f} img/s, peak {(result[ckpt][1] or 0) / 2**30:.2f} GiB'}", flush=True)
+                  f"{note or f'{result[ckpt][0]:.1f} img/s, peak {(result[ckpt][1] or 0) / 2**30:.2f} GiB'}",
+                  flush=True)
         if result.get(False) and result.get(True) and result[False][1] and result[True][1]:
             (r0, m0), (r1, m1) = result[False], result[True]
             data = {"images_per_s": r0, "images_per_s_checkpointed": r1, "peak_gib": m0 / 2**30,

@@ -22,7 +22,8 @@ def mixed_precision(s: Settings, clock: Clock) -> list[Row]:
             rates[label], notes[label] = None, "skipped: cap"
             continue
         with tf32(allow_tf32):
-            rate, notes[label] = attempt(lambda: images_per_second(s, [TrainStep(s, name, batch, precision)], batch)[0])
+            rate, notes[label] = attempt(
+                lambda precision=precision: images_per_second(s, [TrainStep(s, name, batch, precision)], batch)[0])
         rates[label] = rate
         print(f"  {name} batch {batch} {label:<18} {'-' if rate is None else f'{rate:8.1f}'} img/s {notes[label]}",
               flush=True)
@@ -51,7 +52,7 @@ def channels_last(s: Settings, clock: Clock) -> list[Row]:
                 rows.append(clock.skipped(what))
                 continue
             make = TrainStep if kind == "train" else InferStep
-            rates, note = attempt(lambda: images_per_second(
+            rates, note = attempt(lambda make=make, name=name, batch=batch, precision=precision: images_per_second(
                 s, [make(s, name, batch, precision, channels_last=False),
                     make(s, name, batch, precision, channels_last=True)], batch))
             speedup = rates[1] / rates[0] if rates else None
@@ -72,8 +73,9 @@ class InferStep:
     """One inference forward of a fused model in eval mode under autocast (what ``predict`` runs per batch)."""
 
     def __init__(self, s: Settings, name: str, batch: int, precision: str, *, channels_last: bool) -> None:
-        import yolokit
         from harness import inputs
+
+        import yolokit
         from yolokit.accel import Precision
 
         self.model = yolokit.create_model(name).to(s.device).eval().fuse(channels_last=channels_last)

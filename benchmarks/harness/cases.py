@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 
 import yolokit
+from harness import inputs
+from harness.timing import Timed
 from yolokit.accel import Precision
 from yolokit.losses import TaskAlignedAssigner, YOLOv3Loss, YOLOv8Loss, pad_targets
 from yolokit.ops import Detections, non_max_suppression
@@ -23,9 +25,6 @@ from yolokit.train import TrainConfig
 from yolokit.train.evaluate import coco_evaluate
 from yolokit.train.optim import build_optimizer
 from yolokit.train.trainer import build_loss
-
-from harness import inputs
-from harness.timing import Timed
 
 
 @dataclass

@@ -11,9 +11,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from yolokit.data import DetectionDataset, build_dataloader, make_shapes
-
 from harness.timing import Timed, cpu_seconds
+from yolokit.data import DetectionDataset, build_dataloader, make_shapes
 
 IMAGE_KEYS = ("images", "images_uint8", "img")
 

@@ -19,9 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from yolokit.train.optim import parameter_groups
-
 from harness.timing import Timed
+from yolokit.train.optim import parameter_groups
 
 # yolokit variant -> Ultralytics model yaml. Their yolov3-tiny is the anchor-free "u"
 # variant (YOLOv8 head and loss on the tiny backbone), not Darknet's anchor head.

@@ -50,7 +50,7 @@ def draw_detections(
     canvas = np.ascontiguousarray(image.copy())
     det = detections.numpy()
     h, w = canvas.shape[:2]
-    for box, score, label in zip(det.boxes, det.scores, det.labels):
+    for box, score, label in zip(det.boxes, det.scores, det.labels, strict=True):
         x1, y1, x2, y2 = (int(round(float(v))) for v in box)
         x1, x2 = max(0, min(x1, w - 1)), max(0, min(x2, w - 1))
         y1, y2 = max(0, min(y1, h - 1)), max(0, min(y2, h - 1))

@@ -7,7 +7,6 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # spawned children import the workers by name
 import _accel_workers as workers  # noqa: E402
-
 from _torchrun_env import TORCHRUN_VARS  # noqa: E402
 
 

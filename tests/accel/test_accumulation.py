@@ -104,8 +104,11 @@ def test_oom_mid_step_replays_the_step_at_a_finer_split():
     x, y = _data(32)
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
     ref, _, _, _ = _train(dict(nominal_batch=16, batch_size=8), batches)
+
     # the second batch of the first step fails after its backward; the first batch is run again
-    fail = lambda xb, n: n == 2 and len(xb) > 4
+    def fail(xb, n):
+        return n == 2 and len(xb) > 4
+
     with pytest.warns(RuntimeWarning, match="running the step's 2 loader batch"):
         model, acc, stepped, calls = _train(dict(nominal_batch=16, batch_size=8), batches, fail=fail)
     assert acc.splits == 2 and acc.recoveries == 1 and stepped == [1, 3]

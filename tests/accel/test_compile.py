@@ -164,7 +164,7 @@ def test_inductor_checkpointed_blocks_match_eager():
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, eager)]
     for step in range(2):
         outs = [net(x), eager(x)]
-        for out, opt in zip(outs, opts):
+        for out in outs:
             (out.square().mean() + out.mean()).backward()
         if step == 0:
             _assert_near({n: p.grad for n, p in model.named_parameters()},

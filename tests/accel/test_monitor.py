@@ -87,7 +87,8 @@ def test_nvml_readings_are_converted(fake_nvml):
 @pytest.mark.parametrize("error", [ModuleNotFoundError("no pynvml"), RuntimeError("not supported")])
 def test_a_raising_reading_leaves_its_key_out(fake_nvml, monkeypatch, error):
     monkeypatch.setitem(_READINGS, "temperature", error)
-    assert monitor._nvml_readings(0) == {"utilization_percent": 93.0, "memory_utilization_percent": 41.0, "power_w": 215.5}
+    assert monitor._nvml_readings(0) == {"utilization_percent": 93.0, "memory_utilization_percent": 41.0,
+                                         "power_w": 215.5}
 
 
 def test_cuda_reading_combines_allocator_and_nvml(fake_nvml, monkeypatch):

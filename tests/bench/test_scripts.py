@@ -130,7 +130,8 @@ def test_gpu_py_reference_in_another_interpreter_and_no_cuda(tmp_path):
     text = run_script("gpu.py", "--sections", "reference", "--cpu-smoke", "--reference-python", sys.executable,
                       "--json", str(out))
     assert "  | " in text  # the other interpreter's lines
-    assert list(gpu_rows(out)) == ["reference"] and all(r["what"] != "error" for r in gpu_rows(out)["reference"].values())
+    assert list(gpu_rows(out)) == ["reference"]
+    assert all(r["what"] != "error" for r in gpu_rows(out)["reference"].values())
     if not torch.cuda.is_available():
         done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu.py"), "--all"], capture_output=True, text=True)
         assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr

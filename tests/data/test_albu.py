@@ -55,7 +55,7 @@ def test_geometric_transforms_keep_boxes_on_pixels(transforms):
     for seed in range(3):
         out, new, cls = aug(image, boxes, classes, np.random.default_rng(seed))
         assert len(new) == len(cls) and new.dtype == np.float32
-        for box, k in zip(new, cls):
+        for box, k in zip(new, cls, strict=True):
             extent = colour_extent(out, int(k))
             assert extent is not None
             np.testing.assert_allclose(box, extent, atol=1.5)

@@ -121,7 +121,7 @@ def test_each_bad_file_reported_once_with_its_reason(bad_yaml, caplog):
 
 def test_fixed_labels_are_what_remains(bad_yaml):
     index = yolo_index(bad_yaml, "train")
-    labels = {Path(p).name: lab for p, lab in zip(index.paths, index.labels)}
+    labels = {Path(p).name: lab for p, lab in zip(index.paths, index.labels, strict=True)}
     for name in ("good.jpg", "bad_class.jpg", "degenerate.jpg", "nan.jpg", "negative.jpg",
                  "duplicate.jpg", "malformed.jpg", "gray.png", "rgba.png", "deep16.png"):
         np.testing.assert_allclose(labels[name], [[0, *RECT]], atol=1e-3, err_msg=name)

@@ -47,7 +47,7 @@ def test_written_beside_labels_and_reused(dataset, counted):
     assert len(counted) == 24  # nothing verified again
     assert second.paths == first.paths
     assert (second.shapes == first.shapes).all()
-    for a, b in zip(first.labels, second.labels):
+    for a, b in zip(first.labels, second.labels, strict=True):
         np.testing.assert_array_equal(a, b)
     assert second.problems == first.problems
     assert second.names == first.names

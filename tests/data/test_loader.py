@@ -43,14 +43,14 @@ def test_batch_contract_and_ratio_pad(shapes_yaml):
     assert set(batch) >= {"images", "targets", "paths", "orig_shapes", "ratio_pad"}
     images, targets = batch["images"], batch["targets"]
     assert images.shape == (5, 3, 96, 96) and images.dtype == torch.float32
-    assert 0 <= images.min() and images.max() <= 1 and images.max() > 0.5
+    assert images.min() >= 0 and images.max() <= 1 and images.max() > 0.5
     assert targets.dtype == torch.float32 and targets.shape[1] == 6 and len(targets) > 0
     assert set(targets[:, 0].long().tolist()) <= set(range(5))
     assert ((targets[:, 1] >= 0) & (targets[:, 1] < 4)).all()
     assert (targets[:, 2:] >= 0).all() and (targets[:, 2:] <= 96).all()
     assert len(batch["paths"]) == len(batch["orig_shapes"]) == len(batch["ratio_pad"]) == 5
     for i, (path, shape, rp) in enumerate(zip(batch["paths"], batch["orig_shapes"],
-                                              batch["ratio_pad"])):
+                                              batch["ratio_pad"], strict=True)):
         k = ds.index.paths.index(path)
         assert shape == tuple(ds.index.shapes[k]) and all(isinstance(v, int) for v in shape)
         rows = targets[targets[:, 0] == i]
@@ -116,7 +116,7 @@ def test_same_seed_same_batches_and_seed_epoch_change_them(shapes_yaml):
     ds = _train_set(shapes_yaml)
     a = _batches(build_dataloader(ds, 4, workers=2, seed=3), 3)
     b = _batches(build_dataloader(ds, 4, workers=2, seed=3), 3)
-    assert all(_same(x, y) for x, y in zip(a, b))
+    assert all(_same(x, y) for x, y in zip(a, b, strict=True))
     c = _batches(build_dataloader(ds, 4, workers=2, seed=4), 1)
     assert not _same(a[0], c[0])
     loader = build_dataloader(ds, 4, workers=2, seed=3)
@@ -132,7 +132,7 @@ def test_main_process_is_worker_zero(shapes_yaml):
     ds = _train_set(shapes_yaml)
     a = _batches(build_dataloader(ds, 4, workers=0, seed=1), 2)
     b = _batches(build_dataloader(ds, 4, workers=1, seed=1), 2)
-    assert all(_same(x, y) for x, y in zip(a, b))
+    assert all(_same(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_workers_draw_different_augmentations(tmp_path):
@@ -178,7 +178,7 @@ def test_ram_cache_gives_the_same_items(shapes_yaml):
     cached = DetectionDataset(shapes_yaml, "val", imgsz=96, cache_images=True)
     a = _batches(build_dataloader(plain, 4, workers=0))
     b = _batches(build_dataloader(cached, 4, workers=0))
-    assert len(a) == 3 and all(_same(x, y) for x, y in zip(a, b))
+    assert len(a) == 3 and all(_same(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_loader_defaults(shapes_yaml):
@@ -251,7 +251,7 @@ def test_uint8_batches_convert_to_the_same_float_batch(shapes_yaml):
     ds = DetectionDataset(shapes_yaml, "val", imgsz=96, rect=True)
     ref = _batches(build_dataloader(ds, 4, workers=0))
     fast = _batches(build_dataloader(ds, 4, workers=2, uint8_images=True))
-    for a, b in zip(ref, fast):
+    for a, b in zip(ref, fast, strict=True):
         assert "images" not in b and b["images_uint8"].dtype == torch.uint8
         c = to_device(b, "cpu")
         assert "images_uint8" not in c and c["images"].dtype == torch.float32

@@ -26,7 +26,7 @@ def _four_samples(size: int):
 
 
 def _check_boxes(image, boxes, classes, tol):
-    for box, k in zip(boxes, classes):
+    for box, k in zip(boxes, classes, strict=True):
         extent = colour_extent(image, int(k))
         assert extent is not None
         np.testing.assert_allclose(box, extent, atol=tol, err_msg=f"colour {k}")
@@ -107,5 +107,5 @@ def test_lazy_canvas_paints_the_same_pixels(seed):
     # the affine reads only what it needs: same output from the lazy and the painted canvas
     a = random_affine(canvas, boxes, classes, np.random.default_rng(seed), out_shape=(48, 48))
     b = random_affine(lazy, boxes, classes, np.random.default_rng(seed), out_shape=(48, 48))
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x, y)

@@ -105,7 +105,7 @@ def _coco_from_yolo(yaml: Path, split: str, out: Path, cat_ids=(3, 5, 9, 11)) ->
     index = yolo_index(yaml, split)
     root = Path(index.paths[0]).parent
     images, anns = [], []
-    for i, (p, (h, w), lab) in enumerate(zip(index.paths, index.shapes, index.labels)):
+    for i, (p, (h, w), lab) in enumerate(zip(index.paths, index.shapes, index.labels, strict=True)):
         images.append({"id": 100 + i, "file_name": Path(p).name, "height": int(h), "width": int(w)})
         for c, x1, y1, x2, y2 in lab.tolist():
             anns.append({"id": len(anns) + 1, "image_id": 100 + i, "category_id": cat_ids[int(c)],
@@ -113,7 +113,7 @@ def _coco_from_yolo(yaml: Path, split: str, out: Path, cat_ids=(3, 5, 9, 11)) ->
                          "iscrowd": 0})
         anns.append({"id": len(anns) + 1, "image_id": 100 + i, "category_id": cat_ids[0],
                      "bbox": [1, 1, 20, 20], "area": 400, "iscrowd": 1})
-    cats = [{"id": c, "name": n} for c, n in zip(cat_ids, index.names)][::-1]  # unsorted
+    cats = [{"id": c, "name": n} for c, n in zip(cat_ids, index.names, strict=True)][::-1]  # unsorted
     out.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
     return root
 

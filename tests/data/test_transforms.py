@@ -30,7 +30,7 @@ def _sample():
 
 def _assert_boxes_on_pixels(image, boxes, classes, tol):
     assert len(boxes) == len(classes)
-    for box, k in zip(boxes, classes):
+    for box, k in zip(boxes, classes, strict=True):
         extent = colour_extent(image, int(k))
         assert extent is not None, f"box {box} of colour {k} has no pixels"
         np.testing.assert_allclose(box, extent, atol=tol, err_msg=f"colour {k}")
@@ -101,7 +101,7 @@ def test_random_affine_keeps_boxes_on_pixels(params):
         assert (new[:, [0, 2]] >= 0).all() and (new[:, [0, 2]] <= 128).all()
         assert (new[:, [1, 3]] >= 0).all() and (new[:, [1, 3]] <= 120).all()
         axis_aligned = not any(params.get(k) for k in ("degrees", "shear", "perspective"))
-        for box, full, k in zip(new, unclipped, cls):
+        for box, full, k in zip(new, unclipped, cls, strict=True):
             extent = colour_extent(out, int(k))
             assert extent is not None, f"box {box} of colour {k} has no pixels"
             inside = full[0] >= 0 and full[1] >= 0 and full[2] <= 128 and full[3] <= 120

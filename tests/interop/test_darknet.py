@@ -12,12 +12,12 @@ import yolokit
 from yolokit.interop import (
     DarknetHeader,
     darknet_order,
+    file_format,
     load_darknet,
     load_darknet_model,
     read_darknet_header,
     save_darknet,
 )
-from yolokit.interop import file_format
 from yolokit.interop.darknet import darknet_count, darknet_fits, darknet_num_classes, looks_like_darknet, read_darknet
 from yolokit.models.layers import Conv
 

@@ -135,7 +135,8 @@ def test_a_runs_inference_file_gives_its_names(tmp_path):
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
 def test_inference_files_store_half_weights_names_and_extras(tmp_path, suffix):
     model = yolokit.create_model("yolov8n", num_classes=2)
-    path = yolokit.save(model, tmp_path / f"m{suffix}", names=["a", "b"], half=True, extra={"train_config": {"epochs": 7}})
+    path = yolokit.save(model, tmp_path / f"m{suffix}", names=["a", "b"], half=True,
+                        extra={"train_config": {"epochs": 7}})
     if suffix == ".pt":
         raw = torch.load(path, weights_only=True)
         assert raw["train_config"] == {"epochs": 7} and raw["state_dict"]["head.cls.0.2.weight"].dtype == torch.float16
@@ -160,4 +161,5 @@ def test_every_format_in_the_table_reads_what_it_writes(tmp_path):
             path = yolokit.save(model, tmp_path / f"m{suffix}")
             assert file_format(path) == fmt.name
             loaded = yolokit.load(path, model=model.name)
-            assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+            pairs = zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+            assert all(torch.equal(a, b) for a, b in pairs)

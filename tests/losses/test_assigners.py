@@ -342,7 +342,7 @@ def test_pad_targets_with_max_boxes():
     t = torch.tensor([[2, 1, 0, 0, 4, 4], [0, 3, 1, 1, 2, 2], [2, 0, 5, 5, 9, 9], [2, 2, 6, 6, 7, 7.0]])
     read, given = pad_targets(t, 4), pad_targets(t, 4, max_boxes=5)
     assert given.boxes.shape == (4, 5, 4) and not given.mask[:, 3:].any()
-    for a, b in zip(read, given):
+    for a, b in zip(read, given, strict=True):
         assert torch.equal(b[:, :3], a)
     with pytest.raises(IndexError):
         pad_targets(t, 4, max_boxes=2)  # image 2 holds three boxes

@@ -29,5 +29,5 @@ def test_box_terms_and_inputs_left_unchanged():
     assert torch.allclose(terms[5], torch.atan(torch.tensor([2.0, 0.5])))
     before = [t.clone() for t in terms]
     pairs = pairwise_ciou([t[None] for t in terms], [t[:, None] for t in terms])  # [2, 2], gt x pred
-    assert all(torch.equal(a, b) for a, b in zip(before, terms))
+    assert all(torch.equal(a, b) for a, b in zip(before, terms, strict=True))
     assert torch.allclose(pairs.diagonal(), torch.ones(2)) and (pairs[0, 1] < 0) and (pairs[1, 0] < 0)

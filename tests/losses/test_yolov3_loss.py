@@ -32,7 +32,7 @@ def _ciou_py(a, b):
 
 def _maps(anchors, strides, size, b=1, fill=None, gen=None, scale=0.5, requires_grad=False):
     out = []
-    for a, s in zip(anchors, strides):
+    for a, s in zip(anchors, strides, strict=True):
         shape = (b, len(a) * (5 + C), size // s, size // s)
         m = torch.zeros(shape) if fill is not None else torch.randn(shape, generator=gen) * scale
         out.append(m.requires_grad_(requires_grad))
@@ -42,7 +42,7 @@ def _maps(anchors, strides, size, b=1, fill=None, gen=None, scale=0.5, requires_
 def _decode_py(maps, anchors, strides):
     """Per image, a list of (level, anchor, row, col, xyxy box) over all predictions."""
     rows = []
-    for lvl, (m, a, s) in enumerate(zip(maps, anchors, strides)):
+    for lvl, (m, a, s) in enumerate(zip(maps, anchors, strides, strict=True)):
         b, _, h, w = m.shape
         v = m.detach().view(b, len(a), 5 + C, h, w)
         for j, (aw, ah) in enumerate(a):
@@ -85,7 +85,7 @@ def test_ignore_threshold_drops_overlapping_unassigned_predictions():
         _, parts = YOLOv3Loss(C, TINY, TINY_STRIDES, ignore_thresh=thresh)(maps, targets)
         rows = _decode_py(maps, TINY, TINY_STRIDES)
         ious = box_iou(torch.stack([r[1][0] for r in rows]), torch.tensor([GT]))[:, 0]
-        ignored = sum(1 for (key, _), v in zip(rows, ious) if v > thresh and key != (0, 0, 1, 1))
+        ignored = sum(1 for (key, _), v in zip(rows, ious, strict=True) if v > thresh and key != (0, 0, 1, 1))
         assert parts["obj"].item() == pytest.approx((len(rows) - ignored) * math.log(2), rel=1e-6)
         if thresh == 0.1:
             assert ignored >= 3
@@ -223,5 +223,5 @@ def test_host_reads_only_for_padding_and_max_boxes_gives_the_same_loss():
         results.append((parts, grads))
     for parts, grads in results[1:]:
         assert all(torch.equal(parts[k], results[0][0][k]) for k in parts)
-        assert all(torch.equal(g, want) for g, want in zip(grads, results[0][1]))
+        assert all(torch.equal(g, want) for g, want in zip(grads, results[0][1], strict=True))
     assert results[0][0]["cls"] > 0

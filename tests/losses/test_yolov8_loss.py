@@ -243,7 +243,7 @@ def test_equals_the_foreground_form_padded_or_not(per_image):
         total, parts = loss(maps, targets, max_boxes=max_boxes)
         for k in expected:
             torch.testing.assert_close(parts[k], expected[k].detach(), rtol=1e-5, atol=1e-6)
-        for g, want in zip(torch.autograd.grad(total, maps), grads):
+        for g, want in zip(torch.autograd.grad(total, maps), grads, strict=True):
             torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-8)
 
 

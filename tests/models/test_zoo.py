@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import yolokit
-from yolokit.models import config_from_dict, build_model
+from yolokit.models import build_model, config_from_dict
 
 # Parameter counts (trainable + frozen, buffers excluded) of the reference definitions, 80 classes.
 REFERENCE_PARAMETERS = {
@@ -60,7 +60,7 @@ def test_forward_shapes_same_in_train_and_eval(name, size):
         with torch.no_grad():
             maps = model(x)
         assert isinstance(maps, list) and len(maps) == len(model.strides)
-        for m, s, c in zip(maps, model.strides, map_channels(model)):
+        for m, s, c in zip(maps, model.strides, map_channels(model), strict=True):
             assert m.shape == (2, c, size[0] // s, size[1] // s)
     model.eval()
 
@@ -74,7 +74,8 @@ def test_every_trainable_parameter_gets_a_gradient(name):
     g = torch.Generator().manual_seed(1)
     loss = sum((m * torch.randn(m.shape, generator=g)).mean() for m in maps)
     loss.backward()
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    missing = [n for n, p in model.named_parameters()
+               if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
     assert not missing
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     assert frozen == (["head.dfl.conv.weight"] if model.config.family == "yolov8" else [])
@@ -105,7 +106,7 @@ def test_fuse_leaves_outputs_unchanged(name):
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size != (1, 1)]
     assert convs and all(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in convs)
-    for a, b in zip(before, after):
+    for a, b in zip(before, after, strict=True):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
@@ -116,7 +117,7 @@ def test_fuse_layout_choice():
     with torch.no_grad():
         plain = model(x)
         model.fuse(channels_last=True)  # already fused: only the layout changes
-        for a, b in zip(plain, model(x)):
+        for a, b in zip(plain, model(x), strict=True):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
     with torch.device("meta"):
         meta = yolokit.create_model("yolov8n", num_classes=NC).fuse()  # not the CPU: layout kept
@@ -131,7 +132,7 @@ def test_decode_shapes_and_ranges(name):
         out = model.decode(maps)
     per_level = [m.shape[-2] * m.shape[-1] for m in maps]
     anchors = [3] * len(maps) if model.config.family == "yolov3" else [1] * len(maps)
-    assert out.shape == (2, sum(a * p for a, p in zip(anchors, per_level)), 4 + NC)
+    assert out.shape == (2, sum(a * p for a, p in zip(anchors, per_level, strict=True)), 4 + NC)
     boxes, scores = out[..., :4], out[..., 4:]
     assert torch.isfinite(out).all()
     assert (scores >= 0).all() and (scores <= 1).all()
@@ -165,7 +166,7 @@ def test_config_from_dict_rejects_unknown():
 def test_v8_head_bias_initialisation():
     model = yolokit.create_model("yolov8s", num_classes=80)
     import math
-    for box, cls, s in zip(model.head.box, model.head.cls, (8, 16, 32)):
+    for box, cls, s in zip(model.head.box, model.head.cls, (8, 16, 32), strict=True):
         assert torch.all(box[-1].bias == 1.0)
         torch.testing.assert_close(cls[-1].bias, torch.full((80,), math.log(5 / 80 / (640 / s) ** 2)))
     assert model.head.dfl.conv.weight.flatten().tolist() == list(range(16))

@@ -23,7 +23,7 @@ def test_grid_points_match_flattened_map():
     fmap = torch.arange(12.0).view(1, 1, 3, 4)
     points, _ = grid_points([(3, 4)], [1], offset=0.0)
     flat = fmap.flatten(2)[0, 0]
-    for value, (x, y) in zip(flat.tolist(), points.tolist()):
+    for value, (x, y) in zip(flat.tolist(), points.tolist(), strict=True):
         assert fmap[0, 0, int(y), int(x)].item() == value
 
 

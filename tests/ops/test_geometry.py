@@ -41,7 +41,8 @@ def test_every_plan_is_consistent(h, w):
 def test_boxes_there_and_back():
     gen = torch.Generator().manual_seed(0)
     xy = torch.rand(20, 2, generator=gen) * torch.tensor([400.0, 300.0])
-    boxes = torch.cat((xy, xy + torch.rand(20, 2, generator=gen) * 100), dim=1).clamp(max=torch.tensor([500.0, 333] * 2))
+    boxes = torch.cat((xy, xy + torch.rand(20, 2, generator=gen) * 100), dim=1)
+    boxes = boxes.clamp(max=torch.tensor([500.0, 333] * 2))
     for new_shape, auto in [(320, False), ((256, 320), True), (640, False)]:
         ratio_pad = letterbox_plan((333, 500), new_shape, auto=auto).ratio_pad
         there = torch.from_numpy(scale_boxes(boxes.numpy(), *ratio_pad))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import yolokit
-from yolokit.predict import batches, predict, predict_iter
 from yolokit.data.images import letterbox
+from yolokit.predict import batches, predict, predict_iter
 from yolokit.predict.predictor import letterbox_batch, read_ahead
 
 
@@ -58,7 +58,7 @@ def test_results_equal_detector_predict_on_the_letterboxed_images_whatever_the_b
     for batch in (1, 2, 5):
         got = list(predict_iter(model, tmp_path, batch=batch, imgsz=64, **kwargs))
         assert [r.name for r in got] == [f"{i}.png" for i in range(5)]
-        for r, e in zip(got, expected):
+        for r, e in zip(got, expected, strict=True):
             torch.testing.assert_close(r.boxes, e.boxes.cpu())
             torch.testing.assert_close(r.scores, e.scores.cpu())
             assert torch.equal(r.labels, e.labels) and r.orig_shape == (48, 64) and r.names == model.names

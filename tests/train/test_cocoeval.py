@@ -28,7 +28,7 @@ def random_case(seed: int, images: int = 12, classes: int = 4):
         if g >= 2 and rng.random() < 0.5:
             boxes[1] = boxes[0]  # a duplicate ground truth box
         labels = rng.integers(0, classes - 1, g)  # the last class never has ground truth
-        gt += [(img, b, c) for b, c in zip(boxes, labels)]
+        gt += [(img, b, c) for b, c in zip(boxes, labels, strict=True)]
         src = np.repeat(np.arange(g), rng.integers(0, 4, g))
         d_boxes = boxes[src] + rng.integers(-2, 3, (len(src), 4)) * 4.0
         d_labels = np.where(rng.random(len(src)) < 0.85, labels[src], rng.integers(0, classes, len(src)))
@@ -42,7 +42,7 @@ def random_case(seed: int, images: int = 12, classes: int = 4):
             d_boxes = np.concatenate([d_boxes, np.concatenate([exy, exy + 32.0], 1)])
             d_labels = np.concatenate([d_labels, np.zeros(extra, np.int64)])
         scores = rng.integers(1, 12, len(d_labels)) / 12.0  # many ties
-        det += [(img, b, s, c) for b, s, c in zip(d_boxes, scores, d_labels)]
+        det += [(img, b, s, c) for b, s, c in zip(d_boxes, scores, d_labels, strict=True)]
     return image_ids, gt, det
 
 
@@ -153,8 +153,9 @@ def test_equals_cocoeval_on_a_validation_like_set():
     from harness.inputs import evaluation_set
 
     data = evaluation_set(40, classes=3, max_det=300, seed=5)  # up to 300 ranked detections per image
-    gt = [(i, b, c) for i, d in enumerate(data) for b, c in zip(d["gt_boxes"], d["gt_labels"])]
-    det = [(i, b, s, c) for i, d in enumerate(data) for b, s, c in zip(d["boxes"], d["scores"], d["labels"])]
+    gt = [(i, b, c) for i, d in enumerate(data) for b, c in zip(d["gt_boxes"], d["gt_labels"], strict=True)]
+    det = [(i, b, s, c) for i, d in enumerate(data)
+           for b, s, c in zip(d["boxes"], d["scores"], d["labels"], strict=True)]
     reference = pycocotools_eval(range(len(data)), gt, det, 3)
     result = ours(gt, det, 3)
     np.testing.assert_array_equal(result.stats, reference.stats)

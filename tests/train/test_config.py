@@ -18,7 +18,8 @@ def test_yolov8_defaults():
     assert (c.warmup_epochs, c.warmup_momentum, c.warmup_bias_lr, c.nbs) == (3.0, 0.8, 0.1, 64)
     assert (c.ema_decay, c.ema_tau, c.close_mosaic) == (0.9999, 2000.0, 10)
     a = c.augment
-    assert (a.hsv_h, a.hsv_s, a.hsv_v, a.translate, a.scale, a.fliplr, a.mosaic) == (0.015, 0.7, 0.4, 0.1, 0.5, 0.5, 1.0)
+    assert ((a.hsv_h, a.hsv_s, a.hsv_v, a.translate, a.scale, a.fliplr, a.mosaic)
+            == (0.015, 0.7, 0.4, 0.1, 0.5, 0.5, 1.0))
     assert a == AugmentConfig()   # one source of the augmentation defaults: the data pipeline's
 
 

@@ -115,7 +115,7 @@ def test_another_model_object_or_dtype_is_paired_again():
     reference = copy.deepcopy(ema.module)
     ema.update(twin)
     _loop_update(reference, twin, ema.current_decay())
-    for (name, value), expected in zip(ema.module.state_dict().items(), reference.state_dict().values()):
+    for (name, value), expected in zip(ema.module.state_dict().items(), reference.state_dict().values(), strict=True):
         assert value.dtype == expected.dtype and torch.equal(value, expected), name
 
 

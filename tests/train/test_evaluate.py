@@ -38,13 +38,14 @@ def test_equals_pycocotools_run_directly(tmp_path):
     gt = {"images": [{"id": 100 + i, "height": h, "width": w} for i, (h, w) in enumerate(shapes)],
           "categories": [{"id": 7, "name": "a"}, {"id": 9, "name": "b"}], "annotations": []}
     for i, (boxes, labels) in enumerate(targets):
-        for b, l in zip(boxes, labels):
-            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": 100 + i, "category_id": cat[int(l)],
+        for b, label in zip(boxes, labels, strict=True):
+            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": 100 + i,
+                                      "category_id": cat[int(label)],
                                       "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]],
                                       "area": (b[2] - b[0]) * (b[3] - b[1]), "iscrowd": 0})
-    dets = [{"image_id": 100 + i, "category_id": cat[int(l)], "score": float(s),
+    dets = [{"image_id": 100 + i, "category_id": cat[int(label)], "score": float(s),
              "bbox": [float(b[0]), float(b[1]), float(b[2] - b[0]), float(b[3] - b[1])]}
-            for i, d in enumerate(preds) for b, s, l in zip(d.boxes, d.scores, d.labels)]
+            for i, d in enumerate(preds) for b, s, label in zip(d.boxes, d.scores, d.labels, strict=True)]
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     (tmp_path / "dt.json").write_text(json.dumps(dets))
     with contextlib.redirect_stdout(io.StringIO()):

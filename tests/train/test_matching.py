@@ -33,7 +33,8 @@ def test_matching_is_greedy_by_score():
 def test_confusion_matrix_thresholds():
     """conf and iou are strict: a detection at exactly conf is dropped, an IoU of exactly iou does not match."""
     boxes, labels = np.array([[0.0, 0, 10, 10]]), np.array([1])
-    det = Detections(torch.tensor([[0.0, 0, 10, 10], [0.0, 0, 10, 10]]), torch.tensor([0.25, 0.3]), torch.tensor([0, 1]))
+    det = Detections(torch.tensor([[0.0, 0, 10, 10], [0.0, 0, 10, 10]]), torch.tensor([0.25, 0.3]),
+                     torch.tensor([0, 1]))
     np.testing.assert_array_equal(confusion_matrix([det], [boxes], [labels], 2), [[0, 0, 0], [0, 1, 0], [0, 0, 0]])
     half = Detections(torch.tensor([[0.0, 0, 10, 5]]), torch.tensor([0.9]), torch.tensor([0]))  # IoU 0.5
     np.testing.assert_array_equal(confusion_matrix([half], [boxes], [labels], 2, iou=0.5),

@@ -1,9 +1,9 @@
 """LossMeter: device sums of loss parts, and the epoch mean over every process."""
 
+import _train_workers as workers
 import pytest
 import torch
 
-import _train_workers as workers
 from yolokit.accel.launch import launch
 from yolokit.train.meter import LossMeter
 

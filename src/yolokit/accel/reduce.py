@@ -73,7 +73,7 @@ def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAU
         pending.append((grads, flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)))
     for grads, flat, work in pending:
         work.wait()
-        views = [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in grads]), grads)]
+        views = [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)]
         torch._foreach_copy_(grads, views)
 
 
@@ -131,7 +131,7 @@ class BatchNormSync:
             return
         with torch.no_grad():
             views = self._start.split([t.numel() for t in self.stats])
-            torch._foreach_copy_(self.stats, [v.view_as(t) for v, t in zip(views, self.stats)])
+            torch._foreach_copy_(self.stats, [v.view_as(t) for v, t in zip(views, self.stats, strict=True)])
             torch._foreach_copy_(self.counters, list(self._start_counts.unbind()))
 
     @torch.no_grad()
@@ -163,5 +163,5 @@ class BatchNormSync:
         base = torch.where(cumulative[self._layer_of], start, (a ** total[self._layer_of]).to(dtype) * start)
         new = base + part
         views = new.split([t.numel() for t in self.stats])
-        torch._foreach_copy_(self.stats, [v.view_as(t) for v, t in zip(views, self.stats)])
+        torch._foreach_copy_(self.stats, [v.view_as(t) for v, t in zip(views, self.stats, strict=True)])
         torch._foreach_copy_(self.counters, list((self._start_counts + total.to(torch.long)).unbind()))

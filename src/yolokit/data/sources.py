@@ -152,7 +152,7 @@ def _build_yolo(images: list[str], names: list[str], problems: list[Problem]) ->
     shapes = []
     with ThreadPoolExecutor(_threads()) as pool:
         results = pool.map(lambda im: _check_yolo_image(im, label_path(im), len(names)), images)
-        for image, (shape, labels, problem) in zip(images, results):
+        for image, (shape, labels, problem) in zip(images, results, strict=True):
             if problem is not None:
                 index.problems.append(problem)
             if shape is not None:
@@ -307,11 +307,11 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
                            names=[str(c["name"]) for c in cats],
                            category_ids=[int(c["id"]) for c in cats], image_ids=[])
         jobs = [(p, (e.get("height", 0), e.get("width", 0)), anns.get(e["id"], []),
-                 unknown.get(e["id"], 0)) for p, e in zip(paths, entries)]
+                 unknown.get(e["id"], 0)) for p, e in zip(paths, entries, strict=True)]
         shapes = []
         with ThreadPoolExecutor(_threads()) as pool:
             for (path, *_), e, (shape, labels, problem) in zip(jobs, entries, pool.map(
-                    lambda j: _check_coco_image(*j), jobs)):
+                    lambda j: _check_coco_image(*j), jobs), strict=True):
                 if problem is not None:
                     index.problems.append(problem)
                 if shape is not None:

@@ -115,7 +115,7 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = dict(f.metadata() or {})
-            return {k: f.get_tensor(k) for k in f.keys()}, metadata
+            return {k: f.get_tensor(k) for k in f.keys()}, metadata  # noqa: SIM118 (safe_open is no dict)
     except SafetensorError as exc:
         raise ValueError(f"{path}: not a readable safetensors file ({exc})") from exc
 

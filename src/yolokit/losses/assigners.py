@@ -264,7 +264,8 @@ class TaskAlignedAssigner(nn.Module):
                 s = s.sigmoid_()
             t = s.pow_(self.alpha).mul_(u.pow(self.beta).view(-1, p)).masked_fill_(outside.view(-1, p), -1.0)
             t_top, top = t.topk(k, dim=-1)
-            for buf, value in zip(out, (top, t_top, u.view(-1, p).gather(1, top), ~outside.view(-1, p).gather(1, top))):
+            chosen = (top, t_top, u.view(-1, p).gather(1, top), ~outside.view(-1, p).gather(1, top))
+            for buf, value in zip(out, chosen, strict=True):
                 buf[rows] = value
         return out
 

@@ -55,7 +55,7 @@ class DetectionLoss(nn.Module):
         """
         if len(maps) != len(self.strides):
             raise ValueError(f"got {len(maps)} maps for {len(self.strides)} strides")
-        for m, want in zip(maps, self.map_channels()):
+        for m, want in zip(maps, self.map_channels(), strict=True):
             if m.ndim != 4 or m.shape[1] != want:
                 raise ValueError(f"each map must be Tensor[B, {want}, H, W] ({self.channel_layout}), "
                                  f"got {tuple(m.shape)}")

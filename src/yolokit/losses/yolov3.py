@@ -100,7 +100,7 @@ class YOLOv3Loss(DetectionLoss):
         gt = pad_targets(targets, b, max_boxes=max_boxes)  # reads G back unless max_boxes is given
         rows = torch.arange(targets.shape[0], device=device)
         box = obj = cls = maps[0].new_zeros(())
-        for level, (m, anchors, stride) in enumerate(zip(maps, self.anchors, self.strides)):
+        for level, (m, anchors, stride) in enumerate(zip(maps, self.anchors, self.strides, strict=True)):
             (h, w), a = shapes[level], len(anchors)
             # split, not slices: backward then builds the map's gradient with a single cat
             t, o, logits = m.reshape(b, a, 5 + c, h * w).split((4, 1, c), dim=2)  # [B, A, 4|1|C, HW]

@@ -93,7 +93,7 @@ class YOLOv8Loss(DetectionLoss):
     def _loss(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None) -> tuple[Tensor, dict[str, Tensor]]:
         b, r, c = maps[0].shape[0], self.reg_max, self.num_classes
         device = maps[0].device
-        box_parts, cls_parts = zip(*(m.flatten(2).split((4 * r, c), dim=1) for m in maps))
+        box_parts, cls_parts = zip(*(m.flatten(2).split((4 * r, c), dim=1) for m in maps), strict=True)
         p = sum(x.shape[-1] for x in box_parts)
         box_logits = torch.cat(box_parts, dim=2).view(b, 4, r, p)  # [B, side, bin, P]
         cls_logits = torch.cat(cls_parts, dim=2)  # [B, C, P]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from yolokit.models.layers import C2f, DARKNET_STYLE, SPPF, V8_STYLE, Conv, DarknetResidual, MaxPoolSame
+from yolokit.models.layers import DARKNET_STYLE, SPPF, V8_STYLE, C2f, Conv, DarknetResidual, MaxPoolSame
 
 
 def _last_three(x: Tensor, stages: nn.ModuleList) -> list[Tensor]:

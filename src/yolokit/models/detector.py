@@ -178,7 +178,7 @@ class Detector(nn.Module):
         dets = non_max_suppression(preds, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
                                    multi_label=multi_label, max_det=max_det)
         return [Detections(unletterbox_boxes(d.boxes, rp, shape), d.scores, d.labels)
-                for d, rp, shape in zip(dets, ratio_pad, orig_shapes)]
+                for d, rp, shape in zip(dets, ratio_pad, orig_shapes, strict=True)]
 
     def fuse(self, channels_last: bool | None = None) -> Detector:
         """Prepares the model for inference: folds every batch norm into its convolution.

@@ -99,12 +99,13 @@ class DFLHead(nn.Module):
     @torch.no_grad()
     def reset_bias(self) -> None:
         """Box logits 1.0; class logits log(5 / C / (640 / stride)^2): about 5 objects per 640 image."""
-        for box, cls, s in zip(self.box, self.cls, self.strides):
+        for box, cls, s in zip(self.box, self.cls, self.strides, strict=True):
             box[-1].bias.fill_(1.0)
             cls[-1].bias.fill_(math.log(5 / self.num_classes / (640 / s) ** 2))
 
     def forward(self, features: list[Tensor]) -> list[Tensor]:
-        return [torch.cat((box(x), cls(x)), dim=1) for x, box, cls in zip(features, self.box, self.cls)]
+        return [torch.cat((box(x), cls(x)), dim=1)   # not strict: compile traces forward
+                for x, box, cls in zip(features, self.box, self.cls, strict=False)]
 
     def decode(self, maps: list[Tensor]) -> Tensor:
         """Raw maps -> Tensor[B, P, 4 + C]: xyxy pixels and sigmoid class scores."""
@@ -140,7 +141,7 @@ class AnchorHead(nn.Module):
         self.num_classes, self.strides = num_classes, tuple(strides)
         self.anchors = tuple(tuple((int(w), int(h)) for w, h in level) for level in anchors)
         self.preds = nn.ModuleList(
-            nn.Conv2d(c, len(a) * (5 + num_classes), 1) for c, a in zip(in_channels, self.anchors)
+            nn.Conv2d(c, len(a) * (5 + num_classes), 1) for c, a in zip(in_channels, self.anchors, strict=True)
         )
         self._grids = _GridCache()
         self.reset_bias()
@@ -148,14 +149,14 @@ class AnchorHead(nn.Module):
     @torch.no_grad()
     def reset_bias(self) -> None:
         """Objectness prior of about 8 objects per 640 image, class prior 0.6 / (C - 0.99)."""
-        for conv, s, a in zip(self.preds, self.strides, self.anchors):
+        for conv, s, a in zip(self.preds, self.strides, self.anchors, strict=True):
             bias = conv.bias.view(len(a), 5 + self.num_classes)
             bias[:, :4] = 0.0
             bias[:, 4] = math.log(8 / (640 / s) ** 2)
             bias[:, 5:] = math.log(0.6 / max(self.num_classes - 0.99, 0.01))
 
     def forward(self, features: list[Tensor]) -> list[Tensor]:
-        return [conv(x) for x, conv in zip(features, self.preds)]
+        return [conv(x) for x, conv in zip(features, self.preds, strict=False)]   # not strict: compile traces it
 
     def decode(self, maps: list[Tensor]) -> Tensor:
         """Raw maps -> Tensor[B, P, 4 + C], P = sum of A * H * W (anchor, row, column order).
@@ -164,10 +165,10 @@ class AnchorHead(nn.Module):
         decodes them); class score = sigmoid(obj) * sigmoid(cls).
         """
         out = []
-        for m, s, a in zip(maps, self.strides, self.anchors):
+        for m, s, a in zip(maps, self.strides, self.anchors, strict=True):
             b, _, h, w = m.shape
             p = m.view(b, len(a), 5 + self.num_classes, h * w).transpose(2, 3)  # [B, A, HW, 5 + C]
-            cells, wh_anchor = self._grids.get((h, w, a, p.dtype, p.device), lambda: (
+            cells, wh_anchor = self._grids.get((h, w, a, p.dtype, p.device), lambda h=h, w=w, a=a, p=p: (
                 grid_points([(h, w)], [1], offset=0.0, dtype=p.dtype, device=p.device)[0],
                 torch.tensor(a, dtype=p.dtype, device=p.device).view(1, len(a), 1, 2)))
             scores = p[..., 4:5].sigmoid() * p[..., 5:].sigmoid()

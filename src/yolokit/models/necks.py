@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from yolokit.models.layers import C2f, DARKNET_STYLE, SPP, V8_STYLE, Conv
+from yolokit.models.layers import DARKNET_STYLE, SPP, V8_STYLE, C2f, Conv
 
 
 def _dn(c1: int, c2: int, k: int) -> Conv:

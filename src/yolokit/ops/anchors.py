@@ -47,7 +47,7 @@ def grid_points(
     if len(shapes) != len(strides):
         raise ValueError(f"got {len(shapes)} level shapes but {len(strides)} strides")
     points, point_strides = [], []
-    for (h, w), s in zip(shapes, strides):
+    for (h, w), s in zip(shapes, strides, strict=True):
         ys = (torch.arange(h, dtype=dtype, device=device) + offset) * s
         xs = (torch.arange(w, dtype=dtype, device=device) + offset) * s
         gy, gx = torch.meshgrid(ys, xs, indexing="ij")

@@ -4,7 +4,8 @@ Letterboxing fits an image into a shape keeping its aspect ratio: resize by one 
 (rounded to whole pixels, so the exact ratio differs a little per axis), then pad centred.
 ``letterbox_plan`` computes the sizes and the padding once; ``yolokit.data.images.letterbox``
 applies it to pixels (OpenCV) and returns the image with its ``ratio_pad``
-``((ratio_w, ratio_h), (pad_w, pad_h))``: a point of the original maps to ``original * ratio + pad``, and ``unletterbox_boxes`` maps boxes back.
+``((ratio_w, ratio_h), (pad_w, pad_h))``: a point of the original maps to
+``original * ratio + pad``, and ``unletterbox_boxes`` maps boxes back.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ class Detections:
 
     def __repr__(self) -> str:
         rows = []
-        for box, score, label in zip(self.boxes[:10].tolist(), self.scores[:10].tolist(), self.labels[:10].tolist()):
+        shown = (self.boxes[:10].tolist(), self.scores[:10].tolist(), self.labels[:10].tolist())
+        for box, score, label in zip(*shown, strict=True):
             coords = ", ".join(f"{v:.1f}" for v in box)
             shown = f"{score:.3f}" if score >= 1e-3 or score == 0 else f"{score:.1e}"
             rows.append(f"  label={int(label)} score={shown} box=[{coords}]")

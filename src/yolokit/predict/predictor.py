@@ -118,7 +118,7 @@ def predict_iter(
         dets = model.predict(boxed, orig_shapes=[tuple(f.image.shape[-2:]) for f in chunk], ratio_pad=ratio_pad,
                              conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic,
                              multi_label=multi_label)
-        for f, d in zip(chunk, dets):
+        for f, d in zip(chunk, dets, strict=True):
             yield _result(f, d.to("cpu"), names)
 
 

@@ -74,8 +74,8 @@ class Result:
     def records(self) -> list[dict[str, Any]]:
         """One dict per detection: ``name``, ``class``, ``confidence``, ``box`` {x1, y1, x2, y2}."""
         return [{"name": self.class_name(c), "class": c, "confidence": round(s, 5),
-                 "box": dict(zip(("x1", "y1", "x2", "y2"), (round(v, 2) for v in b)))}
-                for b, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist())]
+                 "box": dict(zip(("x1", "y1", "x2", "y2"), (round(v, 2) for v in b), strict=True))}
+                for b, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(), strict=True)]
 
     def to_json(self) -> str:
         """``records()`` as a JSON string."""
@@ -85,7 +85,7 @@ class Result:
         """YOLO label lines: ``class cx cy w h`` normalized to [0, 1] (then the score with ``save_conf``)."""
         h, w = self.orig_shape
         lines = []
-        for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist()):
+        for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(), strict=True):
             values = [(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h]
             conf = f" {s:.6g}" if save_conf else ""
             lines.append(f"{c} " + " ".join(f"{v:.6f}" for v in values) + conf)
@@ -96,14 +96,15 @@ class Result:
         [x, y, w, h] in pixels, ``score``."""
         return [{"image_id": image_id, "category_id": c, "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3),
                                                                   round(y2 - y1, 3)], "score": round(s, 5)}
-                for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist())]
+                for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
+                                                  strict=True)]
 
     def crops(self) -> list[tuple[int, np.ndarray]]:
         """(class, HxWx3 uint8 RGB cut-out) per detection; boxes rounded outwards, at least 1 px."""
         image = self.orig_img
         h, w = image.shape[:2]
         out = []
-        for (x1, y1, x2, y2), c in zip(self.boxes.tolist(), self.labels.tolist()):
+        for (x1, y1, x2, y2), c in zip(self.boxes.tolist(), self.labels.tolist(), strict=True):
             left, top = min(max(int(np.floor(x1)), 0), w - 1), min(max(int(np.floor(y1)), 0), h - 1)
             right, bottom = max(min(int(np.ceil(x2)), w), left + 1), max(min(int(np.ceil(y2)), h), top + 1)
             out.append((c, image[top:bottom, left:right].copy()))

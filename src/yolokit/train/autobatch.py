@@ -145,7 +145,7 @@ def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module,
             for p in params:
                 p.grad = None
             with torch.no_grad():
-                for t, value in zip(buffers, saved):
+                for t, value in zip(buffers, saved, strict=True):
                     t.copy_(value)
             del state
             free_memory()

@@ -179,7 +179,7 @@ def _match(gt_key: np.ndarray, gt_xywh: np.ndarray, gt_ignore: np.ndarray, det_k
     gt_taken = np.zeros((num_areas, num_thr, len(gt_key)), bool)
     det_rank = rank[dets]
     bounds = np.searchsorted(det_rank, np.arange(det_rank.max() + 2))
-    for lo, hi in zip(bounds[:-1], bounds[1:]):  # one pass per rank: one detection per group
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # one pass per rank: one detection per group
         if lo == hi:
             continue
         p0, p1 = pair_start[lo], pair_start[hi]

@@ -84,7 +84,7 @@ class ModelEMA:
         d = self.current_decay()
         new = pairs.model_floats
         if not pairs.same_dtypes:
-            new = [n.to(e.dtype) for n, e in zip(new, pairs.ema_floats)]
+            new = [n.to(e.dtype) for n, e in zip(new, pairs.ema_floats, strict=True)]
         if pairs.ema_floats:
             torch._foreach_mul_(pairs.ema_floats, d)
             torch._foreach_add_(pairs.ema_floats, new, alpha=1 - d)

@@ -134,15 +134,16 @@ def coco_structures(
 ) -> tuple[dict, list[dict]]:
     """(ground-truth dataset dict, detection list) in COCO json form; category id = class + 1."""
     images, annotations, results = [], [], []
-    for image_id, (det, (boxes, labels), (h, w)) in enumerate(zip(predictions, targets, shapes), start=1):
+    for image_id, (det, (boxes, labels), (h, w)) in enumerate(zip(predictions, targets, shapes, strict=True), start=1):
         images.append({"id": image_id, "height": int(h), "width": int(w)})
-        for box, label in zip(np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(labels).reshape(-1)):
+        boxes, labels = np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(labels).reshape(-1)
+        for box, label in zip(boxes, labels, strict=True):
             bw, bh = box[2] - box[0], box[3] - box[1]
             annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(label) + 1,
                                 "bbox": [float(box[0]), float(box[1]), float(bw), float(bh)],
                                 "area": float(bw * bh), "iscrowd": 0})
         d = det.numpy()
-        for box, score, label in zip(d.boxes.astype(np.float64), d.scores, d.labels):
+        for box, score, label in zip(d.boxes.astype(np.float64), d.scores, d.labels, strict=True):
             results.append({"image_id": image_id, "category_id": int(label) + 1, "score": float(score),
                             "bbox": [float(box[0]), float(box[1]), float(box[2] - box[0]), float(box[3] - box[1])]})
     categories = [{"id": c + 1, "name": str(c)} for c in range(num_classes)]
@@ -185,7 +186,8 @@ def coco_evaluate(
     result.class_instances = np.bincount(np.concatenate(gt_labels + [np.zeros(0, np.int64)]), minlength=num_classes)
     result.class_images = np.bincount(np.concatenate([np.unique(g) for g in gt_labels] + [np.zeros(0, np.int64)]),
                                       minlength=num_classes)
-    tp = [matches_at_iou(d.boxes, d.scores, d.labels, b, g, 0.5) for d, b, g in zip(dets, gt_boxes, gt_labels)]
+    tp = [matches_at_iou(d.boxes, d.scores, d.labels, b, g, 0.5)
+          for d, b, g in zip(dets, gt_boxes, gt_labels, strict=True)]
     _confidence_metrics(result, _joined_np([d.scores for d in dets], np.float64), _joined_np(tp, bool),
                         _joined_np([d.labels for d in dets], np.int64))
     result.confusion = confusion_matrix(dets, gt_boxes, gt_labels, num_classes)
@@ -332,7 +334,7 @@ def validate(
                              orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"])
         rows = batch["targets"].cpu()
         indices = batch.get("indices") or [len(records) + i for i in range(len(dets))]
-        for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"])):
+        for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"], strict=True)):
             mine = rows[rows[:, 0] == i]
             boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
             det, labels = det.to("cpu"), mine[:, 1].long()

@@ -20,7 +20,9 @@ def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     lt = np.maximum(a[:, None, :2], b[None, :, :2])
     rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
     inter = np.clip(rb - lt, 0, None).prod(-1)
-    area = lambda x: (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])
+    def area(x: np.ndarray) -> np.ndarray:
+        return (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])
+
     union = area(a)[:, None] + area(b)[None, :] - inter
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
@@ -66,7 +68,7 @@ def confusion_matrix(dets: Sequence[Detections], gt_boxes: Sequence[np.ndarray],
     unmatched detection as (its class, background), an unmatched box as (background, its class).
     """
     matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64)
-    for det, boxes, labels in zip(dets, gt_boxes, gt_labels):
+    for det, boxes, labels in zip(dets, gt_boxes, gt_labels, strict=True):
         keep = np.asarray(det.scores) > conf
         d_labels, d_scores = np.asarray(det.labels)[keep], np.asarray(det.scores)[keep]
         taken_by = greedy_match(pairwise_iou(np.asarray(det.boxes).reshape(-1, 4)[keep], boxes), d_scores, iou,

@@ -134,7 +134,7 @@ class LRSchedule:
         """Sets every group's lr (and momentum during warmup) for global ``iteration`` in ``epoch``."""
         target = self.lr0 * self.factor(epoch)
         warm = self.warmup_iters
-        for i, group in enumerate(optimizer.param_groups):
+        for group in optimizer.param_groups:
             if iteration < warm:
                 t = iteration / warm
                 start = self.warmup_bias_lr if group.get("name") == "bias" else 0.0

@@ -66,7 +66,7 @@ def results_plot(rows: Sequence[dict[str, float]], path: str | Path) -> Path | N
     columns = min(4, len(keys))
     fig = _figure(3.6 * columns, 2.9 * math.ceil(len(keys) / columns))
     axes = np.atleast_1d(fig.subplots(math.ceil(len(keys) / columns), columns)).reshape(-1)
-    for ax, key in zip(axes, keys):
+    for ax, key in zip(axes, keys, strict=False):
         y = np.array([r.get(key, np.nan) for r in rows], float)
         ax.plot(epochs, y, marker=".", markersize=6, linewidth=1.5, label="results", color="#1f77b4")
         if np.isfinite(y).sum() >= 3:
