@@ -1,0 +1,136 @@
+"""Every Python block of README.md runs as a user runs it: as a script, to its end, exit code 0.
+
+Each block runs in a subprocess (with a timeout) in a fresh folder that holds what its
+placeholder paths name, so the README needs no edits to run:
+
+- ``path/to/data.yaml`` and ``data.yaml``: a small shapes set (16 + 8 images of 64 px);
+- ``path/to/images``: a folder of 3 images; ``clip.mp4``: a 6-frame video;
+- ``runs/train/weights/model.pt``: the weights of a small trained run (1 epoch of that set);
+- ``best.pt``: a 2-class yolov8s; ``yolov8n.pt``: an Ultralytics checkpoint (written by the
+  stand-in of tests/interop); ``yolov3-tiny.weights``: a Darknet file;
+- ``"shapes"``: the built-in set, generated once into the session's ``YOLOKIT_CACHE``.
+
+Runs are shortened by the substitutions in ``SHORTER`` (documented in the README), which
+change sizes, never what a block does: every epoch count becomes 1 (2 where a resume must
+add one), ``imgsz`` 64, ``devices`` 2 (without loader workers), a batch of 64 becomes 8,
+``save_period_iters`` 2.
+
+The scripts in examples/ run in tests/test_examples.py; a test here checks that each has one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from _torchrun_env import subprocess_env
+
+import yolokit
+from yolokit.data import make_shapes
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORTER = [  # (pattern, replacement), applied in order to every block
+    (r"(?<![\w.])epochs=\d+", "epochs=1"),
+    (r"(resume=\"[^\"]*\", epochs=)1", r"\g<1>2"),        # a resume adds an epoch
+    (r"epochs, close_mosaic = \d+, \d+", "epochs, close_mosaic = 2, 1"),
+    (r"for epoch in range\(\d+\)", "for epoch in range(1)"),
+    (r"imgsz=\d+", "imgsz=64"),
+    (r"devices=\d+", "devices=2, workers=0"),   # loader workers in each of 2 processes: only slower here
+    (r"batch=64", "batch=8"),
+    (r"save_period_iters=\d+", "save_period_iters=2"),
+]
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of every ```python block."""
+    blocks, lines = [], text.splitlines()
+    start = None
+    for i, line in enumerate(lines, 1):
+        if start is None and line.strip() == "```python":
+            start = i
+        elif start is not None and line.strip() == "```":
+            blocks.append((start, "\n".join(lines[start:i - 1]) + "\n"))
+            start = None
+    return blocks
+
+
+BLOCKS = python_blocks((ROOT / "README.md").read_text())
+
+
+def shorter(code: str) -> str:
+    for pattern, replacement in SHORTER:
+        code = re.sub(pattern, replacement, code)
+    return code
+
+
+@pytest.fixture(scope="session")
+def staged(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A folder holding every placeholder file, and the environment the blocks run with."""
+    root = tmp_path_factory.mktemp("readme")
+    cache = root / "cache"
+    env = {**subprocess_env(), "YOLOKIT_CACHE": str(cache), "MPLBACKEND": "Agg"}
+    subprocess.run([sys.executable, "-c", "from yolokit.data import make_shapes; make_shapes()"], env=env,
+                   check=True, timeout=300)               # the built-in set, once
+    small = make_shapes(root / "small", n_train=16, n_val=8, imgsz=64)
+    files = root / "files"
+    (files / "path" / "to").mkdir(parents=True)
+    for name in ("path/to/data.yaml", "data.yaml"):
+        shutil.copy(small, files / name)                # data.yaml names its folder absolutely
+    rng = np.random.default_rng(0)
+    (files / "path" / "to" / "images").mkdir()
+    for i in range(3):
+        cv2.imwrite(str(files / "path" / "to" / "images" / f"{i}.jpg"), rng.integers(0, 255, (48, 64, 3), np.uint8))
+    video = cv2.VideoWriter(str(files / "clip.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 10, (64, 48))
+    for _ in range(6):
+        video.write(rng.integers(0, 255, (48, 64, 3), np.uint8))
+    video.release()
+    torch.manual_seed(0)
+    yolokit.save(yolokit.create_model("yolov8s", num_classes=2), files / "best.pt")
+    yolokit.save(yolokit.create_model("yolov3-tiny", num_classes=80), files / "yolov3-tiny.weights")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from interop.conftest import write_their_checkpoint
+    write_their_checkpoint(files / "yolov8n.pt", "yolov8n", nc=80)
+    trained = subprocess.run([sys.executable, "-m", "yolokit", "train", "--data", str(small), "--epochs", "1",
+                              "--imgsz", "64", "--batch", "8", "--workers", "0", "--no-plots",
+                              "--out", str(files / "runs" / "train")], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    return files, env
+
+
+def test_the_readme_has_python_blocks_and_each_example_script_a_test():
+    assert len(BLOCKS) >= 10
+    tested = (ROOT / "tests" / "test_examples.py").read_text()
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        assert f'"{script.name}"' in tested, f"examples/{script.name} is not run by tests/test_examples.py"
+
+
+def test_the_substitutions_only_shorten():
+    code = 'TrainConfig(epochs=100, imgsz=640, batch=64, devices=4)\ntrain(TrainConfig(resume="r", epochs=120))\n'
+    assert shorter(code) == ('TrainConfig(epochs=1, imgsz=64, batch=8, devices=2, workers=0)\n'
+                             'train(TrainConfig(resume="r", epochs=2))\n')
+    assert shorter("max_epochs=5, batch=16") == "max_epochs=5, batch=16"
+
+
+@pytest.mark.parametrize("line, code", BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
+def test_readme_block_runs_as_a_script(staged, tmp_path, line, code):
+    files, env = staged
+    work = tmp_path / "work"
+    shutil.copytree(files, work)
+    script = work / f"readme_block_{line}.py"
+    script.write_text(shorter(code))
+    try:
+        done = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"README.md:{line} did not finish in 300 s:\n{(exc.stderr or b'')[-3000:]!r}")
+    assert done.returncode == 0, f"README.md:{line}\n{shorter(code)}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
