@@ -205,6 +205,14 @@ def rank_one_raises() -> None:
     distributed.all_reduce_mean(torch.ones(3))
 
 
+def rank_one_raises_while_rank_zero_sleeps() -> None:
+    """Rank 1 fails; rank 0 sleeps in Python, so the launcher's SIGTERM stops it cleanly."""
+    if int(os.environ["RANK"]) == 1:
+        raise ValueError("boom on rank 1")
+    while True:
+        time.sleep(0.1)
+
+
 def sleep_forever() -> None:
     while True:
         time.sleep(0.5)

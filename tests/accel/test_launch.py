@@ -6,7 +6,7 @@ import time
 import _accel_workers as workers  # tests/accel is put on sys.path by conftest.py
 import pytest
 
-from yolokit.accel.launch import free_port, launch, under_torchrun
+from yolokit.accel.launch import LaunchError, free_port, launch, under_torchrun
 
 
 def test_free_port():
@@ -37,6 +37,13 @@ def test_spawned_ranks_get_torchrun_env(gloo_suite):
 
 def test_launched_processes_share_the_cores(gloo_suite):
     assert {r["torch_threads"] for r in gloo_suite} == {max(1, (os.cpu_count() or 1) // 2)}
+
+
+def test_a_failed_rank_is_named_even_when_the_others_stop_cleanly(clean_env):
+    """The others end on PyTorch's SIGTERM as a stop would; that is no interrupt of the launcher."""
+    with pytest.raises(LaunchError) as err:
+        launch(workers.rank_one_raises_while_rank_zero_sleeps, 2, timeout=90)
+    assert err.value.ranks == [1] and "ValueError: boom on rank 1" in str(err.value)
 
 
 def test_timeout_terminates_the_processes(clean_env):

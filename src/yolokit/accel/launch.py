@@ -163,7 +163,7 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
                 raise TimeoutError(f"launched processes did not finish within {timeout} s")
     except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as e:
         drain()
-        if signals or stopped:
+        if signals:                          # we were asked to stop; a rank that failed on its own is named
             _terminate(ctx.processes)
             raise _interrupted(signals, stopped) from None
         lost = e.error_index if first is None else first
