@@ -1,9 +1,14 @@
-"""The whole GPU pass in one command: every measurement of the GPU pass issue, a table, a JSON file.
+"""The GPU pass: every measurement of the GPU pass issue, in sections that fit the lent GPU's commands.
 
-    python benchmarks/gpu.py --all --json $OUT/gpu.json        # on one CUDA GPU, under 20 minutes
-    python benchmarks/gpu.py --sections mfu reference          # some sections only
-    python benchmarks/gpu.py --all --cpu-smoke                 # every code path on the CPU, tiny sizes
-    python benchmarks/gpu.py --all --reference-python /path/to/bench-venv/bin/python
+    python benchmarks/gpu.py --plan                        # here: the device commands to run, in order
+    python benchmarks/gpu.py --command 1 --out $OUT        # there: command 1 of the plan (sections, in order)
+    python benchmarks/gpu.py --sections mfu reference      # some sections only
+    python benchmarks/gpu.py --all --cpu-smoke             # every code path on the CPU, tiny sizes, no caps
+
+A lent GPU runs commands of at most 10 minutes, 30 minutes in all. The pass is three commands
+(``COMMANDS``) of at most 8 minutes of sections each (the caps), 18.5 minutes of caps in all,
+about 23 with the machine's start and the transfers; ``--plan`` prints them with the carried
+wheels of the reference (``benchmarks/gpu_wheels.py`` fetches them here, first).
 
 Sections, in order (modules in ``benchmarks/gpu/``), each row printed with its target:
 
@@ -29,21 +34,23 @@ reference       step time yolokit / Ultralytics (yolov8s fp16 and bf16, yolov8n 
 Budget. The estimates assume H100 training at ~600-900 img/s for yolov8s in bf16, ~200-300
 for yolov8l, ~2,000+ for yolov8n, and 1-2 minutes of torch.compile warm-up for yolov8l. A
 timing is 5 warm-up rounds and 3 timed rounds of 10 steps (median), callables compared in
-turns A B A B. Each section has a cap (``CAPS``, 1,110 s in all = 18.5 minutes), checked
-between measurements: once spent, the section's remaining rows say "skipped". Expected
-total: 11-14 minutes. Every section's elapsed time is printed.
+turns A B A B. Each section has a cap (``CAPS``), checked between measurements: once spent,
+the section's remaining rows say "skipped". Every section's elapsed time is printed.
 
 All steps are the trainer's (forward and loss under autocast, ``loss * batch`` backward,
 unscale / clip 10 / SGD step without a read-back, zero grad), on synthetic batches held on
-the device except in the loader and OOM sections; cudnn.benchmark on, as the trainer sets it.
-The reference runs where ultralytics imports (or in ``--reference-python``'s environment);
-otherwise its row says "skipped: ultralytics not importable". NVML (``nvidia-ml-py``) is
-optional; without it the utilisation rows say so.
+the device except in the loader and OOM sections, with the trainer's defaults on CUDA
+(``yolokit.train.plan.speed_settings``: cuDNN benchmark, TF32, non-deterministic kernels,
+a loader worker for every core but one). The reference runs where ultralytics
+imports, or in ``--reference-python``'s environment (the plan makes one from the carried
+wheels); otherwise its row says "skipped: ultralytics not importable". NVML
+(``nvidia-ml-py``) is optional; without it the utilisation rows say so.
 
-Output: the table at the end, and JSON (``--json``; default ``$OUT/gpu-results.json`` when
-``$OUT`` is set, else ``benchmarks/gpu-results.json``): the header, and per section its rows
-(value, unit, target, ok, note, details), elapsed seconds and cap. Exit status 1 when a
-section raised (its row says "error"), 2 without CUDA (unless ``--cpu-smoke``).
+Output, written again after every section, so a command stopped at its limit still returns
+what it measured: ``gpu-results.json`` (the header, and per section its rows: value, unit,
+target, ok, note, details; elapsed seconds and cap) and ``gpu-results.txt`` (the table) in
+``--out`` (default ``$OUT`` when set, else ``benchmarks/``). Exit status 1 when a section
+raised (its row says "error"), 2 without CUDA (unless ``--cpu-smoke``).
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ from gpu import feeding, flops, memory, precision, suite
 from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
+from yolokit.train import TrainConfig
+from yolokit.train.plan import speed_settings
+
 SECTIONS = {
     "tests": suite.gpu_tests,
     "precision": precision.mixed_precision,
@@ -73,12 +83,18 @@ SECTIONS = {
 }
 CAPS = {"tests": 180, "precision": 75, "channels_last": 150, "checkpointing": 75, "batch": 180, "loader": 120,
         "mfu": 240, "reference": 90}  # seconds; 1,110 in all
+COMMANDS = {1: ["tests", "precision", "channels_last", "checkpointing"], 2: ["batch", "loader"],
+            3: ["mfu", "reference"]}   # the device commands: at most 480 s of caps each
+COMMAND_CAP_S = 480
+WHEELS = ".whl"   # benchmarks/gpu_wheels.py fetches the reference's wheels here (ignored by git)
 
 
 def settings(smoke: bool) -> Settings:
     if smoke:
         return Settings(torch.device("cpu"), 64, True, warmup=0, repeats=1, iters=2, workers=1)
-    return Settings(torch.device("cuda"), 640, False, warmup=5, repeats=3, iters=10, workers=feeding.workers())
+    speed = speed_settings(TrainConfig(), torch.device("cuda"))   # the trainer's own defaults on CUDA
+    print(f"trainer defaults on CUDA: {speed.apply()}, {speed.workers} loader workers", flush=True)
+    return Settings(torch.device("cuda"), 640, False, warmup=5, repeats=3, iters=10, workers=speed.workers)
 
 
 def run_section(name: str, s: Settings, reference_python: str | None) -> tuple[list[Row], float]:
@@ -108,9 +124,36 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def default_json() -> Path:
+def default_out() -> Path:
     out = os.environ.get("OUT")
-    return Path(out) / "gpu-results.json" if out else Path(__file__).resolve().parent / "gpu-results.json"
+    return Path(out) if out else Path(__file__).resolve().parent
+
+
+def plan() -> str:
+    """The device commands of the pass, in order, as the device tool's ``run`` takes them."""
+    reference = (f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
+                 f"--target /tmp/ref {WHEELS}/*.whl && printf '#!/bin/sh\\nPYTHONPATH=/tmp/ref:$PYTHONPATH exec "
+                 f"python3 \"$@\"\\n' > /tmp/refpy && chmod +x /tmp/refpy; ")
+    lines = ["# here, once: python benchmarks/gpu_wheels.py   (the reference's wheels into .whl/, carried)",
+             "# then, with the device tool's run (carry [\".whl\"] for command 3), each within 10 minutes:"]
+    for n, names in COMMANDS.items():
+        prep = reference if "reference" in names else ""
+        ref = " --reference-python /tmp/refpy" if "reference" in names else ""
+        caps = sum(CAPS[name] for name in names)
+        lines.append(f"# command {n}: {', '.join(names)} (caps {caps} s)")
+        lines.append(f"{prep}export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1; "
+                     f"python3 benchmarks/gpu.py --command {n} --out $OUT{ref}")
+    return "\n".join(lines)
+
+
+def write_results(folder: Path, described: str, s: Settings, sections: dict, rows: list[Row], total: float) -> Path:
+    """``gpu-results.json`` and ``gpu-results.txt`` (the table) in ``folder``, with every section so far."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {**dict(line.split(": ", 1) for line in described.splitlines()), "settings": vars(s).copy(),
+           "total_s": total, "sections": sections}
+    (folder / "gpu-results.json").write_text(json.dumps(out, indent=1, default=str))
+    (folder / "gpu-results.txt").write_text(f"{described}\n\n{table(rows)}\n")
+    return folder / "gpu-results.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,39 +161,41 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="every section, in order (the default)")
     which.add_argument("--sections", nargs="+", choices=list(SECTIONS), help="these sections only")
+    which.add_argument("--command", type=int, choices=list(COMMANDS), help="the sections of one command of the plan")
+    which.add_argument("--plan", action="store_true", help="print the device commands of the pass and exit")
     parser.add_argument("--no-tests", action="store_true", help="skip the pytest -m gpu run")
-    parser.add_argument("--json", type=Path, default=None, help="where to write the results (see the docstring)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder of gpu-results.json and .txt, written after every section (default: $OUT)")
     parser.add_argument("--reference-python", default=None,
                         help="interpreter of an environment where ultralytics imports, for the reference section")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="every code path on the CPU at 64 px, batch 2, 2 steps, no compile (numbers meaningless)")
     args = parser.parse_args(argv)
+    if args.plan:
+        print(plan())
+        return 0
     if not args.cpu_smoke and not torch.cuda.is_available():
         print(f"benchmarks/gpu.py needs a CUDA GPU, and torch.cuda.is_available() is False here "
               f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
               f"--cpu-smoke runs its code paths on the CPU.", file=sys.stderr)
         return 2
-    names = args.sections or list(SECTIONS)
+    names = COMMANDS[args.command] if args.command else (args.sections or list(SECTIONS))
     names = [n for n in names if not (args.no_tests and n == "tests")]
     s = settings(args.cpu_smoke)
-    if s.cuda:
-        torch.backends.cudnn.benchmark = True  # as the trainer sets it
     described = header({"ultralytics": flops.reference_version() or "not importable"})
     print(described)
+    folder = args.out or default_out()
     start, rows, sections = time.perf_counter(), [], {}
     for name in names:
         got, elapsed = run_section(name, s, args.reference_python)
         rows += got
         sections[name] = {"elapsed_s": elapsed, "cap_s": CAPS[name], "rows": [r.as_dict() for r in got]}
+        path = write_results(folder, described, s, sections, rows, time.perf_counter() - start)
     total = time.perf_counter() - start
     print(f"\n== GPU pass: {len(rows)} rows in {total / 60:.1f} minutes "
           f"({sum(r.ok is True for r in rows)} pass, {sum(r.ok is False for r in rows)} FAIL) ==")
     print(table(rows))
-    path = args.json or default_json()
-    out = {**dict(line.split(": ", 1) for line in described.splitlines()), "settings": vars(s).copy(),
-           "total_s": total, "sections": sections}
-    path.write_text(json.dumps(out, indent=1, default=str))
-    print(f"results written to {path}")
+    print(f"results written to {path} and {path.with_suffix('.txt')}")
     return 1 if any(r.what == "error" for r in rows) else 0
 
 

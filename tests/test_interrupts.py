@@ -149,8 +149,8 @@ def test_a_second_ctrl_c_stops_at_once(shapes, tmp_path):
 
 def test_two_processes_stop_together_and_resume(shapes, tmp_path):
     run = tmp_path / "run"
-    code, text, took = interrupt(yolokit(*train_args(shapes, str(run), "--devices", "2")), checkpointed(run),
-                                 "INT", cwd=tmp_path)
+    code, text, took = interrupt(yolokit(*train_args(shapes, str(run), "--devices", "2", "--workers", "1")),
+                                 checkpointed(run), "INT", cwd=tmp_path)
     assert_stopped_cleanly(code, text, "INT", f"resume with `yolokit train --resume {run}`")
     assert_resumes(shapes, run, tmp_path)   # in one process: the checkpoint holds both ranks' states
 

@@ -129,7 +129,7 @@ def attempt(fn: Callable[[], Any]) -> tuple[Any, str]:
 @contextlib.contextmanager
 def tf32(enabled: bool | None) -> Iterator[None]:
     """TF32 in fp32 matmuls and convolutions on (True), off (False), or PyTorch's default (None: as it is)."""
-    saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     if enabled is not None:
         from yolokit.accel import configure
 
@@ -137,7 +137,7 @@ def tf32(enabled: bool | None) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def shapes_yaml(s: Settings) -> Path:

@@ -8,7 +8,6 @@ process per core but one), with the GPU's utilisation sampled through NVML
 
 from __future__ import annotations
 
-import os
 import time
 
 from harness.pipeline import epochs, yolokit_loader
@@ -17,11 +16,6 @@ from harness.timing import synchronize
 from gpu.common import Clock, Row, Settings, TrainStep, attempt, images_per_second, shapes_yaml
 
 BUSY = 90.0  # issue 16: the loader keeps the GPU >= 90% busy training yolov8s at 640
-
-
-def workers() -> int:
-    """Loader processes: every core but one (the training process's), at most 16."""
-    return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
 def utilisation(s: Settings, clock: Clock) -> list[Row]:

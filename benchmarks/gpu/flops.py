@@ -121,8 +121,8 @@ def reference_elsewhere(python: str, s: Settings, clock: Clock) -> list[Row]:
     """The reference section run by another interpreter (an environment where ultralytics imports)."""
     script = Path(__file__).resolve().parents[1] / "gpu.py"
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "reference.json"
-        cmd = [python, str(script), "--sections", "reference", "--json", str(out)] + (["--cpu-smoke"] * s.smoke)
+        out = Path(folder) / "gpu-results.json"
+        cmd = [python, str(script), "--sections", "reference", "--out", folder] + (["--cpu-smoke"] * s.smoke)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, clock.cap_s - clock.elapsed()))
         sys.stdout.write("".join(f"  | {line}\n" for line in done.stdout.splitlines()[3:]))
         if done.returncode != 0 or not out.exists():

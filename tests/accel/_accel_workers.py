@@ -213,6 +213,18 @@ def rank_one_raises_while_rank_zero_sleeps() -> None:
         time.sleep(0.1)
 
 
+def rank_one_fails_while_a_stop_comes(ready: str) -> None:
+    """Rank 1 fails and, while it handles the failure, the launcher's SIGINT arrives; rank 0 just waits."""
+    if int(os.environ["RANK"]) == 1:
+        try:
+            raise ValueError("boom while stopping")
+        finally:
+            open(ready, "w").close()
+            time.sleep(60)     # interrupted here: a KeyboardInterrupt on top of the ValueError
+    while True:
+        time.sleep(0.1)
+
+
 def sleep_forever() -> None:
     while True:
         time.sleep(0.5)

@@ -1,6 +1,8 @@
 """launch: in place for one process or under torchrun; spawned ranks get torchrun's env."""
 
 import os
+import signal
+import threading
 import time
 
 import _accel_workers as workers  # tests/accel is put on sys.path by conftest.py
@@ -44,6 +46,21 @@ def test_a_failed_rank_is_named_even_when_the_others_stop_cleanly(clean_env):
     with pytest.raises(LaunchError) as err:
         launch(workers.rank_one_raises_while_rank_zero_sleeps, 2, timeout=90)
     assert err.value.ranks == [1] and "ValueError: boom on rank 1" in str(err.value)
+
+
+def test_a_failure_is_named_even_when_a_stop_cut_its_handling_short(clean_env, tmp_path):
+    """Ctrl-C while a rank was failing: the failure is reported, not hidden behind the interrupt."""
+    ready = tmp_path / "ready"
+
+    def ctrl_c_when_ready():
+        while not ready.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)   # what a terminal's Ctrl-C does to the launcher
+
+    threading.Thread(target=ctrl_c_when_ready, daemon=True).start()
+    with pytest.raises(LaunchError) as err:
+        launch(workers.rank_one_fails_while_a_stop_comes, 2, str(ready), timeout=90)
+    assert 1 in err.value.ranks and "ValueError: boom while stopping" in str(err.value)
 
 
 def test_timeout_terminates_the_processes(clean_env):

@@ -15,8 +15,8 @@ from yolokit.accel.perf import configure, describe, is_channels_last, is_compile
 def restore_switches():
     saved = (
         torch.backends.cudnn.benchmark,
-        torch.backends.cuda.matmul.fp32_precision,
-        torch.backends.cudnn.conv.fp32_precision,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
         torch.backends.cudnn.deterministic,
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -25,8 +25,8 @@ def restore_switches():
     )
     yield
     torch.backends.cudnn.benchmark = saved[0]
-    torch.backends.cuda.matmul.fp32_precision = saved[1]
-    torch.backends.cudnn.conv.fp32_precision = saved[2]
+    torch.backends.cuda.matmul.allow_tf32 = saved[1]
+    torch.backends.cudnn.allow_tf32 = saved[2]
     torch.backends.cudnn.deterministic = saved[3]
     torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
     torch.utils.deterministic.fill_uninitialized_memory = saved[6]
@@ -44,6 +44,11 @@ def test_configure_sets_and_describes():
     assert configure(cudnn_benchmark=False, tf32=False) == (
         "cudnn.benchmark=off tf32(matmul)=off tf32(conv)=off deterministic=off")
     assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    for tf32 in (True, False):   # both of PyTorch's TF32 APIs stay readable (inductor's autotune reads both)
+        configure(tf32=tf32)
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        assert torch.backends.cuda.matmul.fp32_precision == ("tf32" if tf32 else "ieee")
     assert configure() == describe() == (  # None: untouched
         "cudnn.benchmark=off tf32(matmul)=off tf32(conv)=off deterministic=off")
     assert "\n" not in describe(nn.Linear(2, 2))

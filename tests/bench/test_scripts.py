@@ -47,8 +47,9 @@ def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
 
 @pytest.mark.slow
 def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
-    out = tmp_path / "gpu.json"
-    text = run_script("gpu.py", "--all", "--cpu-smoke", "--json", str(out))
+    out = tmp_path / "gpu-results.json"
+    text = run_script("gpu.py", "--all", "--cpu-smoke", "--out", str(tmp_path))
+    assert (tmp_path / "gpu-results.txt").read_text().count("\n") > 20   # the table, beside the JSON
     rows = gpu_rows(out)
     assert list(rows) == GPU_SECTIONS
     for name in GPU_SECTIONS:
@@ -126,15 +127,68 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_py_reference_in_another_interpreter_and_no_cuda(tmp_path):
-    out = tmp_path / "gpu.json"
+    out = tmp_path / "gpu-results.json"
     text = run_script("gpu.py", "--sections", "reference", "--cpu-smoke", "--reference-python", sys.executable,
-                      "--json", str(out))
+                      "--out", str(tmp_path))
     assert "  | " in text  # the other interpreter's lines
     assert list(gpu_rows(out)) == ["reference"]
     assert all(r["what"] != "error" for r in gpu_rows(out)["reference"].values())
     if not torch.cuda.is_available():
         done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu.py"), "--all"], capture_output=True, text=True)
         assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+def _gpu_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_pass", BENCHMARKS / "gpu.py")   # gpu/ is the package
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_pass_plan_fits_the_device():
+    """Commands of at most 8 minutes of sections each (a device command stops at 10), 2 or 3 of them,
+    every section in one, within 25 minutes in all; --plan prints them."""
+    gpu = _gpu_script()
+    assert 2 <= len(gpu.COMMANDS) <= 3 and sorted(n for c in gpu.COMMANDS.values() for n in c) == sorted(GPU_SECTIONS)
+    assert all(sum(gpu.CAPS[n] for n in names) <= gpu.COMMAND_CAP_S <= 480 for names in gpu.COMMANDS.values())
+    assert sum(gpu.CAPS.values()) + 90 * len(gpu.COMMANDS) <= 25 * 60   # a machine start and transfers per command
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu.py"), "--plan"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    commands = [line for line in done.stdout.splitlines() if "benchmarks/gpu.py --command" in line]
+    assert [re.search(r"--command (\d)", c).group(1) for c in commands] == [str(n) for n in gpu.COMMANDS]
+    assert all("--out $OUT" in c for c in commands) and "--reference-python /tmp/refpy" in commands[-1]
+
+
+def test_gpu_pass_writes_its_results_after_every_section(tmp_path, monkeypatch):
+    """A command stopped at its limit still returns what its finished sections measured."""
+    gpu = _gpu_script()
+    done = []
+
+    def section(name, s, reference_python):
+        if done:
+            raise KeyboardInterrupt("the device stopped the command")
+        done.append(name)
+        return [gpu.Row(name, "a row", 1.5, "x", (">=", 1.0))], 0.1
+
+    monkeypatch.setattr(gpu, "run_section", section)
+    with pytest.raises(KeyboardInterrupt):
+        gpu.main(["--sections", "precision", "mfu", "--cpu-smoke", "--out", str(tmp_path)])
+    rows = gpu_rows(tmp_path / "gpu-results.json")
+    assert rows == {"precision": {"a row": rows["precision"]["a row"]}} and rows["precision"]["a row"]["ok"]
+    assert "precision" in (tmp_path / "gpu-results.txt").read_text()
+
+
+def test_gpu_wheels_fetches_cp312_manylinux_wheels_of_the_reference_without_dependencies(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_wheels.py"), "--dry-run", "--dest", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    cmd = done.stdout.split()
+    assert cmd[cmd.index("--python-version") + 1] == "3.12" and cmd[cmd.index("-d") + 1] == str(tmp_path)
+    assert "--no-deps" in cmd and "--only-binary=:all:" in cmd and "manylinux2014_x86_64" in cmd
+    assert {c.split("==")[0] for c in cmd if "==" in c} == {"ultralytics", "ultralytics-thop", "ultralytics-platform"}
 
 
 SCRIPTS = {

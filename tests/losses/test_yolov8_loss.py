@@ -91,6 +91,18 @@ def test_empty_gt_gives_zero_box_and_dfl():
         assert m.grad[:, :64].abs().sum() == 0 and m.grad[:, 64:].abs().min() > 0
 
 
+@pytest.mark.parametrize("chunk_pairs", [None, 1])
+def test_a_batch_without_boxes_given_max_boxes_0(chunk_pairs):
+    """What the trainer passes for a batch of background images (it crashed with a division by zero)."""
+    gen = torch.Generator().manual_seed(0)
+    maps = _random_maps(gen)
+    loss = YOLOv8Loss(3, STRIDES)
+    loss.assigner.chunk_pairs = chunk_pairs
+    _, unbounded = loss(maps, torch.zeros(0, 6))
+    total, parts = loss(maps, torch.zeros(0, 6), max_boxes=0)
+    assert parts == unbounded and parts["box"].item() == 0.0 and parts["cls"].item() > 0
+
+
 def test_invariant_to_gt_order():
     gen = torch.Generator().manual_seed(1)
     maps = _random_maps(gen, b=3, size=96)

@@ -100,3 +100,43 @@ def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypat
     for eager, comp in zip(rows[False], rows[True], strict=True):
         for k in ("train/box", "train/cls", "train/dfl", "lr", "steps"):
             assert float(comp[k]) == pytest.approx(float(eager[k]), rel=1e-4), k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, precision", [("yolov8n", "bf16"), ("yolov3-tiny", "fp16")])
+def test_a_cuda_training_step_never_waits_for_the_device(name, precision):
+    """Forward, loss, backward and the optimizer step (unscale, clip, skip-on-inf) of a COCO-like
+    batch (8 images of 60 boxes) under ``torch.cuda.set_sync_debug_mode("error")``; a first step
+    builds the caches (grids, anchors, the assigner's chunk size) and cuDNN's plans."""
+    from yolokit.accel.amp import Precision
+    from yolokit.models import create_model
+    from yolokit.train.optim import build_optimizer
+    from yolokit.train.step import forward_backward
+    from yolokit.train.trainer import build_loss
+
+    device, g = torch.device("cuda"), 60
+    model = create_model(name, num_classes=80).to(device).train()
+    criterion = build_loss(model, TrainConfig(model=name))
+    amp = Precision(precision, device)
+    optimizer = build_optimizer(model, "sgd", 0.01, 0.9, 5e-4)
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(8, 3, 320, 320, generator=gen).to(device)
+    xy = torch.rand(8 * g, 2, generator=gen) * 280
+    boxes = torch.cat([xy, xy + 8 + torch.rand(8 * g, 2, generator=gen) * 32], 1)
+    targets = torch.cat([torch.arange(8).repeat_interleave(g)[:, None].float(),
+                         torch.randint(0, 80, (8 * g, 1), generator=gen).float(), boxes], 1).to(device)
+
+    def step():
+        forward_backward(model, criterion, amp, images, targets, max_boxes=g, weight=8.0, channels_last=False)
+        amp.step(optimizer, clip_grad_norm=10.0, blocking=False)
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

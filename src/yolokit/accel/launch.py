@@ -88,6 +88,10 @@ def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, po
     try:
         result = fn(*args)
     except KeyboardInterrupt as exc:     # a signal: the rank stopped where it could; no traceback
+        failure = exc.__context__        # unless it cut short the handling of a failure: that is what counts
+        if failure is not None and not isinstance(failure, KeyboardInterrupt):
+            results.put((local_rank, "error", "".join(traceback.format_exception(failure))))
+            raise failure from None
         stop = Interrupted.of(exc)
         results.put((local_rank, "interrupted", (stop.signum, stop.reported)))
         return
@@ -163,7 +167,7 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
                 raise TimeoutError(f"launched processes did not finish within {timeout} s")
     except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as e:
         drain()
-        if signals:                          # we were asked to stop; a rank that failed on its own is named
+        if signals and not errors:           # we were asked to stop; a rank that failed on its own is named
             _terminate(ctx.processes)
             raise _interrupted(signals, stopped) from None
         lost = e.error_index if first is None else first

@@ -9,8 +9,10 @@ reads the actual state back as one line for the log::
     print(describe(model))
     # cudnn.benchmark=on tf32(matmul)=on tf32(conv)=on deterministic=off channels_last=on compile=off
 
-TF32 uses the ``fp32_precision`` settings (``"tf32"`` / ``"ieee"``) only; PyTorch
-refuses to mix them with the older ``allow_tf32`` flags.
+TF32 is set through the ``allow_tf32`` flags: PyTorch then keeps its newer
+``fp32_precision`` settings in step, and both stay readable (setting ``fp32_precision``
+alone makes ``allow_tf32`` and ``get_float32_matmul_precision`` raise, and inductor's
+max-autotune reads them).
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ def _onoff(flag: bool | None) -> str:
 
 
 def _tf32_state() -> tuple[bool | None, bool | None]:
-    """(matmul, conv) TF32 flags; "none" inherits the parent setting or PyTorch's default."""
+    """(matmul, conv) TF32 flags, read through the ``allow_tf32`` flags; where someone set only the
+    newer ``fp32_precision`` settings (which makes the older flags unreadable), through those."""
+    try:
+        return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    except (AttributeError, RuntimeError):
+        pass
 
     def read(getter):
         try:
@@ -77,10 +84,9 @@ def configure(*, cudnn_benchmark: bool | None = None, tf32: bool | None = None,
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if cudnn_benchmark is not None:
         torch.backends.cudnn.benchmark = cudnn_benchmark
-    if tf32 is not None:
-        mode = "tf32" if tf32 else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
+    if tf32 is not None:   # through allow_tf32: PyTorch keeps fp32_precision in step, and both stay readable
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
     return describe()
 
 

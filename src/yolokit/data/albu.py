@@ -39,7 +39,11 @@ class Albumentations:
     def __init__(self, transforms: Any, *, bgr: bool = True, min_visibility: float = 0.0,
                  min_area: float = 0.0) -> None:
         os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # no network check
-        import albumentations as A
+        try:
+            import albumentations as A
+        except ImportError as exc:
+            raise ImportError("an albumentations pipeline needs albumentations (pip install albumentations); "
+                              "yolokit's own augmentation does not") from exc
 
         p = 1.0
         if isinstance(transforms, A.Compose):

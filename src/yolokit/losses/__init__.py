@@ -5,15 +5,8 @@ rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels, and returns
 ``(total, parts)`` with ``parts`` a dict of detached named components.
 """
 
-from yolokit.losses.assigners import (
-    AnchorMatch,
-    AnchorMatcher,
-    PointTargets,
-    RowAssignment,
-    TaskAlignedAssigner,
-    TaskAlignment,
-    wh_iou,
-)
+from yolokit.losses.anchor_matcher import AnchorMatch, AnchorMatcher, wh_iou
+from yolokit.losses.assigners import PointTargets, RowAssignment, TaskAlignedAssigner, TaskAlignment
 from yolokit.losses.base import DetectionLoss, PaddedTargets, pad_targets
 from yolokit.losses.yolov3 import YOLOv3Loss
 from yolokit.losses.yolov8 import YOLOv8Loss, distribution_focal_loss

@@ -7,7 +7,6 @@ Boxes are ``xyxy`` in input pixels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -75,6 +74,23 @@ class RowAssignment(NamedTuple):
     point_weights: Tensor
 
 
+BYTES_PER_PAIR = 100   # what one (GT, point) pair of a chunk holds, about (t, u, CIoU terms, masks)
+
+
+def chunk_pairs_for(device: torch.device, free_bytes: int | None = None) -> int:
+    """(GT, point) pairs the task-aligned assigner evaluates at once on ``device``.
+
+    CPU: 2^18. CUDA: a sixteenth of the free memory (``free_bytes``, read from the device when
+    None) at ``BYTES_PER_PAIR``, between 2^18 and 2^25 pairs (3.4 GB): on a GPU each chunk is
+    some 180 kernel launches, so few large chunks keep the assigner from being launch-bound.
+    """
+    if device.type != "cuda":
+        return 2**18
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    return int(min(max(free_bytes // 16 // BYTES_PER_PAIR, 2**18), 2**25))
+
+
 class TaskAlignedAssigner(nn.Module):
     """YOLOv8's task-aligned assigner (TOOD, Feng et al. 2021), without host reads.
 
@@ -100,17 +116,29 @@ class TaskAlignedAssigner(nn.Module):
         alpha: exponent of the classification score in the alignment metric.
         beta: exponent of the IoU in the alignment metric.
         eps: strictness of "inside" (pixels) and guard of the normalizing division.
-        chunk_pairs: (GT, point) pairs evaluated at once (at least one GT's row of P);
-            2^18 (about 26 MB) is fastest on a 2-core CPU, and results do not depend on it.
+        chunk_pairs: (GT, point) pairs evaluated at once (at least one GT's row of P); results
+            do not depend on it. None: sized for the device (:func:`chunk_pairs_for`): 2^18
+            (about 26 MB, fastest on a 2-core CPU) on the CPU; on CUDA a sixteenth of the free
+            memory, up to 2^25 pairs, so that a 64-image batch of 100 boxes at 640 px (54M
+            pairs) is 2 chunks of some 180 operations each, not 200.
     """
 
     def __init__(self, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, eps: float = 1e-9,
-                 chunk_pairs: int = 2**18):
+                 chunk_pairs: int | None = None):
         super().__init__()
         self.topk, self.alpha, self.beta, self.eps, self.chunk_pairs = topk, alpha, beta, eps, chunk_pairs
+        self._sized: dict[torch.device, int] = {}   # chunk_pairs=None: the size found per device, once
 
     def extra_repr(self) -> str:
         return f"topk={self.topk}, alpha={self.alpha}, beta={self.beta}, chunk_pairs={self.chunk_pairs}"
+
+    def pairs_per_chunk(self, device: torch.device) -> int:
+        """``chunk_pairs``, or the device's size (read once per device: CUDA's free memory)."""
+        if self.chunk_pairs is not None:
+            return self.chunk_pairs
+        if device not in self._sized:
+            self._sized[device] = chunk_pairs_for(device)
+        return self._sized[device]
 
     @torch.no_grad()
     def forward(
@@ -275,7 +303,9 @@ class TaskAlignedAssigner(nn.Module):
         terms Tensor[b_c, 6, 1, P] of those images: slices of ``pred_terms`` Tensor[B, 6, P]
         for padded rows, a copy per row (b_c = r, g_c = 1) otherwise."""
         n, p = image.shape[0], pred_terms.shape[-1]
-        rows_per_chunk = max(1, self.chunk_pairs // max(p, 1))
+        if n == 0:                       # no GT in the batch (max_boxes=0): nothing to rank
+            return
+        rows_per_chunk = max(1, self.pairs_per_chunk(pred_terms.device) // max(p, 1))
         if per_image is None:
             for start in range(0, n, rows_per_chunk):
                 rows = slice(start, min(start + rows_per_chunk, n))
@@ -291,91 +321,3 @@ class TaskAlignedAssigner(nn.Module):
                 for g0 in range(0, g, rows_per_chunk):
                     g1 = min(g0 + rows_per_chunk, g)
                     yield slice(b * g + g0, b * g + g1), pred_terms[b:b + 1, :, None], (1, g1 - g0)
-
-
-class AnchorMatch(NamedTuple):
-    """Where each GT box trains, flat over the batch (one row per real GT).
-
-    Attributes:
-        image: Tensor[N] int64 image index.
-        level: Tensor[N] int64 pyramid level of the chosen anchor.
-        anchor: Tensor[N] int64 anchor index within its level.
-        cell_x: Tensor[N] int64 column of the cell holding the box centre at that level.
-        cell_y: Tensor[N] int64 row of that cell.
-        flat_anchor: Tensor[N] int64 index into the flattened list of all anchors.
-    """
-
-    image: Tensor
-    level: Tensor
-    anchor: Tensor
-    cell_x: Tensor
-    cell_y: Tensor
-    flat_anchor: Tensor
-
-
-def wh_iou(wh1: Tensor, wh2: Tensor) -> Tensor:
-    """IoU of boxes sharing one centre, from their sizes.
-
-    Args:
-        wh1: Tensor[N, 2] (w, h).
-        wh2: Tensor[M, 2] (w, h).
-
-    Returns:
-        Tensor[N, M].
-    """
-    wh1, wh2 = wh1.float()[:, None], wh2.float()[None]
-    inter = torch.minimum(wh1, wh2).clamp(min=0).prod(-1)
-    return inter / (wh1.clamp(min=0).prod(-1) + wh2.prod(-1) - inter + 1e-9)
-
-
-class AnchorMatcher(nn.Module):
-    """YOLOv3's (Darknet's) matcher: each GT goes to the one anchor, over all levels,
-    whose size best overlaps its own (IoU of centred boxes), at the cell holding its centre.
-
-    Anchors are taken as the flattened list of every level's anchors; when one size
-    appears at two levels (yolov3-tiny repeats (81, 82)) the first occurrence, the finer
-    level, wins. Centres outside the image are clamped to the border cells.
-
-    Args:
-        anchors: per level, the (w, h) of its anchors in input pixels.
-        strides: stride of each level in input pixels.
-    """
-
-    def __init__(self, anchors: Sequence[Sequence[tuple[float, float]]], strides: Sequence[int]):
-        super().__init__()
-        if len(anchors) != len(strides):
-            raise ValueError(f"{len(anchors)} anchor groups for {len(strides)} levels")
-        self.strides = tuple(int(s) for s in strides)
-        self.num_anchors = tuple(len(a) for a in anchors)
-        self.anchors = tuple(tuple((float(w), float(h)) for w, h in level) for level in anchors)
-
-    def extra_repr(self) -> str:
-        return f"anchors={self.anchors}, strides={self.strides}"
-
-    @torch.no_grad()
-    def forward(self, targets: Tensor, shapes: Sequence[tuple[int, int]]) -> AnchorMatch:
-        """Matches every target row to an anchor and a cell.
-
-        Args:
-            targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in pixels.
-            shapes: (height, width) of each level's map.
-
-        Returns:
-            ``AnchorMatch`` with one row per target row, in the same order.
-        """
-        device = targets.device
-        flat = [(lvl, j, wh) for lvl, level in enumerate(self.anchors) for j, wh in enumerate(level)]
-        anchor_wh = torch.tensor([wh for _, _, wh in flat], device=device)  # [sum A, 2]
-        anchor_level = torch.tensor([lvl for lvl, _, _ in flat], device=device)
-        anchor_index = torch.tensor([j for _, j, _ in flat], device=device)
-
-        boxes = targets[:, 2:6].float()
-        centre = (boxes[:, :2] + boxes[:, 2:]) / 2
-        best = wh_iou(boxes[:, 2:] - boxes[:, :2], anchor_wh).argmax(dim=1)  # first maximum wins
-        level = anchor_level[best]
-        stride = torch.tensor(self.strides, dtype=torch.float32, device=device)[level]
-        size = torch.tensor(list(shapes), dtype=torch.float32, device=device)[level]  # (h, w)
-        cell = (centre / stride[:, None]).floor()
-        cell_x = torch.minimum(cell[:, 0].clamp(min=0), size[:, 1] - 1).long()
-        cell_y = torch.minimum(cell[:, 1].clamp(min=0), size[:, 0] - 1).long()
-        return AnchorMatch(targets[:, 0].long(), level, anchor_index[best], cell_x, cell_y, best)

@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from yolokit.losses.assigners import AnchorMatcher
+from yolokit.losses.anchor_matcher import AnchorMatcher
 from yolokit.losses.base import DetectionLoss, pad_targets
 from yolokit.ops.anchors import anchor_to_box, grid_points
 from yolokit.ops.boxes import ciou
+from yolokit.ops.cache import ConstantCache
 
 BOX_LOSSES = ("ciou", "mse")
 
@@ -81,6 +82,7 @@ class YOLOv3Loss(DetectionLoss):
         self.matcher = AnchorMatcher(anchors, strides)
         self.anchors, self.strides = self.matcher.anchors, self.matcher.strides
         self.gains = {"box": box_gain, "obj": obj_gain, "cls": cls_gain}
+        self._constants = ConstantCache()   # grid cells and anchor sizes per level, map size and device
 
     def extra_repr(self) -> str:
         gains = ", ".join(f"{k}_gain={v}" for k, v in self.gains.items())
@@ -104,8 +106,9 @@ class YOLOv3Loss(DetectionLoss):
             (h, w), a = shapes[level], len(anchors)
             # split, not slices: backward then builds the map's gradient with a single cat
             t, o, logits = m.reshape(b, a, 5 + c, h * w).split((4, 1, c), dim=2)  # [B, A, 4|1|C, HW]
-            cells, _ = grid_points([(h, w)], [1], offset=0.0, device=device)  # [HW, 2] (column, row)
-            anchor_wh = torch.tensor(anchors, dtype=torch.float32, device=device)  # [A, 2]
+            cells, anchor_wh = self._constants.get((h, w, level, device), lambda h=h, w=w, anchors=anchors: (
+                grid_points([(h, w)], [1], offset=0.0, device=device)[0],           # [HW, 2] (column, row)
+                torch.tensor(anchors, dtype=torch.float32, device=device)))         # [A, 2]: one copy, then cached
             # every GT row, weighted 1 where it trains at this level and 0 elsewhere (no count is read back)
             here = match.level == level
             img = match.image

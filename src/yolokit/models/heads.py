@@ -13,37 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from yolokit.models.layers import V8_STYLE, Conv
 from yolokit.ops.anchors import anchor_to_box, dfl_expectation, dist_to_box, grid_points
-
-
-class _GridCache:
-    """Grids that ``decode`` rebuilds only when the map sizes, dtype or device change.
-
-    Kept as plain attributes (not buffers, not in the state dict) and made outside
-    inference mode, so a grid first built under ``torch.inference_mode()`` still works in
-    an autograd pass later. Tracing and compiling (ONNX export, torch.compile) bypass it.
-    """
-
-    def __init__(self, size: int = 8):
-        self.size, self.store = size, {}
-
-    def get(self, key: tuple, make: Any) -> Any:
-        if torch.compiler.is_compiling() or torch.jit.is_tracing():  # export/compile: grids stay in the graph
-            return make()
-        found = self.store.get(key)
-        if found is None:
-            with torch.inference_mode(False), torch.no_grad():
-                found = make()
-            if len(self.store) >= self.size:
-                self.store.clear()
-            self.store[key] = found
-        return found
+from yolokit.ops.cache import ConstantCache
 
 
 class DFL(nn.Module):
@@ -93,7 +69,7 @@ class DFLHead(nn.Module):
             for c in in_channels
         )
         self.dfl = DFL(reg_max)
-        self._grids = _GridCache()
+        self._grids = ConstantCache()
         self.reset_bias()
 
     @torch.no_grad()
@@ -143,7 +119,7 @@ class AnchorHead(nn.Module):
         self.preds = nn.ModuleList(
             nn.Conv2d(c, len(a) * (5 + num_classes), 1) for c, a in zip(in_channels, self.anchors, strict=True)
         )
-        self._grids = _GridCache()
+        self._grids = ConstantCache()
         self.reset_bias()
 
     @torch.no_grad()

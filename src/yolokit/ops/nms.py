@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchvision.ops import batched_nms
 
 
 @dataclass(frozen=True)
@@ -117,6 +116,8 @@ def _best_kept(boxes: Tensor, scores: Tensor, groups: Tensor, iou: float, max_de
     gives the same result as one NMS over every candidate, at a fraction of its
     quadratic cost when the candidates are many (low ``conf``).
     """
+    from torchvision.ops import batched_nms  # here, not at import: torchvision's import costs 1-2 s
+
     n = scores.numel()
     m = min(n, 2 * max_det)
     if m == n:

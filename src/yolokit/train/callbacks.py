@@ -31,7 +31,7 @@ class Callback:
     def on_setup_end(self, summary: dict[str, Any]) -> None:
         """What setup built: ``model``, ``data``, ``classes``, ``world``, ``device``, ``batch``,
         ``per_process``, ``accumulate``, ``step_batch``, ``optimizer``, ``lr0``, ``precision``,
-        ``layout``, ``sync_bn``, ``config`` (YAML text) and ``notes`` (lines from the batch
+        ``layout``, ``sync_bn``, ``workers``, ``config`` (YAML text) and ``notes`` (lines from the batch
         finder, pretrained weights and resume)."""
 
     def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None: ...
@@ -79,7 +79,8 @@ class ProgressBar(Callback):
         self._write(f"yolokit train: {s['model']} on {s['data']} ({s['classes']} classes), {s['world']} x "
                     f"{s['device']}, batch {s['batch']} ({s['per_process']} per process) x {s['accumulate']} "
                     f"accumulation = {s['step_batch']} per step, {s['optimizer']} lr {s['lr0']:g}, "
-                    f"{s['precision']}, {s['layout']}{', SyncBatchNorm' if s['sync_bn'] else ''}\n"
+                    f"{s['precision']}, {s['layout']}{', SyncBatchNorm' if s['sync_bn'] else ''}, "
+                    f"{s['workers']} loader workers per process\n"
                     f"config:\n{s['config']}")
         for note in s["notes"]:
             self._write(note)

@@ -63,11 +63,12 @@ class TrainConfig:
     device: str = "auto"
     devices: int = 1
     sync_bn: bool = False  # SyncBatchNorm over the processes (several CUDA processes only)
-    workers: int = 2
+    workers: int | None = None  # loader processes; None: CPU cores per process - 1 on CUDA, 2 on the CPU
+    tf32: bool | None = None    # TF32 in float32 matmuls and convolutions; None: on with CUDA
     cache: bool = False
     # reproducibility, output, control
     seed: int = 0
-    deterministic: bool = True
+    deterministic: bool | None = None  # deterministic kernels; None: on the CPU (exact resume), off on CUDA
     out: str = "runs/train"
     resume: str | None = None   # a run folder or its last.pt; "auto": the run is `out` itself, resumed
     #                             when out/weights/last.pt exists (what restarted torchrun groups need)
@@ -101,7 +102,7 @@ class TrainConfig:
             (self.checkpointing in (None, "backbone", "neck", "all"),
              f"checkpointing must be backbone/neck/all, got {self.checkpointing}"),
             (self.devices >= 1, f"devices must be >= 1, got {self.devices}"),
-            (self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
+            (self.workers is None or self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
             (self.mosaic_buffer >= 0, f"mosaic_buffer must be >= 0, got {self.mosaic_buffer}"),
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
             (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),

@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
 from torch import nn
 from tqdm import tqdm
 
@@ -201,6 +199,7 @@ def _coco_precision(predictions: Sequence[Detections], targets: Sequence, shapes
     if not sum(len(b) for b in gt_boxes) or not sum(counts):
         return None
     if backend == "pycocotools":
+        COCO, COCOeval = _pycocotools()
         gt_dict, results = coco_structures(predictions, targets, shapes, num_classes)
         with contextlib.redirect_stdout(io.StringIO()):
             gt = COCO()
@@ -218,6 +217,17 @@ def _coco_precision(predictions: Sequence[Detections], targets: Sequence, shapes
         _joined([d.labels.reshape(-1) for d in predictions]),
         np.repeat(np.arange(len(predictions)), counts), num_classes)
     return box_eval.precision[..., None], box_eval.stats
+
+
+def _pycocotools() -> tuple[type, type]:
+    """pycocotools' ``COCO`` and ``COCOeval``, imported where the pycocotools backend needs them."""
+    try:
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+    except ImportError as exc:
+        raise ImportError("backend='pycocotools' needs pycocotools (pip install pycocotools); the default "
+                          "backend='yolokit' computes the same numbers without it") from exc
+    return COCO, COCOeval
 
 
 def _joined(tensors: list[torch.Tensor]) -> np.ndarray:

@@ -52,7 +52,7 @@ from yolokit.train.ema import ModelEMA
 from yolokit.train.evaluate import EvalResult, validate
 from yolokit.train.meter import LossMeter
 from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
-from yolokit.train.plan import start_processes
+from yolokit.train.plan import speed_settings, start_processes
 from yolokit.train.step import forward_backward
 from yolokit.train.weights import DEFAULT_MODEL, export_final, read_pretrained, transfer_weights
 
@@ -158,7 +158,8 @@ class Trainer:
         cfg, resume, run_dir = resolve_run(self.config)
         run_dir = distributed.broadcast_object(run_dir)
         seed_everything(cfg.seed + distributed.rank())
-        perf.configure(deterministic=cfg.deterministic)   # deterministic kernels, no NaN fills
+        speed = speed_settings(cfg, device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        speed.apply()                            # CUDA: benchmark, TF32, fast kernels; CPU: deterministic
         callbacks, notes = self._callbacks(run_dir, main), []   # notes: lines for on_setup_end
 
         # data: the main process builds (and caches) it first, then the others read it
@@ -178,8 +179,6 @@ class Trainer:
             enable_activation_checkpointing(model.checkpoint_units(cfg.checkpointing))
         channels_last = cfg.uses_channels_last(device.type)
         perf.prepare_model(model, channels_last=channels_last or None)
-        if device.type == "cuda" and not cfg.deterministic:
-            perf.configure(cudnn_benchmark=True)
         precision = Precision(cfg.precision, device)
 
         ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
@@ -196,10 +195,11 @@ class Trainer:
             nn.SyncBatchNorm.convert_sync_batchnorm(model)
         accumulator = Accumulator(train_net, nominal_batch=cfg.nbs, batch_size=per_rank, reduction="sum",
                                   min_micro_batch=per_rank if sync_bn else 1)
-        loader = build_dataloader(train_set, per_rank, workers=cfg.workers, shuffle=True, seed=cfg.seed,
-                                  uint8_images=True, accumulate=accumulator.steps, whole_steps=sync_bn)
-        val_loader = build_dataloader(val_set, per_rank * 2, workers=cfg.workers, shuffle=False, seed=cfg.seed,
-                                      uint8_images=True)
+        loader = build_dataloader(train_set, per_rank, workers=speed.workers, shuffle=True, seed=cfg.seed,
+                                  pin_memory=speed.pin_memory, uint8_images=True, accumulate=accumulator.steps,
+                                  whole_steps=sync_bn)
+        val_loader = build_dataloader(val_set, per_rank * 2, workers=speed.workers, shuffle=False, seed=cfg.seed,
+                                      pin_memory=speed.pin_memory, uint8_images=True)
 
         opt_name, lr0, momentum = resolve_optimizer(
             cfg.optimizer, cfg.lr0, cfg.momentum, num_classes=len(names),
@@ -221,6 +221,7 @@ class Trainer:
             model=cfg.model, data=cfg.data, classes=len(names), world=world, device=str(device), batch=batch,
             per_process=per_rank, accumulate=accumulator.steps, step_batch=accumulator.effective_batch,
             optimizer=opt_name, lr0=lr0, precision=precision.precision, layout=perf.describe(model),
+            workers=speed.workers,
             sync_bn=sync_bn, config=cfg.to_yaml(), notes=notes))
         _call(callbacks, "on_train_start", run_dir, cfg.to_dict())
         return run
