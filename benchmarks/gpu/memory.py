@@ -89,13 +89,14 @@ def batch_finder(s: Settings, clock: Clock) -> list[Row]:
         if largest is None:
             largest = _true_largest(probe, limit, picked, max_size)
         ratio = picked / largest
-        print(f"  {name} ({boxes} boxes per image): fraction {fraction:g} picks {picked} in {len(trials)} trials; "
-              f"true largest {largest}: {ratio:.0%}", flush=True)
+        sizes = len(set(trials))   # a trial is a size tried; each probe size runs twice (the second is measured)
+        print(f"  {name} ({boxes} boxes per image): fraction {fraction:g} picks {picked} in {sizes} trials "
+              f"({len(trials)} steps); true largest {largest}: {ratio:.0%}", flush=True)
         note = f"picked {picked} of {largest} ({boxes} boxes/image)"
         data = {"picked": picked, "true_largest": largest, "trials": trials, "boxes_per_image": boxes}
         rows += [Row("batch", what, ratio, target=(">=", FOUND), note=note, data=data),
-                 Row("batch", f"{name} finder at fraction {fraction:g}: trials", float(len(trials)),
-                     target=("<=", TRIALS), note=" ".join(map(str, trials)))]
+                 Row("batch", f"{name} finder at fraction {fraction:g}: trials (sizes tried)", float(sizes),
+                     target=("<=", TRIALS), note="steps: " + " ".join(map(str, trials)))]
     del parts, probe
     free()
     if clock.over() or largest is None:

@@ -20,6 +20,7 @@ import torch
 
 import yolokit
 from yolokit.accel import distributed
+from yolokit.accel.devices import resolve_device
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.data.shapes import draw_shapes_image
@@ -33,28 +34,6 @@ from yolokit.train.plots import validation_plots
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
 # these values, so the default run finishes in minutes on a laptop CPU.
 SHAPES_PRESET = {"epochs": 25, "imgsz": 256, "batch": 16, "nbs": 16, "warmup_epochs": 1.0, "close_mosaic": 5}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
-
-    Raises:
-        ValueError: CUDA asked for but not available, or no such device index.
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from exc
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r} asked for, but there are {torch.cuda.device_count()} CUDA devices")
-    return device
 
 
 def _model_from(args: argparse.Namespace) -> Detector:

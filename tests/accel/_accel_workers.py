@@ -43,6 +43,7 @@ def ddp_suite() -> dict:
     out["uneven"] = accumulation_over_uneven_shards()
     out["oom_replay"] = oom_replay_on_one_rank()
     out["gather"] = gather_and_broadcast()
+    out["agree"] = ranks_agree_on_stops_and_ooms()
     distributed.teardown()
     out["torch_threads"] = torch.get_num_threads()
     return out
@@ -179,6 +180,45 @@ def oom_replay_on_one_rank() -> dict:
     out = {"splits": acc.splits, "seen": seen, "stepped": stepped, "grad_diff": _max_diff(grads, ref_grads[0])}
     acc.step(opt)
     out["weight_diff"] = _max_diff(list(model.parameters()), ref_params)
+    return out
+
+
+def ranks_agree_on_stops_and_ooms() -> dict:
+    """Decisions one rank's trouble forces on all: the per-step vote, the bucket all-reduce
+    after one rank could not allocate its buffers, and the resync after a retried step."""
+    from yolokit.accel import reduce
+    from yolokit.accel.stop import GracefulStop
+
+    r, out = distributed.rank(), {}
+    with GracefulStop() as stop:   # rank 1 proposes 7 at boundary 1; all decide it at boundary 2
+        out["votes"] = [(stop.requested(7 if r == 1 and k == 1 else r, 0), stop.agreed) for k in range(4)]
+
+    model = _model()
+    for i, p in enumerate(model.parameters()):
+        p.grad = torch.full_like(p, float(r + 1) * (i + 1))
+    real_cat = torch.cat
+
+    def cat_out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("injected: no room for the flat bucket")
+
+    torch.cat = cat_out_of_memory if r == 1 else real_cat
+    try:
+        reduce.all_reduce_gradients(list(model.parameters()))
+    finally:
+        torch.cat = real_cat
+    out["sums"] = [float(p.grad.flatten()[0]) for p in model.parameters()]   # (1 + 2) * (i + 1) on both
+
+    torch.manual_seed(r)                      # different weights and momentum on each rank
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    acc = Accumulator(model, nominal_batch=2, batch_size=1, world_size=2)
+    acc.resync(opt)
+    flat = torch.cat([t.flatten() for t in [*model.parameters(), *(opt.state[p]["momentum_buffer"]
+                                                                  for p in model.parameters())]])
+    out["resynced"] = distributed.all_gather_object(flat.tolist())
+    out["foreach"] = opt.param_groups[0]["foreach"]
     return out
 
 

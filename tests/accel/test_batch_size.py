@@ -94,6 +94,15 @@ def test_what_counts_as_out_of_memory():
     assert is_oom_error(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
     assert not is_oom_error(RuntimeError("CUDNN_STATUS_BAD_PARAM"))
     assert not is_oom_error(ValueError("CUBLAS_STATUS_ALLOC_FAILED"))
+    # the CUDA runtime (a kernel launch, a library's cudaMalloc) and NCCL (DistBackendError is a RuntimeError)
+    assert is_oom_error(RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"))
+    assert is_oom_error(RuntimeError("cudaErrorMemoryAllocation"))
+    nccl = ("NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+            "NCCL version 2.28.9\nncclUnhandledCudaError: Call to CUDA function failed.\n"
+            "Last error:\nCuda failure 2 'out of memory'")
+    assert is_oom_error(torch.distributed.DistBackendError(nccl))
+    assert not is_oom_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not is_oom_error(RuntimeError("DataLoader worker (pid 7) ran out of memory"))   # host memory: not ours
 
 
 def test_finder_treats_cudnn_allocation_failures_as_oom():

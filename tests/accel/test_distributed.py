@@ -123,6 +123,18 @@ def test_all_gather_and_broadcast_module(gloo_suite):
         assert res["gather"]["diff"] == 0.0   # every rank now holds rank 0's weights
 
 
+def test_ranks_decide_together_what_one_rank_ran_into(gloo_suite):
+    rank0, rank1 = (res["agree"] for res in gloo_suite)
+    # the vote: max over ranks of what each proposed, decided one boundary later, the same on both
+    expected = [(False, (0, 0)), (False, (1, 0)), (False, (7, 0)), (False, (1, 0))]
+    assert rank0["votes"] == rank1["votes"] == expected
+    # rank 1 could not allocate its flat bucket: both summed in place, and the sums are right
+    assert rank0["sums"] == rank1["sums"] == [3.0 * (i + 1) for i in range(len(rank0["sums"]))]
+    # after a step some rank retried: rank 0's parameters and momentum everywhere, multi-tensor kernels off
+    assert rank0["resynced"] == rank1["resynced"] and rank0["resynced"][0] == rank1["resynced"][1]
+    assert rank0["foreach"] is False and rank1["foreach"] is False
+
+
 def test_a_rank_that_raises_does_not_hang_the_others(clean_env):
     start = time.monotonic()
     with pytest.raises(LaunchError) as err:

@@ -63,6 +63,57 @@ def test_the_probe_runs_the_worst_case_and_leaves_nothing_behind():
         assert torch.equal(v, before[k]), k
 
 
+def test_the_probe_holds_what_the_run_adds_around_a_step(monkeypatch):
+    """Several processes: the all-reduce's flat gradient buffers and SyncBatchNorm's gathered
+    statistics are held during the step; validation's forward runs at twice the batch, in eval
+    mode without gradients, and the model comes back in train mode."""
+    seen = []
+    model, loss = _parts(seen)
+    model.train()
+    forwards = []
+    model.register_forward_hook(lambda m, args, out: forwards.append(
+        (args[0].shape[0], m.training, torch.is_grad_enabled(), all(p.grad is None for p in m.parameters()))))
+    allocated = []
+    for name in ("empty", "zeros"):
+        real = getattr(torch, name)
+
+        def spy(*shape, _real=real, **kwargs):
+            out = _real(*shape, **kwargs)
+            allocated.append(out.numel())
+            return out
+
+        monkeypatch.setattr(torch, name, spy)
+    probe = training_probe(model, model, loss, Precision("fp32", "cpu"), torch.device("cpu"), imgsz=64,
+                           max_boxes=5, state_tensors=1, channels_last=False, world=4, sync_bn=True)
+    probe(3)
+    monkeypatch.undo()
+    grads = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    bn = sum(m.num_features for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert grads in allocated and 2 * (4 + 2) * bn in allocated
+    assert forwards == [(3, True, True, False), (6, False, False, True)]   # the step, then validation at 2b
+    assert seen == [(3, (15, 6), 5, True)] and model.training
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_each_size_is_measured_on_its_second_run(monkeypatch):
+    """The first run at a size pays for algorithm search and first-call allocations: not measured."""
+    from yolokit.accel import batch_size
+
+    peaks, runs = {"now": 0}, []
+
+    def step(b):
+        runs.append(b)
+        peaks["now"] = max(peaks["now"], (500 if len(runs) == 1 else 100) * b)   # the first run allocates more
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: peaks.update(now=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: peaks["now"])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    assert batch_size.measure_peak_memory(step, 4, device="cuda:0") == 400 and runs == [4, 4]
+    runs.clear()
+    # without the warm-up run, the cold run's peak (5x here) would be what the fit reads
+    assert batch_size.measure_peak_memory(step, 2, device="cuda:0", warmup=0) == 1000 and runs == [2]
+
+
 def _fake_memory(probe, boxes, limit):
     """Peak bytes of a step: 100 MiB fixed, 10 MiB per image, 0.05 MiB per box; OOM above ``limit``."""
     cost = lambda b: (100 + b * (10 + 0.05 * boxes)) * MiB  # noqa: E731

@@ -52,3 +52,57 @@ def test_apply_sets_the_switches_and_keeps_both_tf32_apis_readable():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[1:3]
         torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
         torch.backends.cudnn.deterministic, torch.utils.deterministic.fill_uninitialized_memory = saved[5:]
+
+
+# --- the runtime plan ------------------------------------------------------------------------
+
+def _procs(rank=0, world=1):
+    from yolokit.train.plan import Processes
+    return Processes(torch.device("cpu"), rank=rank, local_rank=rank, world=world, local_world=world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("batch_per_rank", [1, 3, 8])
+@pytest.mark.parametrize("size", [1, 37, 100])
+@pytest.mark.parametrize("whole_steps", [False, True])
+def test_the_plan_is_what_the_sampler_and_accumulator_do(world, batch_per_rank, size, whole_steps):
+    from torch import nn
+
+    from yolokit.accel.accumulation import Accumulator
+    from yolokit.data.loader import ShardedBatchSampler
+    from yolokit.train.plan import runtime_plan
+
+    for rank in range(world):
+        plan = runtime_plan(_procs(rank, world), batch=batch_per_rank * world, nominal_batch=64, train_size=size,
+                            whole_steps=whole_steps)
+        sampler = ShardedBatchSampler(size, plan.per_rank, rank=rank, world_size=world, accumulate=plan.accumulate,
+                                      whole_steps=whole_steps)
+        acc = Accumulator(nn.Linear(1, 1), nominal_batch=64, batch_size=plan.per_rank, world_size=world)
+        assert (plan.rank, plan.world, plan.per_rank) == (rank, world, batch_per_rank)
+        assert plan.accumulate == acc.steps and plan.images_per_step == acc.effective_batch
+        assert plan.steps_per_epoch == sampler.steps_per_epoch
+        # every rank's share of the epoch fits the plan's steps, and the Accumulator takes them all
+        acc.start_epoch(len(sampler), epoch_steps=plan.steps_per_epoch)
+        assert acc.epoch_steps == plan.steps_per_epoch >= -(-len(sampler) // plan.accumulate)
+
+
+def test_the_plan_checks_its_batch_and_keeps_plain_values():
+    from yolokit.train.plan import runtime_plan
+
+    with pytest.raises(ValueError, match="batch 6 must be a multiple of the 4 processes"):
+        runtime_plan(_procs(0, 4), batch=6, nominal_batch=64, train_size=10)
+    plan = runtime_plan(_procs(1, 2), batch=16, nominal_batch=64, train_size=100)
+    assert plan.as_dict() == {"device": "cpu", "rank": 1, "local_rank": 1, "world": 2, "local_world": 2,
+                              "batch": 16, "per_rank": 8, "accumulate": 4, "images_per_step": 64,
+                              "steps_per_epoch": 2}
+    assert not plan.main and _procs(0, 2).main
+
+
+def test_start_processes_in_one_process(clean_env):
+    from yolokit.train.plan import start_processes
+
+    procs = start_processes(TrainConfig(device="cpu"))
+    assert (procs.device, procs.rank, procs.local_rank, procs.world, procs.local_world) == (
+        torch.device("cpu"), 0, 0, 1, 1)
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        start_processes(TrainConfig(device="gpu"))

@@ -91,6 +91,10 @@ def test_resume_can_extend_the_run(shapes, tmp_path):
     train(TrainConfig(resume=str(tmp_path / "run"), epochs=2))
     state = load_checkpoint(tmp_path / "run" / "weights" / "last.pt")
     assert state["epoch"] == 2 and state["train_config"]["epochs"] == 2
+    plan = state["plan"]          # the runtime plan the run trained with, as plain values
+    assert (plan["device"], plan["world"], plan["batch"], plan["per_rank"]) == ("cpu", 1, state["batch"],
+                                                                                state["batch"])
+    assert plan["images_per_step"] == plan["accumulate"] * plan["batch"] and plan["steps_per_epoch"] >= 1
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(shapes, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ as a stop at a step boundary).
 """
 
 from yolokit.accel import distributed
-from yolokit.accel.accumulation import Accumulator, split_batch
+from yolokit.accel.accumulation import Accumulator
 from yolokit.accel.amp import Precision, TrainingDiverged, check_precision, prediction_error, resolve_precision
 from yolokit.accel.batch_size import MemoryModel, find_batch_size, fit_memory_model, is_oom_error, predict_batch_size
 from yolokit.accel.checkpointing import (
@@ -24,6 +24,7 @@ from yolokit.accel.launch import LaunchError, launch
 from yolokit.accel.monitor import DeviceMonitor, DeviceStats, read_device_stats
 from yolokit.accel.perf import configure, describe, prepare_model
 from yolokit.accel.reduce import BatchNormSync, all_reduce_gradients
+from yolokit.accel.split import split_batch
 from yolokit.accel.stop import GracefulStop, Interrupted
 
 __all__ = [

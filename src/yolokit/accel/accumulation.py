@@ -56,9 +56,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from yolokit.accel.batch_size import free_memory, is_oom_error
+from yolokit.accel.distributed import host_group
 from yolokit.accel.reduce import BatchNormSync, all_reduce_gradients
+from yolokit.accel.split import batch_len as _batch_len
+from yolokit.accel.split import split_batch
 
-INDEX_KEYS = ("targets",)  # batch-dict keys holding flat rows (image_index, ...), see ARCHITECTURE
 REDUCTIONS = ("mean", "sum")
 
 
@@ -66,6 +68,21 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def accumulation_steps(nominal_batch: int, batch_size: int, world_size: int = 1) -> int:
+    """Loader batches per process per optimizer step: ``max(1, round(nominal_batch / (batch_size * world_size)))``.
+
+    The one formula: :class:`Accumulator` and the trainer's runtime plan both use it.
+
+    Example:
+        >>> accumulation_steps(64, 16), accumulation_steps(64, 16, 2), accumulation_steps(64, 48)
+        (4, 2, 1)
+    """
+    if nominal_batch < 1 or batch_size < 1 or world_size < 1:
+        raise ValueError("nominal_batch, batch_size and world_size must be >= 1, got "
+                         f"{nominal_batch}, {batch_size}, {world_size}")
+    return max(1, round(nominal_batch / (batch_size * world_size)))
 
 
 class Accumulator:
@@ -86,9 +103,10 @@ class Accumulator:
 
     Attributes:
         steps: Loader batches per optimizer step on each process,
-            ``max(1, round(nominal_batch / (batch_size * world_size)))``.
+            ``max(1, round(nominal_batch / (batch_size * world_size)))`` (:func:`accumulation_steps`).
         splits: Micro-batches each loader batch is cut into (grows on out-of-memory).
         recoveries: Out-of-memory errors recovered from so far.
+        step_retries: Optimizer steps retried after out-of-memory (see :meth:`resync`).
 
     Example:
         >>> acc = Accumulator(nn.Linear(2, 1), nominal_batch=64, batch_size=16)
@@ -99,19 +117,17 @@ class Accumulator:
     def __init__(self, model: nn.Module, *, nominal_batch: int, batch_size: int, world_size: int | None = None,
                  reduction: str = "mean", min_micro_batch: int = 1) -> None:
         world = _world()[1] if world_size is None else world_size
-        if nominal_batch < 1 or batch_size < 1 or world < 1:
-            raise ValueError("nominal_batch, batch_size and world_size must be >= 1, got "
-                             f"{nominal_batch}, {batch_size}, {world}")
+        self.steps = accumulation_steps(nominal_batch, batch_size, world)
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         self.model, self.batch_size, self.world_size = model, batch_size, world
         self.reduction, self.min_micro_batch = reduction, min_micro_batch
-        self.steps = max(1, round(nominal_batch / (batch_size * world)))
-        self.splits, self.recoveries = 1, 0
+        self.splits, self.recoveries, self.step_retries = 1, 0, 0
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.batchnorm = BatchNormSync(model)
         self._held: list[Any] = []        # this step's loader batches, for a replay after OOM
-        self._plan: list[int] | None = None  # loader batches per rank this epoch (from _first on)
+        self._mine: int | None = None     # this rank's loader batches this epoch (from _first on)
+        self._epoch_steps: int | None = None  # optimizer steps every rank takes this epoch
         self._first = 0                   # steps of this epoch taken before start_epoch (a resume)
         self._step_index = 0              # optimizer steps made due this epoch
 
@@ -142,32 +158,40 @@ class Accumulator:
 
     # --- an epoch --------------------------------------------------------------------------
 
-    def start_epoch(self, batches: int, *, first_step: int = 0) -> None:
+    def start_epoch(self, batches: int, *, first_step: int = 0, epoch_steps: int | None = None) -> None:
         """Start an epoch in which this process will run ``batches`` loader batches.
 
         Ranks may have different counts (uneven shards); every rank then takes
         ``max over ranks of ceil(batches / steps)`` optimizer steps, and a rank with
-        fewer batches contributes nothing to the steps it has no batches for. One tiny
-        all-gather per epoch. Pending micro-batches of an unfinished step are an error.
+        fewer batches contributes nothing to the steps it has no batches for. That count
+        is ``epoch_steps`` when the caller knows it (the trainer's runtime plan does);
+        otherwise one tiny all-gather works it out. Pending micro-batches of an unfinished
+        step are an error.
 
         Args:
             batches: Loader batches this process runs in the epoch, from ``first_step`` on.
             first_step: Optimizer steps of the epoch already taken (resuming from a
                 checkpoint written at a step boundary); :attr:`step_index` starts there.
+            epoch_steps: Optimizer steps of the whole epoch (``first_step`` included), the
+                same on every rank; checked against ``batches``.
         """
         if self._held:
             raise RuntimeError(f"{len(self._held)} loader batches are still waiting for an optimizer step")
-        self._plan = [int(batches)] * _world()[1]
-        if len(self._plan) > 1:
-            dist.all_gather_object(self._plan, int(batches))  # fills in every rank's count
-        self._first = self._step_index = int(first_step)
+        self._mine, self._first = int(batches), int(first_step)
+        if epoch_steps is None:
+            counts = [self._mine] * self.world_size
+            if self.world_size > 1:
+                dist.all_gather_object(counts, self._mine)   # fills in every rank's count
+            epoch_steps = self._first + max(math.ceil(n / self.steps) for n in counts)
+        elif self._first + math.ceil(self._mine / self.steps) > epoch_steps:
+            raise ValueError(f"{batches} loader batches from step {first_step} on need more than the epoch's "
+                             f"{epoch_steps} optimizer steps of {self.steps} batches")
+        self._epoch_steps, self._step_index = int(epoch_steps), self._first
 
     @property
     def epoch_steps(self) -> int | None:
         """Optimizer steps every rank takes this epoch (None before :meth:`start_epoch`)."""
-        if self._plan is None:
-            return None
-        return self._first + max(math.ceil(n / self.steps) for n in self._plan)
+        return self._epoch_steps
 
     @property
     def step_index(self) -> int:
@@ -176,10 +200,9 @@ class Accumulator:
 
     def _batches_this_step(self) -> int:
         """Loader batches this rank runs in the current step."""
-        if self._plan is None:
+        if self._mine is None:
             return self.steps
-        mine = self._plan[_world()[0]] if len(self._plan) > 1 else self._plan[0]
-        return max(0, min(self.steps, mine - (self._step_index - self._first) * self.steps))
+        return max(0, min(self.steps, self._mine - (self._step_index - self._first) * self.steps))
 
     # --- micro-batches -------------------------------------------------------------------
 
@@ -251,9 +274,9 @@ class Accumulator:
         contributes nothing). Without :meth:`start_epoch`, due every ``steps`` batches.
         """
         due = self._batches_this_step()
-        if self._plan is not None and self._step_index >= self.epoch_steps:
+        if self._epoch_steps is not None and self._step_index >= self._epoch_steps:
             return False
-        if len(self._held) < due or (due == 0 and self._plan is None):
+        if len(self._held) < due or (due == 0 and self._mine is None):
             return False
         if not self._held:
             self.batchnorm.mark()          # an empty step: nothing of ours to add
@@ -299,11 +322,33 @@ class Accumulator:
             if "foreach" in group:
                 group["foreach"] = False
         self.recoveries += 1
+        self.step_retries += 1
         warnings.warn("out of memory in optimizer.step: retrying one parameter at a time (foreach off)",
                       RuntimeWarning, stacklevel=2)
         out = step_fn()
         self.batchnorm.release()
         return out
+
+    def resync(self, optimizer: torch.optim.Optimizer) -> None:
+        """Every rank continues as rank 0 after some rank retried :meth:`step` (see ``step_retries``).
+
+        The retry runs the optimizer without its multi-tensor kernels, which need not round
+        as the others do; so all ranks turn them off, and take rank 0's parameters, buffers
+        and optimizer state. A collective: call it on every rank once the ranks agree that a
+        retry happened (the trainer decides it with its per-step exchange). A no-op in one
+        process.
+        """
+        if self.world_size == 1:
+            return
+        for group in optimizer.param_groups:
+            if "foreach" in group:
+                group["foreach"] = False
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        nccl = dist.get_backend() == "nccl"
+        with torch.no_grad():
+            for t in tensors:   # host tensors (Adam's step counts) go over gloo under NCCL
+                dist.broadcast(t.data, src=0, group=host_group() if nccl and t.device.type == "cpu" else None)
 
 
 def _step_marker(optimizer: torch.optim.Optimizer) -> tuple[int, Any] | None:
@@ -332,62 +377,3 @@ def _same_marker(a: tuple[int, Any] | None, b: tuple[int, Any] | None) -> bool:
 def _no_sync(model: nn.Module) -> contextlib.AbstractContextManager:
     inner = getattr(model, "_orig_mod", model)  # torch.compile around DDP, or the model itself
     return inner.no_sync() if isinstance(inner, DistributedDataParallel) else contextlib.nullcontext()
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, dict):
-        for key in ("images", "images_uint8"):
-            if isinstance(batch.get(key), torch.Tensor):
-                return batch[key].shape[0]
-    for v in batch.values() if isinstance(batch, dict) else batch:
-        if isinstance(v, torch.Tensor) and v.dim() > 0:
-            return v.shape[0]
-    raise ValueError("cannot find the batch size: no tensor in the batch")
-
-
-def _slice(value: Any, n: int, lo: int, hi: int, key: Any = None) -> Any:
-    if key in INDEX_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2:
-        rows = value[(value[:, 0] >= lo) & (value[:, 0] < hi)].clone()
-        rows[:, 0] -= lo
-        return rows
-    if isinstance(value, torch.Tensor):
-        return value[lo:hi] if value.dim() > 0 and value.shape[0] == n else value
-    if isinstance(value, dict):
-        return {k: _slice(v, n, lo, hi, k) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and len(value) == n:
-        return value[lo:hi]
-    return value
-
-
-def split_batch(batch: Any, parts: int) -> list[Any]:
-    """Split a batch into ``parts`` micro-batches along the image dimension.
-
-    Tensors whose first dimension is the batch size ``B`` are sliced; in a dict, the
-    ``targets`` Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` are selected by
-    image index and re-indexed from 0; per-image lists (``paths``, ``orig_shapes``) are
-    sliced; anything else is passed through. A top-level list/tuple is a tuple of fields.
-    With ``parts == 1`` the batch itself is returned (no copy).
-
-    Args:
-        batch: Tensor[B, ...], a dict (the yolokit batch), or a tuple of fields.
-        parts: Number of micro-batches (capped at ``B``); sizes differ by at most one.
-
-    Returns:
-        The micro-batches, in order.
-    """
-    n = _batch_len(batch)
-    parts = max(1, min(parts, n))
-    if parts == 1:
-        return [batch]
-    sizes = [n // parts + (i < n % parts) for i in range(parts)]
-    out, lo = [], 0
-    for size in sizes:
-        hi = lo + size
-        if isinstance(batch, (list, tuple)) and not isinstance(batch, torch.Tensor):
-            out.append(type(batch)(_slice(v, n, lo, hi) for v in batch))
-        else:
-            out.append(_slice(batch, n, lo, hi))
-        lo = hi
-    return out

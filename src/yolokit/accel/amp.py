@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolokit.accel.devices import resolve_device
+
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -61,9 +63,7 @@ def resolve_precision(precision: str, device: torch.device | str | None = None) 
 
 
 def _device(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    return device if isinstance(device, torch.device) else resolve_device(device)
 
 
 class Precision:

@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import gc
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-# How cuDNN and cuBLAS report a failed allocation (a RuntimeError, not torch.OutOfMemoryError).
-_ALLOC_FAILURES = ("CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE")
+# How cuDNN, cuBLAS, the CUDA runtime and NCCL report a failed allocation: a RuntimeError (NCCL's
+# DistBackendError is one), not torch.OutOfMemoryError. "CUDA error: out of memory" comes from a
+# kernel launch or a library's own cudaMalloc; NCCL says "Cuda failure 'out of memory'".
+_ALLOC_FAILURES = re.compile(
+    r"CUDNN_STATUS_ALLOC_FAILED|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_ENOUGH_WORKSPACE"
+    r"|cudaErrorMemoryAllocation|(?i:cuda)[^\n]*out of memory")
 
 
 def free_memory() -> None:
@@ -39,13 +44,21 @@ def free_memory() -> None:
 def is_oom_error(exc: BaseException) -> bool:
     """Whether ``exc`` means the device ran out of memory.
 
-    True for ``torch.OutOfMemoryError`` and for the ``RuntimeError`` cuDNN and cuBLAS raise
-    when their own allocation fails (``CUDNN_STATUS_ALLOC_FAILED``,
-    ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDNN_STATUS_NOT_ENOUGH_WORKSPACE``).
+    True for ``torch.OutOfMemoryError`` and for the ``RuntimeError`` others raise when their
+    own allocation fails: cuDNN and cuBLAS (``CUDNN_STATUS_ALLOC_FAILED``,
+    ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDNN_STATUS_NOT_ENOUGH_WORKSPACE``), the CUDA runtime
+    (``CUDA error: out of memory``, ``cudaErrorMemoryAllocation``) and NCCL (a
+    ``DistBackendError`` saying ``Cuda failure 'out of memory'``).
+
+    Example:
+        >>> is_oom_error(RuntimeError("CUDA error: out of memory"))
+        True
+        >>> is_oom_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+        False
     """
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and any(code in str(exc) for code in _ALLOC_FAILURES)
+    return isinstance(exc, RuntimeError) and _ALLOC_FAILURES.search(str(exc)) is not None
 
 
 def _fits(step_fn: Callable[[int], Any], size: int) -> bool:
@@ -149,11 +162,20 @@ def fit_memory_model(sizes: Sequence[int], peak_bytes: Sequence[float]) -> Memor
     return MemoryModel(float(coef[0]), float(coef[1]))
 
 
-def measure_peak_memory(step_fn: Callable[[int], Any], size: int, *, device: torch.device | str | None = None) -> int:
-    """Peak CUDA memory allocated (bytes) while ``step_fn(size)`` runs."""
+def measure_peak_memory(step_fn: Callable[[int], Any], size: int, *, device: torch.device | str | None = None,
+                        warmup: int = 1) -> int:
+    """Peak CUDA memory allocated (bytes) while ``step_fn(size)`` runs, measured after ``warmup`` runs.
+
+    The first run at a size allocates what later ones do not (cuDNN's benchmark trying
+    algorithms and their workspaces, cuBLAS handles and workspaces, lazily built kernels), or
+    less (an algorithm picked later needs more); the run that counts is the one after, as
+    every step of training is.
+    """
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     if device.type != "cuda":
         raise ValueError("peak memory can only be measured on CUDA devices")
+    for _ in range(warmup):
+        step_fn(size)
     free_memory()
     torch.cuda.reset_peak_memory_stats(device)
     step_fn(size)

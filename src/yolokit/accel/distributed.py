@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from yolokit.accel.devices import resolve_device, use_device
+
 T = TypeVar("T")
 
 
@@ -56,6 +58,12 @@ def local_rank() -> int:
     return _env_int("LOCAL_RANK", 0)
 
 
+def local_world_size() -> int:
+    """Processes on this machine (``LOCAL_WORLD_SIZE``, else the world size; 1 when not distributed)."""
+    world = world_size()
+    return _env_int("LOCAL_WORLD_SIZE", world) if world > 1 else 1
+
+
 def is_main() -> bool:
     """True on global rank 0, the process that logs and saves."""
     return rank() == 0
@@ -75,7 +83,7 @@ def setup(
     master_addr: str | None = None,
     master_port: int | None = None,
     timeout: float | datetime.timedelta = 1800.0,
-    device_type: str | None = None,
+    device: str | torch.device | None = None,
 ) -> torch.device:
     """Initialise the default process group and pick this rank's device.
 
@@ -88,27 +96,24 @@ def setup(
             else gloo.
         rank: Global rank.
         world_size: Number of processes.
-        local_rank: Rank on this machine; selects the CUDA device.
+        local_rank: Rank on this machine; selects the CUDA device (with ``LOCAL_WORLD_SIZE``).
         master_addr: Address of rank 0 (default ``127.0.0.1``).
         master_port: Port of rank 0 (default ``29500``).
         timeout: Seconds (or a timedelta) any collective may wait before failing.
-        device_type: ``"cuda"`` or ``"cpu"``; ``None`` picks CUDA when it is available.
+        device: ``"auto"`` / None (CUDA when available), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``:
+            local rank r trains on ``cuda:r`` (``cuda:N+r``); see
+            :func:`yolokit.accel.devices.resolve_device`, which validates it. It is made the
+            current device in one process too.
 
     Returns:
-        ``cuda:<local_rank>`` (modulo the visible devices) for CUDA, else ``cpu``.
+        This process's device.
     """
     rank_ = _env_int("RANK", 0) if rank is None else rank
     world = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
     local = _env_int("LOCAL_RANK", rank_) if local_rank is None else local_rank
-    if device_type not in (None, "cuda", "cpu"):
-        raise ValueError(f"device_type must be 'cuda', 'cpu' or None, got {device_type!r}")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device_type 'cuda' asked for, but CUDA is not available")
-    cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
-    device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    backend = backend or ("nccl" if cuda else "gloo")
+    local_world = _env_int("LOCAL_WORLD_SIZE", world) if world > 1 else 1   # before the group: from the arguments
+    device = use_device(resolve_device(device, local_rank=local if world > 1 else 0, local_world=local_world))
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if world == 1 or is_initialized():
         return device
     os.environ.update(RANK=str(rank_), WORLD_SIZE=str(world), LOCAL_RANK=str(local))  # for rank helpers
@@ -135,6 +140,39 @@ def setup(
     return device
 
 
+_HOST_GROUPS: dict[int, Any] = {}   # id(default group) -> its gloo twin (NCCL runs only)
+
+
+def host_group() -> Any:
+    """A gloo group of all ranks, for small agreements on the host (no accelerator sync).
+
+    The default group itself when it is gloo; under NCCL a gloo group made on first use
+    (a collective: every rank calls this at the same point the first time) and kept until
+    :func:`teardown`. None when not distributed.
+    """
+    if not is_initialized():
+        return None
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    key = id(dist.group.WORLD)
+    if key not in _HOST_GROUPS:
+        _HOST_GROUPS[key] = dist.new_group(backend="gloo")
+    return _HOST_GROUPS[key]
+
+
+def all_ranks_agree(ok: bool) -> bool:
+    """True when ``ok`` is true on every rank (a tiny all-reduce over :func:`host_group`).
+
+    Every rank must call it at the same point. Use it before a collective that one rank
+    might not be able to start (an allocation that failed), so that all take the same path.
+    """
+    if not is_initialized() or dist.get_world_size() == 1:
+        return ok
+    flag = torch.tensor([int(ok)], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=host_group())
+    return bool(flag.item())
+
+
 def teardown() -> None:
     """Destroy the default process group if one exists (safe to call twice).
 
@@ -144,6 +182,7 @@ def teardown() -> None:
     """
     if is_initialized():
         gc.collect()
+        _HOST_GROUPS.clear()
         dist.destroy_process_group()
 
 

@@ -27,6 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from yolokit.accel.batch_size import free_memory, is_oom_error
+from yolokit.accel.distributed import all_ranks_agree
+
 DEFAULT_BUCKET_MB = 32.0
 
 
@@ -43,7 +46,10 @@ def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAU
     Parameters whose gradient is ``None`` take part with zeros (and keep the summed
     gradient), so ranks that ran nothing, or did not use a parameter, stay in step.
     Gradients are packed into flat buckets of about ``bucket_mb`` MB per dtype; all
-    buckets are sent before the first is awaited.
+    buckets are sent before the first is awaited. The buffers are allocated before any
+    collective starts, and the ranks agree (a tiny all-reduce on the host) that all of them
+    could: when one ran out of memory, every rank sums the gradients in place instead,
+    one by one, with no extra memory, rather than one rank raising while the others wait.
 
     Args:
         params: The parameters, in the same order on every rank.
@@ -67,10 +73,20 @@ def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAU
             sizes[key] = 0.0
         open_bucket[key].append(g)
         sizes[key] += g.numel() * g.element_size()
-    pending = []
-    for grads in buckets:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        pending.append((grads, flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)))
+    try:                              # every bucket's buffer before the first collective
+        flats = [torch.cat([g.reshape(-1) for g in grads]) for grads in buckets]
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        flats = None                  # leaving the except block frees what was allocated
+    if not all_ranks_agree(flats is not None):   # one rank out of memory: all take the same path
+        flats = None
+        free_memory()
+        for p in params:              # no extra memory: each gradient summed in place
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)     # dense in any memory format
+        return
+    pending = [(grads, flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True))
+               for grads, flat in zip(buckets, flats, strict=True)]
     for grads, flat, work in pending:
         work.wait()
         views = [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from yolokit.accel.distributed import is_initialized
+from yolokit.accel.distributed import host_group, is_initialized
 
 
 class Interrupted(KeyboardInterrupt):
@@ -79,6 +79,7 @@ class GracefulStop:
 
     def __init__(self) -> None:
         self.received: int | None = None      # the first signal number caught (or agreed on)
+        self.agreed: tuple[int, ...] = ()     # max over ranks of the values last decided by requested()
         self._depth, self._pending, self._many, self._caught = 0, False, False, 0
         self._previous: dict[int, Any] = {}
         self._hook: Any = sys.unraisablehook
@@ -88,8 +89,8 @@ class GracefulStop:
 
     def __enter__(self) -> GracefulStop:
         self._many = is_initialized() and dist.get_world_size() > 1
-        if self._many and dist.get_backend() != "gloo":
-            self._group = dist.new_group(backend="gloo")
+        if self._many:
+            self._group = host_group()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -134,20 +135,29 @@ class GracefulStop:
             self._pending = False
             raise Interrupted(self.received or signal.SIGINT)
 
-    def requested(self) -> bool:
+    def requested(self, *values: int) -> bool:
         """Whether every rank stops here (several processes; call at every step boundary on every rank).
 
         When it answers True, ``received`` holds the signal (the largest number any rank got).
         One process: whether a signal came whose exception was dropped (see the class).
+
+        Args:
+            values: Other numbers the ranks decide on together in the same exchange (the
+                trainer's count of non-finite losses in a row, and of optimizer steps retried
+                after out-of-memory); as many on every rank at every call. Their max over
+                ranks lands in ``agreed``: with several processes one boundary later (the
+                values proposed at boundary k are decided at k + 1), with one at once.
         """
         if not self._many:
+            self.agreed = tuple(int(v) for v in values)
             return self.received is not None
-        decided = 0
+        decided = [0] * (1 + len(values))
         if self._work is not None:
             self._work.wait()
-            decided = int(self._flag.item())            # a CPU tensor: no device read
-        self._flag = torch.tensor([self.received or 0], dtype=torch.int32)
+            decided = self._flag.tolist()               # a CPU tensor: no device read
+        self._flag = torch.tensor([self.received or 0, *values], dtype=torch.int64)
         self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        if decided:
-            self.received = decided
-        return bool(decided)
+        if decided[0]:
+            self.received = int(decided[0])
+        self.agreed = tuple(int(v) for v in decided[1:])
+        return bool(decided[0])

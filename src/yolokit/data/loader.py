@@ -144,6 +144,24 @@ class AspectRatioBatchSampler(Sampler[list[int]]):
         return len(self.batches)
 
 
+def epoch_steps(size: int, batch_size: int, *, world_size: int = 1, accumulate: int = 1, drop_last: bool = False,
+                whole_steps: bool = False) -> int:
+    """Optimizer steps in an epoch of ``size`` items as :class:`ShardedBatchSampler` shares them out.
+
+    The one count of an epoch's steps: the sampler, the trainer's runtime plan (and from it
+    the Accumulator and the learning-rate schedule) read it from here.
+
+    Example:
+        >>> epoch_steps(100, 8, world_size=2, accumulate=2)   # 13 micro-batches, 4 per step
+        4
+    """
+    chunks = size // batch_size if drop_last else -(-size // batch_size)
+    group = world_size * accumulate
+    if whole_steps:
+        chunks = chunks // group * group
+    return -(-chunks // group)
+
+
 class ShardedBatchSampler(Sampler[list[int]]):
     """Batches of an epoch, shared out so that any number of processes takes the same steps.
 
@@ -201,8 +219,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps in an epoch (the same on every rank)."""
-        return -(-self._chunks() // (self.world_size * self.accumulate))
+        """Optimizer steps in an epoch (the same on every rank; :func:`epoch_steps`)."""
+        return epoch_steps(self.size, self.batch_size, world_size=self.world_size, accumulate=self.accumulate,
+                           drop_last=self.drop_last, whole_steps=self.whole_steps)
 
     def _mine(self) -> list[int]:
         """Indices of this rank's micro-batches among all the epoch's micro-batches."""
@@ -297,6 +316,8 @@ def build_dataloader(
     multiprocessing_context: str | None = None,
     accumulate: int = 1,
     whole_steps: bool = False,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
@@ -321,6 +342,8 @@ def build_dataloader(
             the platform's. The shared epoch / Mosaic switch works with all three.
         accumulate: micro-batches per rank per optimizer step (see `ShardedBatchSampler`).
         whole_steps: every rank gets the same number of micro-batches (see `ShardedBatchSampler`).
+        rank, world_size: this process and the number of processes, when the caller has
+            worked them out (the trainer's runtime plan); default: the process group's.
 
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
@@ -332,7 +355,9 @@ def build_dataloader(
     """
     if distributed is None:
         distributed = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    if rank is None or world_size is None:
+        rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    world = world_size
     if workers is None:
         workers = min(8, max(1, (os.cpu_count() or 1) // world))
     rect = getattr(dataset, "rect", False)

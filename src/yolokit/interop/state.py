@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from yolokit.models import MODELS, Detector, YOLOv3Config, YOLOv8Config, build_model
+from yolokit.models.zoo import family_of
 
 Config = YOLOv8Config | YOLOv3Config
 Shapes = dict[str, tuple[int, ...]]
@@ -32,15 +33,8 @@ def is_fused(state: Mapping[str, Tensor]) -> bool:
 
 def _with_head_facts(config: Config, shapes: Shapes) -> Config | None:
     """``config`` with the class count (and reg_max) the head tensors show, or None if they don't fit."""
-    if isinstance(config, YOLOv8Config):
-        cls, box = shapes.get("head.cls.0.2.weight"), shapes.get("head.box.0.2.weight")
-        if cls is None or box is None or box[0] % 4:
-            return None
-        return replace(config, num_classes=cls[0], reg_max=box[0] // 4)
-    pred, anchors = shapes.get("head.preds.0.weight"), len(config.anchors[0])
-    if pred is None or pred[0] % anchors or pred[0] // anchors <= 5:
-        return None
-    return replace(config, num_classes=pred[0] // anchors - 5)
+    facts = family_of(config).head_facts(config, shapes)
+    return None if facts is None else replace(config, **facts)
 
 
 def expected_shapes(config: Config, *, fused: bool = False) -> Shapes:

@@ -1,15 +1,21 @@
-"""Variants as data, and the builders ``create_model`` / ``list_models``.
+"""Variants as data, the table of families, and the builders ``create_model`` / ``list_models``.
 
 A YOLOv8 size is three numbers (depth, width, max channels); a YOLOv3 variant is its
 form and anchors. ``build_model(config)`` turns any config into a ``Detector`` and
 ``config_from_dict(asdict(config))`` gives the config back, as checkpoints store it.
+``FAMILIES`` holds what differs between YOLOv8 and YOLOv3 (config class, builder, how the
+head tensors show the class count, which loss and from which head facts); nothing else
+switches on the family.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from torch import nn
 
 from yolokit.models.backbones import CSPDarknet, Darknet53, DarknetTiny
 from yolokit.models.detector import Detector
@@ -17,6 +23,7 @@ from yolokit.models.heads import AnchorHead, DFLHead
 from yolokit.models.necks import YOLOv3FPN, YOLOv3TinyFPN, YOLOv8PAN
 
 Anchors = tuple[tuple[tuple[int, int], ...], ...]
+Shapes = dict[str, tuple[int, ...]]
 
 COCO_ANCHORS: Anchors = (
     ((10, 13), (16, 30), (33, 23)),
@@ -90,9 +97,9 @@ def create_model(name: str, *, num_classes: int = 80) -> Detector:
 def config_from_dict(data: dict[str, Any]) -> YOLOv8Config | YOLOv3Config:
     """Inverse of ``dataclasses.asdict`` for model configs (lists become tuples)."""
     family = data.get("family")
-    cls = {"yolov8": YOLOv8Config, "yolov3": YOLOv3Config}.get(family)
-    if cls is None:
+    if family not in FAMILIES:
         raise ValueError(f"model config has unknown family {family!r}")
+    cls = FAMILIES[family].config
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
@@ -111,24 +118,98 @@ def _depth(n: int, cfg: YOLOv8Config) -> int:
     return max(round(n * cfg.depth), 1)
 
 
+def _build_v8(config: YOLOv8Config) -> tuple[nn.Module, nn.Module, nn.Module]:
+    widths = tuple(_channels(c, config) for c in (64, 128, 256, 512, 1024))
+    depths = tuple(_depth(n, config) for n in (3, 6, 6, 3))
+    backbone = CSPDarknet(widths=widths, depths=depths)
+    neck = YOLOv8PAN(backbone.out_channels, depth=_depth(3, config))
+    head = DFLHead(neck.out_channels, backbone.strides, num_classes=config.num_classes, reg_max=config.reg_max)
+    return backbone, neck, head
+
+
+def _build_v3(config: YOLOv3Config) -> tuple[nn.Module, nn.Module, nn.Module]:
+    if config.form == "tiny":
+        backbone = DarknetTiny()
+        neck = YOLOv3TinyFPN(backbone.out_channels)
+    elif config.form in ("full", "spp"):
+        backbone = Darknet53()
+        neck = YOLOv3FPN(backbone.out_channels, spp=config.form == "spp")
+    else:
+        raise ValueError(f"unknown YOLOv3 form {config.form!r}; expected 'full', 'spp' or 'tiny'")
+    head = AnchorHead(neck.out_channels, backbone.strides, config.anchors, num_classes=config.num_classes)
+    return backbone, neck, head
+
+
+def _v8_head_facts(shapes: Shapes) -> dict[str, int] | None:
+    cls, box = shapes.get("head.cls.0.2.weight"), shapes.get("head.box.0.2.weight")
+    if cls is None or box is None or box[0] % 4:
+        return None
+    return {"num_classes": cls[0], "reg_max": box[0] // 4}
+
+
+def _v3_head_facts(shapes: Shapes, anchors: int) -> dict[str, int] | None:
+    pred = shapes.get("head.preds.0.weight")
+    if pred is None or pred[0] % anchors or pred[0] // anchors <= 5:
+        return None
+    return {"num_classes": pred[0] // anchors - 5}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What depends on a model family, in one place; code elsewhere reads it instead of switching.
+
+    Attributes:
+        name: The ``family`` field of its configs.
+        config: The config class.
+        parts: ``parts(config)`` -> (backbone, neck, head) modules.
+        head_facts: ``head_facts(config, shapes)`` -> the config fields a state dict's head
+            tensors show (class count, ``reg_max``), or None when the tensors do not fit.
+        loss: Name of the loss class in ``yolokit.losses`` (models do not import losses).
+        loss_facts: ``loss_facts(head)`` -> the loss's constructor arguments from the head.
+        loss_gains: Names of the config's loss gains the loss takes (``box``, ``cls``, ``dfl``).
+    """
+
+    name: str
+    config: type
+    parts: Callable[[Any], tuple[nn.Module, nn.Module, nn.Module]]
+    head_facts: Callable[[Any, Shapes], dict[str, int] | None]
+    loss: str
+    loss_facts: Callable[[nn.Module], dict[str, Any]]
+    loss_gains: tuple[str, ...] = ()
+
+
+FAMILIES: dict[str, Family] = {
+    "yolov8": Family("yolov8", YOLOv8Config, _build_v8, lambda config, shapes: _v8_head_facts(shapes),
+                     "YOLOv8Loss", lambda head: {"num_classes": head.num_classes, "strides": head.strides,
+                                                 "reg_max": head.reg_max},
+                     loss_gains=("box", "cls", "dfl")),
+    "yolov3": Family("yolov3", YOLOv3Config, _build_v3,
+                     lambda config, shapes: _v3_head_facts(shapes, len(config.anchors[0])),
+                     "YOLOv3Loss", lambda head: {"num_classes": head.num_classes, "anchors": head.anchors,
+                                                 "strides": head.strides}),
+}
+
+
+def family_of(config: Any) -> Family:
+    """The family of a model config (or of its ``family`` name).
+
+    Example:
+        >>> family_of(MODELS["yolov3-tiny"]).loss
+        'YOLOv3Loss'
+    """
+    name = config if isinstance(config, str) else getattr(config, "family", None)
+    if name not in FAMILIES:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    family = FAMILIES[name]
+    if not isinstance(config, str) and not isinstance(config, family.config):
+        raise TypeError(f"expected a {family.config.__name__} for family {name!r}, got {type(config).__name__}")
+    return family
+
+
 def build_model(config: YOLOv8Config | YOLOv3Config) -> Detector:
     """A ``Detector`` built from a config."""
-    if isinstance(config, YOLOv8Config):
-        widths = tuple(_channels(c, config) for c in (64, 128, 256, 512, 1024))
-        depths = tuple(_depth(n, config) for n in (3, 6, 6, 3))
-        backbone = CSPDarknet(widths=widths, depths=depths)
-        neck = YOLOv8PAN(backbone.out_channels, depth=_depth(3, config))
-        head = DFLHead(neck.out_channels, backbone.strides, num_classes=config.num_classes, reg_max=config.reg_max)
-    elif isinstance(config, YOLOv3Config):
-        if config.form == "tiny":
-            backbone = DarknetTiny()
-            neck = YOLOv3TinyFPN(backbone.out_channels)
-        elif config.form in ("full", "spp"):
-            backbone = Darknet53()
-            neck = YOLOv3FPN(backbone.out_channels, spp=config.form == "spp")
-        else:
-            raise ValueError(f"unknown YOLOv3 form {config.form!r}; expected 'full', 'spp' or 'tiny'")
-        head = AnchorHead(neck.out_channels, backbone.strides, config.anchors, num_classes=config.num_classes)
-    else:
-        raise TypeError(f"expected YOLOv8Config or YOLOv3Config, got {type(config).__name__}")
+    if not hasattr(config, "family"):
+        raise TypeError(f"expected a model config ({', '.join(f.config.__name__ for f in FAMILIES.values())}), "
+                        f"got {type(config).__name__}")
+    backbone, neck, head = family_of(config).parts(config)
     return Detector(backbone, neck, head, config=config, name=config.name)

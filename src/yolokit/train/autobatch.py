@@ -3,11 +3,25 @@
 ``batch="auto"`` probes real training steps at the dataset's worst case: square images of
 the training size, each holding the most boxes a training image can hold (the most boxes of
 one labelled image, times 4 with Mosaic and 2 with MixUp), with the gradients, the EMA and
-the optimizer's state allocated as the run will have them. It fits peak memory against
-batch size from a few small probes, takes the size whose peak is ``AUTO_FRACTION`` of the
-memory the device has for this process, checks it with one more step (and searches below
-it if that step runs out of memory), prints what it tried, and leaves no gradient,
-optimizer state or BatchNorm statistic behind.
+the optimizer's state allocated as the run will have them. A probe also holds what the run
+adds around a step: with several processes the flat buffers of the gradient all-reduce (as
+large as the gradients) and SyncBatchNorm's gathered statistics, and it runs validation's
+forward at its batch (twice the training batch, without gradients).
+
+Each probe size runs twice and the second run is measured (the first pays for cuDNN's
+algorithm search, workspaces and first-call allocations). Peak memory is fitted against
+batch size from 4 small sizes (1, 2, 4, 8), the size whose predicted peak is
+``AUTO_FRACTION`` (0.9) of the memory the device has for this process is taken, and one more
+step checks it (a search below it follows if that step runs out of memory): 5 sizes tried.
+It prints what it tried, and leaves no gradient, optimizer state or BatchNorm statistic behind.
+
+What to expect: memory grows linearly with the batch, so the result is 0.9 of the budget
+where the true largest batch (the first size that runs out of memory) reaches the budget
+less the allocator's fragmentation (5-10% of it); the found batch is thus 0.9-0.95 of the
+true largest when the fixed part (weights, optimizer state) is small, a little less when it
+is large (``(0.9 budget - fixed) / (budget - fixed)``). The rest is headroom for batches
+the probe does not foresee; a step that still runs out of memory is split and replayed
+with the same effective batch (:class:`yolokit.accel.Accumulator`).
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ from yolokit.data import DetectionDataset
 from yolokit.train.config import TrainConfig
 from yolokit.train.step import forward_backward
 
-AUTO_FRACTION = 0.8   # of the device memory free for this process when the run starts
+AUTO_FRACTION = 0.9   # of the device memory free for this process when the run starts (see the module docstring)
 CPU_AUTO_BATCH = 16
 PROBE_SIZES = (1, 2, 4, 8)
 
@@ -33,7 +47,7 @@ PROBE_SIZES = (1, 2, 4, 8)
 def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device: torch.device, *,
                   resumed: dict[str, Any] | None = None,
                   memory: tuple[float, Callable[[int], float]] | None = None,
-                  report: Callable[[str], None] = print) -> int:
+                  report: Callable[[str], None] = print, world: int | None = None) -> int:
     """Total images per loader batch over all processes.
 
     A number must divide by the number of processes (each runs ``batch / world``).
@@ -50,11 +64,12 @@ def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device:
         memory: ``(budget_bytes, peak_bytes(b))`` instead of CUDA's own readings (tests).
         report: receives the finder's lines (print by default; the trainer routes them to
             its callbacks' ``on_setup_end``).
+        world: Number of processes (the trainer's runtime plan); default: the process group's.
 
     Returns:
         The total batch, a multiple of the world size.
     """
-    world = distributed.world_size()
+    world = distributed.world_size() if world is None else world
     if cfg.batch != "auto":
         batch = int(cfg.batch)
         if batch % world:
@@ -120,20 +135,28 @@ def worst_case_boxes(dataset: DetectionDataset, cfg: TrainConfig) -> int:
 
 def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module, precision: Precision,
                    device: torch.device, *, imgsz: int, max_boxes: int, state_tensors: int,
-                   channels_last: bool, seed: int = 0) -> Callable[[int], None]:
-    """``probe(b)``: forward, loss and backward of ``b`` worst-case images, as the run would do them.
+                   channels_last: bool, seed: int = 0, world: int = 1, sync_bn: bool = False,
+                   val_batch_factor: int = 2) -> Callable[[int], None]:
+    """``probe(b)``: a training step of ``b`` worst-case images and validation's forward, as the run does them.
 
     Every probe starts with the gradients allocated (accumulation keeps them) and
     ``state_tensors`` zero tensors per parameter held as the optimizer's state (2 for
-    AdamW, 1 for SGD with momentum), and ends with both released and the model's
-    buffers (BatchNorm statistics) as they were.
+    AdamW, 1 for SGD with momentum). With ``world`` > 1 it then holds the gradient
+    all-reduce's flat buffers (one more copy of the gradients), and with ``sync_bn``,
+    for the step, SyncBatchNorm's gathered statistics (``world + 2`` pairs of mean and
+    variance per layer). Then validation's forward of ``val_batch_factor * b`` images runs
+    in eval mode without gradients. It ends with all of that released and the model's
+    buffers (BatchNorm statistics) and mode as they were.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [b for b in model.buffers()]
+    bn_channels = sum(m.num_features for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+    gathered = 2 * (world + 2) * bn_channels if sync_bn else 0
 
     def probe(b: int) -> None:
-        saved = [t.clone() for t in buffers]
+        saved, training = [t.clone() for t in buffers], model.training
         state = [torch.zeros_like(p) for p in params for _ in range(state_tensors)]
+        held: list[torch.Tensor] = [torch.zeros(gathered, device=device)] if gathered else []
         try:
             for p in params:
                 p.grad = torch.zeros_like(p)
@@ -141,16 +164,34 @@ def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module,
             images = torch.rand(b, 3, imgsz, imgsz, device=device, generator=gen)
             forward_backward(train_net, criterion, precision, images, _targets(b, max_boxes, imgsz, device, gen),
                              max_boxes=max_boxes, weight=b, channels_last=channels_last)
+            del images
+            if world > 1:                    # accel.reduce.all_reduce_gradients: every bucket at once
+                held.append(torch.empty(sum(p.numel() for p in params), device=device, dtype=params[0].dtype))
+            for p in params:                 # validation runs after the step: gradients released
+                p.grad = None
+            held.clear()
+            _validation_forward(model, val_batch_factor * b, imgsz, device, channels_last)
         finally:
             for p in params:
                 p.grad = None
             with torch.no_grad():
                 for t, value in zip(buffers, saved, strict=True):
                     t.copy_(value)
-            del state
+            model.train(training)
+            del state, held
             free_memory()
 
     return probe
+
+
+@torch.inference_mode()
+def _validation_forward(model: nn.Module, b: int, imgsz: int, device: torch.device, channels_last: bool) -> None:
+    """What ``train.evaluate.validate`` runs on the device for a batch: forward and decode, in eval mode."""
+    model.eval()
+    images = torch.zeros(b, 3, imgsz, imgsz, device=device)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    model.decode(model(images))
 
 
 def _targets(b: int, boxes: int, imgsz: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:

@@ -157,7 +157,8 @@ def run_state(run: Any, epoch: int, metrics: dict, ranks: list[dict], step_in_ep
         "epoch": epoch, "step_in_epoch": step_in_epoch, "model": run.model.state_dict(),
         "model_config": asdict(run.model.config), "ema": run.ema.state_dict() if run.ema else None,
         "optimizer": run.optimizer.state_dict(), "precision": run.precision.state_dict(),
-        "accumulator": run.accumulator.state_dict(), "batch": run.batch, "steps": run.steps,
+        "accumulator": run.accumulator.state_dict(), "batch": run.plan.batch, "plan": run.plan.as_dict(),
+        "steps": run.steps,
         "best_fitness": run.best, "stale": run.stale, "train_config": run.cfg.to_dict(), "metrics": metrics,
         "result": run.result.as_dict(), "ranks": ranks,
     }

@@ -1,8 +1,12 @@
-"""The processes of a run, this process's device, and the speed settings that follow from them.
+"""The run's runtime plan, resolved once, and the speed settings that follow from it.
 
 ``start_processes`` joins the process group when torchrun (or ``train(config)`` with
-``devices`` > 1) started several processes, and returns the device this one trains on.
-``speed_settings`` resolves the switches a config leaves unset for that device: on CUDA the
+``devices`` > 1) started several processes and returns :class:`Processes`: this process's
+device (made current), rank, local rank and the world. :func:`runtime_plan` adds the batch
+arithmetic once the batch is known: per-rank batch, accumulation, images per step and
+steps per epoch. The trainer hands the :class:`RuntimePlan` to the loader's sampler, the
+Accumulator, the learning-rate schedule and the checkpoint; none of them works it out
+again. ``speed_settings`` resolves the switches a config leaves unset for that device: on CUDA the
 fast ones (cuDNN benchmark, non-deterministic kernels, TF32, a loader worker for every core
 but the training process's, pinned memory), on the CPU the exact ones (deterministic
 kernels, so that resume is exact).
@@ -12,39 +16,89 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from yolokit.accel import distributed
+from yolokit.accel.accumulation import accumulation_steps
+from yolokit.data.loader import epoch_steps
 from yolokit.train.config import TrainConfig
 
 
-def start_processes(cfg: TrainConfig) -> torch.device:
-    """This process's device; joins the process group when torchrun (or ``train``) started several."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world == 1:
-        if cfg.devices > 1:
-            raise ValueError(f"devices={cfg.devices}: start the processes with yolokit.train.train(config) "
-                             "(or `yolokit train --devices N`), or run under torchrun")
-        return _pick_device(cfg.device)
+@dataclass(frozen=True)
+class Processes:
+    """The processes of a run and this one's place among them."""
+
+    device: torch.device       # this process's device, already the current one
+    rank: int                  # global rank
+    local_rank: int            # rank on this machine
+    world: int                 # processes in all
+    local_world: int           # processes on this machine
+
+    @property
+    def main(self) -> bool:
+        """Whether this is global rank 0, the process that logs and saves."""
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class RuntimePlan(Processes):
+    """:class:`Processes` and the batch arithmetic of the run (see :func:`runtime_plan`)."""
+
+    batch: int                 # images per loader batch over all processes
+    per_rank: int              # images per loader batch on each process
+    accumulate: int            # loader batches per process per optimizer step
+    images_per_step: int       # accumulate * per_rank * world (an epoch's last step may hold fewer)
+    steps_per_epoch: int       # optimizer steps of an epoch, the same on every rank
+
+    def as_dict(self) -> dict[str, int | str]:
+        """Plain values (the device as its name), for checkpoints and logs."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "device": str(self.device)}
+
+
+def runtime_plan(procs: Processes, *, batch: int, nominal_batch: int, train_size: int,
+                 whole_steps: bool = False) -> RuntimePlan:
+    """The plan of a run of ``batch`` images per loader batch (the total) over ``procs``.
+
+    Args:
+        procs: From :func:`start_processes`.
+        batch: Total images per loader batch; divides by ``procs.world``.
+        nominal_batch: Images an optimizer step should represent (``nbs``).
+        train_size: Images in the training split.
+        whole_steps: Every rank runs whole steps only (SyncBatchNorm; see ``ShardedBatchSampler``).
+
+    Example:
+        >>> p = Processes(torch.device("cpu"), rank=1, local_rank=1, world=2, local_world=2)
+        >>> plan = runtime_plan(p, batch=16, nominal_batch=64, train_size=100)
+        >>> plan.per_rank, plan.accumulate, plan.images_per_step, plan.steps_per_epoch
+        (8, 4, 64, 2)
+    """
+    if batch < procs.world or batch % procs.world:
+        raise ValueError(f"batch {batch} must be a multiple of the {procs.world} processes")
+    per_rank = batch // procs.world
+    accumulate = accumulation_steps(nominal_batch, per_rank, procs.world)
+    steps = epoch_steps(train_size, per_rank, world_size=procs.world, accumulate=accumulate, whole_steps=whole_steps)
+    return RuntimePlan(**{f.name: getattr(procs, f.name) for f in fields(Processes)}, batch=batch,
+                       per_rank=per_rank, accumulate=accumulate, images_per_step=accumulate * batch,
+                       steps_per_epoch=steps)
+
+
+def start_processes(cfg: TrainConfig) -> Processes:
+    """This process's place in the run; joins the process group when torchrun (or ``train``) started several."""
+    world = distributed.world_size()
+    if world == 1 and cfg.devices > 1:
+        raise ValueError(f"devices={cfg.devices}: start the processes with yolokit.train.train(config) "
+                         "(or `yolokit train --devices N`), or run under torchrun")
     if cfg.devices not in (1, world):
         raise ValueError(f"devices={cfg.devices} but torchrun started {world} processes; leave devices unset "
                          "under torchrun")
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and cfg.resume != "auto":
         warnings.warn("torchrun --max-restarts restarts the group, which continues this run only with "
                       "resume='auto' (--resume auto); as it is, a restart starts a new run", stacklevel=2)
-    device_type = None if cfg.device == "auto" else torch.device(cfg.device).type
-    return distributed.setup(device_type=device_type)
-
-
-def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
-    return device
+    device = distributed.setup(device=cfg.device)
+    return Processes(device, rank=distributed.rank(), local_rank=distributed.local_rank() if world > 1 else 0,
+                     world=world, local_world=distributed.local_world_size())
 
 
 @dataclass(frozen=True)

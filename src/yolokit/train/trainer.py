@@ -24,7 +24,6 @@ the last completed step (:class:`yolokit.accel.stop.GracefulStop`).
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+import yolokit.losses
 from yolokit.accel import distributed, perf
 from yolokit.accel.accumulation import Accumulator
 from yolokit.accel.amp import Precision, TrainingDiverged
@@ -42,8 +42,8 @@ from yolokit.accel.checkpointing import enable_activation_checkpointing
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, DetectionLoader, build_dataloader, to_device
-from yolokit.losses import YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, create_model
+from yolokit.models.zoo import family_of
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar, TensorBoardLogger
 from yolokit.train.checkpoint import atomic_save, rank_states, resolve_run, restore_run, resume_note, run_state
@@ -52,18 +52,16 @@ from yolokit.train.ema import ModelEMA
 from yolokit.train.evaluate import EvalResult, validate
 from yolokit.train.meter import LossMeter
 from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
-from yolokit.train.plan import speed_settings, start_processes
+from yolokit.train.plan import RuntimePlan, runtime_plan, speed_settings, start_processes
 from yolokit.train.step import forward_backward
 from yolokit.train.weights import DEFAULT_MODEL, export_final, read_pretrained, transfer_weights
 
 
 def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
-    """The family's loss, from the head's facts."""
-    head = model.head
-    if model.config.family == "yolov8":
-        return YOLOv8Loss(head.num_classes, head.strides, reg_max=head.reg_max,
-                          box=config.box, cls=config.cls, dfl=config.dfl)
-    return YOLOv3Loss(head.num_classes, head.anchors, head.strides)
+    """The family's loss (``models.zoo.FAMILIES``), from the head's facts and the config's gains."""
+    family = family_of(model.config)
+    gains = {name: getattr(config, name) for name in family.loss_gains}
+    return getattr(yolokit.losses, family.loss)(**family.loss_facts(model.head), **gains)
 
 
 def seed_everything(seed: int) -> None:
@@ -77,8 +75,7 @@ class Run:
     """Everything :meth:`Trainer.setup` builds for one training run."""
 
     cfg: TrainConfig
-    device: torch.device
-    main: bool
+    plan: RuntimePlan                   # device, ranks, world, batch arithmetic: resolved once
     run_dir: Path
     callbacks: list[Callback]
     names: list[str]
@@ -93,7 +90,6 @@ class Run:
     optimizer: torch.optim.Optimizer
     schedule: LRSchedule
     ema: ModelEMA | None
-    batch: int
     channels_last: bool
     stop: GracefulStop
     start_epoch: int = 0
@@ -107,11 +103,17 @@ class Run:
     result: EvalResult = field(default_factory=EvalResult)
     epoch_started: float = 0.0
     data_wait: float = 0.0              # seconds of this epoch the loop waited for the loader
+    nonfinite: int = 0                  # this rank's non-finite losses in a row, as last read
+    retries_synced: int = 0             # optimizer-step retries (any rank) the ranks have resynced after
+
+    done: int = 0                       # epochs completed and checkpointed
+
+    device = property(lambda self: self.plan.device)
+    main = property(lambda self: self.plan.main)
 
     def data_share(self) -> float:
         """Share of this epoch's training time so far spent waiting for data, in [0, 1]."""
         return self.data_wait / max(time.perf_counter() - self.epoch_started, 1e-9)
-    done: int = 0                       # epochs completed and checkpointed
 
 
 class Trainer:
@@ -153,12 +155,12 @@ class Trainer:
 
     def setup(self) -> Run:
         """Processes, run folder, data, model, loss, and each accel piece where it acts."""
-        device = start_processes(self.config)
-        world, main = distributed.world_size(), distributed.is_main()
+        procs = start_processes(self.config)     # device (made current), rank, local rank, world
+        device, world, main = procs.device, procs.world, procs.main
         cfg, resume, run_dir = resolve_run(self.config)
         run_dir = distributed.broadcast_object(run_dir)
-        seed_everything(cfg.seed + distributed.rank())
-        speed = speed_settings(cfg, device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        seed_everything(cfg.seed + procs.rank)
+        speed = speed_settings(cfg, device, procs.local_world)
         speed.apply()                            # CUDA: benchmark, TF32, fast kernels; CPU: deterministic
         callbacks, notes = self._callbacks(run_dir, main), []   # notes: lines for on_setup_end
 
@@ -185,32 +187,33 @@ class Trainer:
         train_net = perf.prepare_model(model, compile=cfg.compile)
 
         # batch: the total over processes; "auto" probes the worst case once, the smallest fit over ranks
+        sync_bn = cfg.uses_sync_bn(world, device.type)   # collectives in every forward and backward,
         probe = training_probe(model, train_net, criterion, precision, device, imgsz=cfg.imgsz,
                                max_boxes=worst_case_boxes(train_set, cfg), channels_last=channels_last,
-                               state_tensors=1 if cfg.optimizer.lower() == "sgd" else 2)
-        batch = resolve_batch(cfg, probe, device, resumed=resume, report=notes.append)
-        per_rank = batch // world
-        sync_bn = cfg.uses_sync_bn(world, device.type)   # collectives in every forward and backward,
+                               state_tensors=1 if cfg.optimizer.lower() == "sgd" else 2, world=world, sync_bn=sync_bn)
+        batch = resolve_batch(cfg, probe, device, resumed=resume, report=notes.append, world=world)
         if sync_bn:                                      # so equal micro-batch counts: no OOM split
             nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        accumulator = Accumulator(train_net, nominal_batch=cfg.nbs, batch_size=per_rank, reduction="sum",
-                                  min_micro_batch=per_rank if sync_bn else 1)
-        loader = build_dataloader(train_set, per_rank, workers=speed.workers, shuffle=True, seed=cfg.seed,
-                                  pin_memory=speed.pin_memory, uint8_images=True, accumulate=accumulator.steps,
-                                  whole_steps=sync_bn)
-        val_loader = build_dataloader(val_set, per_rank * 2, workers=speed.workers, shuffle=False, seed=cfg.seed,
-                                      pin_memory=speed.pin_memory, uint8_images=True)
+        # the runtime plan: per-rank batch, accumulation, steps per epoch, worked out here only
+        plan = runtime_plan(procs, batch=batch, nominal_batch=cfg.nbs, train_size=len(train_set), whole_steps=sync_bn)
+        accumulator = Accumulator(train_net, nominal_batch=cfg.nbs, batch_size=plan.per_rank, world_size=plan.world,
+                                  reduction="sum", min_micro_batch=plan.per_rank if sync_bn else 1)
+        ranks = dict(rank=plan.rank, world_size=plan.world)
+        loader = build_dataloader(train_set, plan.per_rank, workers=speed.workers, shuffle=True, seed=cfg.seed,
+                                  pin_memory=speed.pin_memory, uint8_images=True, accumulate=plan.accumulate,
+                                  whole_steps=sync_bn, **ranks)
+        val_loader = build_dataloader(val_set, plan.per_rank * 2, workers=speed.workers, shuffle=False, seed=cfg.seed,
+                                      pin_memory=speed.pin_memory, uint8_images=True, **ranks)
 
         opt_name, lr0, momentum = resolve_optimizer(
             cfg.optimizer, cfg.lr0, cfg.momentum, num_classes=len(names),
             iterations=math.ceil(len(train_set) / max(batch, cfg.nbs)) * cfg.epochs)
-        decay = cfg.weight_decay * accumulator.effective_batch / cfg.nbs
+        decay = cfg.weight_decay * plan.images_per_step / cfg.nbs
         optimizer = build_optimizer(model, opt_name, lr0, momentum, decay)
-        schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, loader.batch_sampler.steps_per_epoch, cfg.warmup_epochs,
+        schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, plan.steps_per_epoch, cfg.warmup_epochs,
                               cfg.warmup_momentum, cfg.warmup_bias_lr, momentum, cfg.cos_lr)
-        run = Run(cfg, device, main, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net,
-                  criterion, precision, accumulator, optimizer, schedule, ema, batch, channels_last,
-                  GracefulStop())
+        run = Run(cfg, plan, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net,
+                  criterion, precision, accumulator, optimizer, schedule, ema, channels_last, GracefulStop())
         if resume is not None:
             restore_run(run, resume)
             notes.append(resume_note(run))
@@ -219,7 +222,7 @@ class Trainer:
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
         _call(callbacks, "on_setup_end", dict(
             model=cfg.model, data=cfg.data, classes=len(names), world=world, device=str(device), batch=batch,
-            per_process=per_rank, accumulate=accumulator.steps, step_batch=accumulator.effective_batch,
+            per_process=plan.per_rank, accumulate=plan.accumulate, step_batch=plan.images_per_step,
             optimizer=opt_name, lr0=lr0, precision=precision.precision, layout=perf.describe(model),
             workers=speed.workers,
             sync_bn=sync_bn, config=cfg.to_yaml(), notes=notes))
@@ -238,6 +241,7 @@ class Trainer:
         run.model.train()
         _call(run.callbacks, "on_epoch_start", epoch, cfg.epochs, len(run.loader))
         run.meter = meter = LossMeter(run.device)
+        run.nonfinite = 0
         if first and run.resume_meter:
             meter.load_state_dict(run.resume_meter)
 
@@ -247,7 +251,7 @@ class Trainer:
                                         max_boxes=micro["max_boxes"], weight=weight, channels_last=run.channels_last)
             return parts, len(data["images"])    # weight = images: Ultralytics' loss * batch
 
-        acc.start_epoch(len(run.loader), first_step=first)
+        acc.start_epoch(len(run.loader), first_step=first, epoch_steps=run.plan.steps_per_epoch)
         run.data_wait, ready = 0.0, time.perf_counter()
         for i, batch in enumerate(run.loader):
             run.data_wait += time.perf_counter() - ready  # the host waited for data (no device sync)
@@ -255,8 +259,8 @@ class Trainer:
             if acc.should_step():                          # gradients summed over processes
                 self._optimizer_step(run, epoch)
             if meter.due(i):                               # the device is read every few batches only
-                self._check_finite(run, meter.longest_nonfinite_run(), epoch)
-                run.precision.check()                      # skipped steps: warn, or stop
+                run.nonfinite = meter.longest_nonfinite_run()   # decided at a step boundary, by all ranks
+                run.precision.check()                      # skipped steps (the same on every rank): warn, or stop
             _call(run.callbacks, "on_batch_end", meter.running(), len(batch["indices"]),
                   memory_in_use(run.device) / 2**30, run.data_share())
             ready = time.perf_counter()
@@ -284,8 +288,19 @@ class Trainer:
             run.meter.mark()                               # the loss sums of the completed steps
             if run.cfg.save_period_iters and run.steps % run.cfg.save_period_iters == 0:
                 self._save_position(run, epoch)
-        if run.stop.requested():                           # several processes: all stop at this step
+        self._agree(run, epoch)
+
+    def _agree(self, run: Run, epoch: int) -> None:
+        """What every rank decides together at a step boundary (one exchange; see ``GracefulStop.requested``):
+        a signal stops all, a loss that stays non-finite stops all, and after an optimizer step some
+        rank retried on out-of-memory, all continue as rank 0 (``Accumulator.resync``)."""
+        if run.stop.requested(run.nonfinite, run.accumulator.step_retries):
             raise Interrupted(run.stop.received)
+        nonfinite, retried = run.stop.agreed or (0, 0)
+        self._check_finite(run, nonfinite, epoch)
+        if retried > run.retries_synced:
+            run.accumulator.resync(run.optimizer)
+            run.retries_synced = retried
 
     def _save_position(self, run: Run, epoch: int) -> None:
         """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
@@ -334,8 +349,7 @@ class Trainer:
         stop = run.stale >= cfg.patience
         if stop:
             _call(run.callbacks, "on_early_stop", epoch, cfg.patience)
-        if run.stop.requested():
-            raise Interrupted(run.stop.received)
+        self._agree(run, epoch)
         return stop
 
     # --- pieces ------------------------------------------------------------------------------
@@ -379,7 +393,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     comes from the environment). Otherwise ``config.devices`` > 1 starts that many local
     processes (:func:`yolokit.accel.launch.launch`).
     """
-    if config.devices > 1 and int(os.environ.get("WORLD_SIZE", "1") or 1) == 1:
+    if config.devices > 1 and distributed.world_size() == 1:
         from yolokit.accel.launch import launch
         return launch(_train_worker, config.devices, config)[0]
     return Trainer(config).fit()
