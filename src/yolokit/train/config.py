@@ -29,6 +29,8 @@ class TrainConfig:
     model: str | None = None      # a variant name; None: the variant of `weights`, else yolov8n
     data: str = "shapes"
     weights: str | None = None    # pretrained weights (any format yolokit.load reads); they bring their variant
+    freeze: int | str | None = None  # the first N layers, or name prefixes ("backbone,neck.top_down4"), kept
+    #                                  as they are: no gradient, no weight decay, BatchNorm statistics fixed
     epochs: int = 100
     imgsz: int = 640
     batch: int | str = 16   # total over all processes (each runs batch / world), or "auto"
@@ -62,6 +64,7 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"
     devices: int = 1
+    dist_timeout: float = 30.0   # minutes any collective may wait for the other processes
     sync_bn: bool = False  # SyncBatchNorm over the processes (several CUDA processes only)
     workers: int | None = None  # loader processes; None: CPU cores per process - 1 on CUDA, 2 on the CPU
     tf32: bool | None = None    # TF32 in float32 matmuls and convolutions; None: on with CUDA
@@ -73,6 +76,7 @@ class TrainConfig:
     resume: str | None = None   # a run folder or its last.pt; "auto": the run is `out` itself, resumed
     #                             when out/weights/last.pt exists (what restarted torchrun groups need)
     save_period_iters: int = 0  # also write weights/last.pt every N optimizer steps (0: at epoch ends only)
+    save_period: int = 0        # also keep weights/epoch{N}.pt every N epochs (0: never)
     val_interval: int = 1
     patience: int = 50
     conf: float = 0.001
@@ -84,6 +88,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.augment, dict):  # from YAML or a checkpoint's train_config
             self.augment = _augment(self.augment, {})
+        if isinstance(self.freeze, list):                 # YAML: a list of name prefixes
+            self.freeze = ",".join(str(n) for n in self.freeze)
+        if isinstance(self.freeze, str) and self.freeze.strip().isdigit():   # the CLI gives strings
+            self.freeze = int(self.freeze)
         if isinstance(self.batch, str) and self.batch != "auto":
             try:
                 self.batch = int(self.batch)
@@ -106,6 +114,9 @@ class TrainConfig:
             (self.mosaic_buffer >= 0, f"mosaic_buffer must be >= 0, got {self.mosaic_buffer}"),
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
             (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),
+            (self.save_period >= 0, f"save_period must be >= 0, got {self.save_period}"),
+            (self.dist_timeout > 0, f"dist_timeout must be > 0 minutes, got {self.dist_timeout}"),
+            (not isinstance(self.freeze, int) or self.freeze >= 0, f"freeze must be >= 0, got {self.freeze}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -22,14 +22,15 @@ class _Pairs:
     same_dtypes: bool
 
 
-def _pairs(ema: nn.Module, model: nn.Module) -> _Pairs:
+def _pairs(ema: nn.Module, model: nn.Module, frozen: tuple[str, ...] = ()) -> _Pairs:
     """Pairs every state-dict tensor of ``ema`` with ``model``'s (parameters as Parameter objects,
-    so a later ``param.data = ...`` is followed); a tensor shared under two names is updated once."""
+    so a later ``param.data = ...`` is followed); a tensor shared under two names is updated once;
+    tensors under the ``frozen`` prefixes are left out (constant, so averaging would only round)."""
     source = model.state_dict(keep_vars=True)
     pairs = _Pairs(model, [], [], [], [], True)
     seen = set()
     for name, value in ema.state_dict(keep_vars=True).items():
-        if id(value) in seen:
+        if id(value) in seen or any(name == pre or name.startswith(pre + ".") for pre in frozen):
             continue
         seen.add(id(value))
         new = source[name]
@@ -60,11 +61,14 @@ class ModelEMA:
         decay: asymptotic decay.
         tau: updates over which the decay ramps up.
         updates: updates already made (when resuming).
+        frozen: module prefixes the training keeps as they are (``TrainConfig.freeze``): their
+            tensors stay the model's, bit for bit (``d * x + (1 - d) * x`` need not round to ``x``).
     """
 
-    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0,
+                 frozen: tuple[str, ...] | list[str] = ()):
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
-        self.decay, self.tau, self.updates = decay, tau, updates
+        self.decay, self.tau, self.updates, self.frozen = decay, tau, updates, tuple(frozen)
         self._pairs: _Pairs | None = None
 
     def current_decay(self) -> float:
@@ -78,7 +82,7 @@ class ModelEMA:
         run the same arithmetic (``_foreach_lerp_`` would round differently).
         """
         if self._pairs is None or self._pairs.source is not model:
-            self._pairs = _pairs(self.module, model)
+            self._pairs = _pairs(self.module, model, self.frozen)
         pairs = self._pairs
         self.updates += 1
         d = self.current_decay()

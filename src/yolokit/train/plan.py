@@ -96,7 +96,7 @@ def start_processes(cfg: TrainConfig) -> Processes:
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and cfg.resume != "auto":
         warnings.warn("torchrun --max-restarts restarts the group, which continues this run only with "
                       "resume='auto' (--resume auto); as it is, a restart starts a new run", stacklevel=2)
-    device = distributed.setup(device=cfg.device)
+    device = distributed.setup(device=cfg.device, timeout=cfg.dist_timeout * 60)
     return Processes(device, rank=distributed.rank(), local_rank=distributed.local_rank() if world > 1 else 0,
                      world=world, local_world=distributed.local_world_size())
 

@@ -24,17 +24,14 @@ the last completed step (:class:`yolokit.accel.stop.GracefulStop`).
 from __future__ import annotations
 
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-import yolokit.losses
 from yolokit.accel import distributed, perf
 from yolokit.accel.accumulation import Accumulator
 from yolokit.accel.amp import Precision, TrainingDiverged
@@ -43,31 +40,19 @@ from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, DetectionLoader, build_dataloader, to_device
 from yolokit.models import Detector, create_model
-from yolokit.models.zoo import family_of
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar, TensorBoardLogger
 from yolokit.train.checkpoint import atomic_save, rank_states, resolve_run, restore_run, resume_note, run_state
 from yolokit.train.config import TrainConfig
 from yolokit.train.ema import ModelEMA
 from yolokit.train.evaluate import EvalResult, validate
+from yolokit.train.freeze import freeze, freeze_prefixes, hold_frozen
 from yolokit.train.meter import LossMeter
 from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
+from yolokit.train.parts import build_datasets, build_loss, seed_everything
 from yolokit.train.plan import RuntimePlan, runtime_plan, speed_settings, start_processes
 from yolokit.train.step import forward_backward
 from yolokit.train.weights import DEFAULT_MODEL, export_final, read_pretrained, transfer_weights
-
-
-def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
-    """The family's loss (``models.zoo.FAMILIES``), from the head's facts and the config's gains."""
-    family = family_of(model.config)
-    gains = {name: getattr(config, name) for name in family.loss_gains}
-    return getattr(yolokit.losses, family.loss)(**family.loss_facts(model.head), **gains)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 @dataclass
@@ -92,6 +77,7 @@ class Run:
     ema: ModelEMA | None
     channels_last: bool
     stop: GracefulStop
+    frozen: list[str]                   # module prefixes held as they are (TrainConfig.freeze)
     start_epoch: int = 0
     start_step: int = 0                 # optimizer steps of start_epoch taken before a resume
     resume_meter: dict | None = None    # this rank's loss sums of those steps
@@ -164,8 +150,7 @@ class Trainer:
         speed.apply()                            # CUDA: benchmark, TF32, fast kernels; CPU: deterministic
         callbacks, notes = self._callbacks(run_dir, main), []   # notes: lines for on_setup_end
 
-        # data: the main process builds (and caches) it first, then the others read it
-        train_set, val_set = _datasets(cfg, main)
+        train_set, val_set = build_datasets(cfg)   # every rank scans: no collective waits for rank 0
         names = list(train_set.names.values()) if isinstance(train_set.names, dict) else list(train_set.names)
 
         # model and loss: pretrained weights bring their variant; every process starts from the main one's weights
@@ -174,6 +159,9 @@ class Trainer:
         model = create_model(cfg.model, num_classes=len(names))
         if source is not None:
             transfer_weights(model, source, path=cfg.weights, report=notes.append)
+        frozen = freeze_prefixes(model, cfg.freeze)     # no gradient, no decay, BatchNorm statistics held
+        if frozen:
+            notes.append(f"frozen: {freeze(model, frozen):,} parameters of {', '.join(frozen)}")
         model.to(device)
         distributed.broadcast_module(model)
         criterion = build_loss(model, cfg)
@@ -183,7 +171,7 @@ class Trainer:
         perf.prepare_model(model, channels_last=channels_last or None)
         precision = Precision(cfg.precision, device)
 
-        ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+        ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau, frozen=frozen) if cfg.ema else None
         train_net = perf.prepare_model(model, compile=cfg.compile)
 
         # batch: the total over processes; "auto" probes the worst case once, the smallest fit over ranks
@@ -213,7 +201,7 @@ class Trainer:
         schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, plan.steps_per_epoch, cfg.warmup_epochs,
                               cfg.warmup_momentum, cfg.warmup_bias_lr, momentum, cfg.cos_lr)
         run = Run(cfg, plan, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net,
-                  criterion, precision, accumulator, optimizer, schedule, ema, channels_last, GracefulStop())
+                  criterion, precision, accumulator, optimizer, schedule, ema, channels_last, GracefulStop(), frozen)
         if resume is not None:
             restore_run(run, resume)
             notes.append(resume_note(run))
@@ -239,6 +227,7 @@ class Trainer:
         run.train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic   # Mosaic off for the last K
         run.loader.set_epoch(epoch, start_step=first)                  # their batches are not loaded again
         run.model.train()
+        hold_frozen(run.model, run.frozen)                             # their BatchNorm statistics stay fixed
         _call(run.callbacks, "on_epoch_start", epoch, cfg.epochs, len(run.loader))
         run.meter = meter = LossMeter(run.device)
         run.nonfinite = 0
@@ -344,6 +333,8 @@ class Trainer:
                 atomic_save(state, run.run_dir / "weights" / "last.pt")
                 if improved:
                     atomic_save(state, run.run_dir / "weights" / "best.pt")
+                if cfg.save_period and (epoch + 1) % cfg.save_period == 0:
+                    atomic_save(state, run.run_dir / "weights" / f"epoch{epoch + 1}.pt")
             run.done = epoch + 1
         _call(run.callbacks, "on_epoch_end", row)
         stop = run.stale >= cfg.patience
@@ -367,19 +358,6 @@ def _call(callbacks: list[Callback], hook: str, *args: Any) -> None:
     """Calls ``hook`` of every callback, in order."""
     for cb in callbacks:
         getattr(cb, hook)(*args)
-
-
-def _datasets(cfg: TrainConfig, main: bool) -> tuple[DetectionDataset, DetectionDataset]:
-    """The train and val splits; the main process builds them first (caches), then the others."""
-    def build() -> tuple[DetectionDataset, DetectionDataset]:
-        train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment,
-                                     cache_images=cfg.cache, buffer_size=cfg.mosaic_buffer)
-        val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache)
-        return train_set, val_set
-
-    sets = build() if main else None
-    distributed.barrier()
-    return sets if sets is not None else build()
 
 
 def _train_worker(config: TrainConfig) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""Pieces :meth:`yolokit.train.Trainer.setup` builds: the family's loss, the seeds, the datasets."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+import yolokit.losses
+from yolokit.data import DetectionDataset
+from yolokit.models import Detector
+from yolokit.models.zoo import family_of
+from yolokit.train.config import TrainConfig
+
+
+def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
+    """The family's loss (``models.zoo.FAMILIES``), from the head's facts and the config's gains."""
+    family = family_of(model.config)
+    gains = {name: getattr(config, name) for name in family.loss_gains}
+    return getattr(yolokit.losses, family.loss)(**family.loss_facts(model.head), **gains)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_datasets(cfg: TrainConfig) -> tuple[DetectionDataset, DetectionDataset]:
+    """The train and val splits, built by every process itself: nobody waits in a collective.
+
+    A rank that waited for rank 0's scan of a large dataset would wait in a collective and could
+    trip its timeout (``dist_timeout``); scanning on every rank keeps them in step. The label
+    cache is written atomically and the built-in ``shapes`` set is generated atomically, so
+    ranks that race to write them read whole files.
+    """
+    train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment,
+                                 cache_images=cfg.cache, buffer_size=cfg.mosaic_buffer)
+    val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache)
+    return train_set, val_set

@@ -1,0 +1,85 @@
+"""Fine-tuning knobs: freeze (layers or names), save_period, dist_timeout; datasets built without waiting."""
+
+import pytest
+import torch
+
+import yolokit
+from yolokit.data import make_shapes
+from yolokit.interop.ultralytics import LAYER_NAMES
+from yolokit.train import TrainConfig, train
+from yolokit.train.checkpoint import load_checkpoint
+from yolokit.train.freeze import freeze, freeze_prefixes, layer_names
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=16, n_val=4, imgsz=64))
+
+
+def test_freeze_n_counts_layers_as_ultralytics_does():
+    model = yolokit.create_model("yolov8n", num_classes=3)
+    layers = layer_names(model)
+    assert layers[:10] == [LAYER_NAMES[i] for i in range(10)]      # freeze=10: the backbone in both
+    assert freeze_prefixes(model, 10) == layers[:10] and layers[-3:] == ["head.box", "head.cls", "head.dfl"]
+    assert freeze_prefixes(model, "backbone, neck.top_down4") == ["backbone", "neck.top_down4"]
+    assert freeze_prefixes(model, None) == freeze_prefixes(model, 0) == []
+    with pytest.raises(ValueError, match=f"freeze=99: the model has {len(layers)} layers"):
+        freeze_prefixes(model, 99)
+    with pytest.raises(ValueError, match="freeze names no parameters of the model: backbone.nothing"):
+        freeze_prefixes(model, "backbone,backbone.nothing")
+    count = freeze(model, ["backbone"])
+    assert count == sum(p.numel() for n, p in model.named_parameters() if n.startswith("backbone."))
+    assert all(not p.requires_grad for n, p in model.named_parameters() if n.startswith("backbone."))
+    assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith("neck."))
+    assert len(layer_names(yolokit.create_model("yolov3-tiny"))) > 5
+
+
+def test_config_reads_freeze_from_flags_and_yaml():
+    assert TrainConfig(freeze="10").freeze == 10                       # the CLI gives a string
+    assert TrainConfig(freeze=["backbone", "neck.down3"]).freeze == "backbone,neck.down3"   # a YAML list
+    for bad, says in (({"freeze": -1}, "freeze must be >= 0"), ({"save_period": -2}, "save_period must be >= 0"),
+                      ({"dist_timeout": 0}, "dist_timeout must be > 0 minutes")):
+        with pytest.raises(ValueError, match=says):
+            TrainConfig(**bad)
+
+
+def test_frozen_layers_stay_bit_identical_and_epochs_are_kept(shapes, tmp_path):
+    """A yolov8n fine-tuned with its backbone frozen: the backbone's weights and BatchNorm statistics
+    (model and EMA) are the file's, bit for bit; the rest trained; save_period=1 keeps every epoch."""
+    start = yolokit.create_model("yolov8n", num_classes=4)
+    yolokit.save(start, tmp_path / "start.pt")
+    before = {k: v.clone() for k, v in start.state_dict().items()}
+    cfg = TrainConfig(data=shapes, weights=str(tmp_path / "start.pt"), freeze="backbone", imgsz=64, batch=8, nbs=8,
+                      epochs=2, workers=0, out=str(tmp_path / "run"), plots=False, warmup_epochs=0.0,
+                      close_mosaic=1, save_period=1)
+    train(cfg)
+    weights = tmp_path / "run" / "weights"
+    assert sorted(p.name for p in weights.glob("epoch*.pt")) == ["epoch1.pt", "epoch2.pt"]
+    assert load_checkpoint(weights / "epoch1.pt")["epoch"] == 1
+    state = load_checkpoint(weights / "last.pt")
+    for source in (state["model"], state["ema"]["module"]):
+        backbone = [k for k in before if k.startswith("backbone.")]
+        assert backbone and all(torch.equal(source[k], before[k]) for k in backbone), "the backbone moved"
+        assert any("running_mean" in k for k in backbone)
+        moved = [k for k in before if k.startswith("neck.") and before[k].is_floating_point()
+                 and not torch.equal(source[k], before[k])]
+        assert moved, "nothing outside the frozen part trained"
+
+
+def test_datasets_are_built_without_a_collective_and_the_timeout_reaches_the_group(shapes, monkeypatch):
+    """Every rank scans its datasets itself (a rank waiting for rank 0's scan in a barrier would trip
+    the collective timeout), and dist_timeout (minutes) is the process group's timeout."""
+    from yolokit.accel import distributed
+    from yolokit.train import parts, plan
+
+    def no_collective(*args, **kwargs):
+        raise AssertionError("a collective while building the datasets")
+
+    monkeypatch.setattr(distributed, "barrier", no_collective)
+    monkeypatch.setattr(distributed, "broadcast_object", no_collective)
+    train_set, val_set = parts.build_datasets(TrainConfig(data=shapes, imgsz=64))
+    assert (len(train_set), len(val_set)) == (16, 4)
+    seen = {}
+    monkeypatch.setattr(plan.distributed, "setup", lambda **kw: seen.update(kw) or torch.device("cpu"))
+    plan.start_processes(TrainConfig(dist_timeout=180))
+    assert seen == {"device": "auto", "timeout": 180 * 60}
