@@ -37,8 +37,10 @@ def test_freeze_n_counts_layers_as_ultralytics_does():
 def test_config_reads_freeze_from_flags_and_yaml():
     assert TrainConfig(freeze="10").freeze == 10                       # the CLI gives a string
     assert TrainConfig(freeze=["backbone", "neck.down3"]).freeze == "backbone,neck.down3"   # a YAML list
+    assert TrainConfig(classes="0,2").classes == [0, 2] and TrainConfig(classes=[3]).classes == [3]
     for bad, says in (({"freeze": -1}, "freeze must be >= 0"), ({"save_period": -2}, "save_period must be >= 0"),
-                      ({"dist_timeout": 0}, "dist_timeout must be > 0 minutes")):
+                      ({"dist_timeout": 0}, "dist_timeout must be > 0 minutes"),
+                      ({"fraction": 1.5}, "fraction must be in"), ({"classes": "cats"}, "classes must be class ids")):
         with pytest.raises(ValueError, match=says):
             TrainConfig(**bad)
 
@@ -83,3 +85,56 @@ def test_datasets_are_built_without_a_collective_and_the_timeout_reaches_the_gro
     monkeypatch.setattr(plan.distributed, "setup", lambda **kw: seen.update(kw) or torch.device("cpu"))
     plan.start_processes(TrainConfig(dist_timeout=180))
     assert seen == {"device": "auto", "timeout": 180 * 60}
+
+
+def test_select_draws_a_seeded_subset_and_filters_classes():
+    import numpy as np
+
+    from yolokit.data.labels import SplitIndex
+    from yolokit.data.selection import select
+
+    n = 40
+    labels = [np.array([[i % 4, 0, 0, 5, 5], [(i + 1) % 4, 1, 1, 6, 6]], np.float32) for i in range(n)]
+    index = SplitIndex([f"{i}.jpg" for i in range(n)], np.zeros((n, 2), np.int32), labels, ["a", "b", "c", "d"])
+    half, notes = select(index, fraction=0.25, seed=7)
+    again, _ = select(index, fraction=0.25, seed=7)          # what every rank, and a resumed run, draws
+    other, _ = select(index, fraction=0.25, seed=8)
+    assert len(half) == 10 and half.paths == again.paths != other.paths
+    assert half.paths == sorted(half.paths, key=lambda p: int(p.split(".")[0]))   # original order kept
+    assert notes == ["fraction 0.25: 10 of 40 images (seed 7)"]
+    kept, notes = select(index, classes=[1, 3])
+    assert len(kept) == n and all(set(x[:, 0].tolist()) <= {1.0, 3.0} for x in kept.labels)
+    assert sum(len(x) for x in kept.labels) == 40 and notes == [
+        "classes 1, 3 (b, d): 40 of 80 labels of other classes dropped"]
+    one, notes = select(index, single_cls=True)
+    assert one.names == ["object"] and all((x[:, 0] == 0).all() for x in one.labels)
+    assert all(np.array_equal(x[:, 1:], y[:, 1:]) for x, y in zip(one.labels, labels, strict=True))
+    for bad, says in (({"fraction": 0.0}, "fraction must be in"), ({"classes": [4]}, "the data has classes 0..3")):
+        with pytest.raises(ValueError, match=says):
+            select(index, **bad)
+
+
+def test_a_run_on_a_fraction_of_some_classes_and_one_as_single_class(shapes, tmp_path, monkeypatch, capsys):
+    from yolokit.losses import YOLOv8Loss
+
+    seen = set()
+    original = YOLOv8Loss.forward
+
+    def spy(self, maps, targets, max_boxes=None):
+        seen.update(targets[:, 1].long().tolist())
+        return original(self, maps, targets, max_boxes=max_boxes)
+
+    monkeypatch.setattr(YOLOv8Loss, "forward", spy)
+    base = dict(data=shapes, imgsz=64, batch=4, nbs=4, epochs=1, workers=0, plots=False, warmup_epochs=0.0,
+                close_mosaic=0)
+    train(TrainConfig(**base, out=str(tmp_path / "part"), fraction=0.5, classes="0,2"))
+    out = capsys.readouterr().out
+    assert "train: fraction 0.5: 8 of 16 images (seed 0)" in out
+    assert "train: classes 0, 2" in out and "labels of other classes dropped" in out
+    assert seen and seen <= {0, 2}                             # no other class reached the loss
+    state = load_checkpoint(tmp_path / "part" / "weights" / "last.pt")
+    assert state["plan"]["steps_per_epoch"] == 2               # 8 images of the 16, batches of 4
+    seen.clear()
+    train(TrainConfig(**base, out=str(tmp_path / "one"), single_cls=True))
+    model = yolokit.load(tmp_path / "one" / "weights" / "model.pt")
+    assert model.num_classes == 1 and seen == {0}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import get_spawning_popen
 from typing import Any
@@ -36,6 +37,7 @@ from torch.utils.data import Dataset
 from yolokit.data.albu import Albumentations
 from yolokit.data.images import ImageError, letterbox, read_image
 from yolokit.data.mosaic import mixup, mosaic4_canvas
+from yolokit.data.selection import select
 from yolokit.data.sources import DatasetError, load_split
 from yolokit.data.transforms import (
     AugmentConfig,
@@ -92,6 +94,9 @@ class DetectionDataset(Dataset):
             run after the affine step when augmenting.
         image_dir: COCO only, the image folder (guessed when None).
         label_cache: read/write the label cache.
+        fraction, subset_seed, classes, single_cls: train on part of the split (a seeded
+            share of the images, some classes' labels, or all classes as one); see
+            `yolokit.data.selection.select`. What they leave out is in `selection_notes`.
 
     Example:
         >>> ds = DetectionDataset("shapes", "val", imgsz=320)  # doctest: +SKIP
@@ -103,10 +108,13 @@ class DetectionDataset(Dataset):
                  augment: bool = False, hyp: AugmentConfig | None = None, rect: bool = False,
                  stride: int = 32, cache_images: bool = False, albumentations: Any = None,
                  image_dir: str | os.PathLike | None = None, label_cache: bool = True,
-                 buffer_size: int = 64) -> None:
+                 buffer_size: int = 64, fraction: float = 1.0, subset_seed: int = 0,
+                 classes: Sequence[int] | None = None, single_cls: bool = False) -> None:
         if rect and augment:
             raise ValueError("rect batches are for evaluation: use augment=False with rect=True")
-        self.index = load_split(source, split, image_dir=image_dir, cache=label_cache)
+        self.index, self.selection_notes = select(
+            load_split(source, split, image_dir=image_dir, cache=label_cache), fraction=fraction, seed=subset_seed,
+            classes=classes, single_cls=single_cls)
         self.names = self.index.names
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
         self.hyp = hyp or AugmentConfig()

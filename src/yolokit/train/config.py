@@ -31,6 +31,9 @@ class TrainConfig:
     weights: str | None = None    # pretrained weights (any format yolokit.load reads); they bring their variant
     freeze: int | str | None = None  # the first N layers, or name prefixes ("backbone,neck.top_down4"), kept
     #                                  as they are: no gradient, no weight decay, BatchNorm statistics fixed
+    fraction: float = 1.0       # share of the training images, drawn with `seed` (the same on every rank)
+    classes: str | list[int] | None = None  # train on these class ids only ("0,2"); other labels are dropped
+    single_cls: bool = False    # every class trained as one, "object"
     epochs: int = 100
     imgsz: int = 640
     batch: int | str = 16   # total over all processes (each runs batch / world), or "auto"
@@ -92,6 +95,11 @@ class TrainConfig:
             self.freeze = ",".join(str(n) for n in self.freeze)
         if isinstance(self.freeze, str) and self.freeze.strip().isdigit():   # the CLI gives strings
             self.freeze = int(self.freeze)
+        if isinstance(self.classes, str):                 # the CLI gives "0,2"
+            try:
+                self.classes = [int(c) for c in self.classes.replace(" ", ",").split(",") if c]
+            except ValueError:
+                raise ValueError(f"classes must be class ids such as 0,2; got {self.classes!r}") from None
         if isinstance(self.batch, str) and self.batch != "auto":
             try:
                 self.batch = int(self.batch)
@@ -115,6 +123,8 @@ class TrainConfig:
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
             (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),
             (self.save_period >= 0, f"save_period must be >= 0, got {self.save_period}"),
+            (0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}"),
+            (self.classes is None or len(self.classes) > 0, "classes must name at least one class id"),
             (self.dist_timeout > 0, f"dist_timeout must be > 0 minutes, got {self.dist_timeout}"),
             (not isinstance(self.freeze, int) or self.freeze >= 0, f"freeze must be >= 0, got {self.freeze}"),
         ]

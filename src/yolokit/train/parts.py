@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -28,15 +29,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_datasets(cfg: TrainConfig) -> tuple[DetectionDataset, DetectionDataset]:
+def build_datasets(cfg: TrainConfig, report: Callable[[str], None] = print
+                   ) -> tuple[DetectionDataset, DetectionDataset]:
     """The train and val splits, built by every process itself: nobody waits in a collective.
 
     A rank that waited for rank 0's scan of a large dataset would wait in a collective and could
     trip its timeout (``dist_timeout``); scanning on every rank keeps them in step. The label
     cache is written atomically and the built-in ``shapes`` set is generated atomically, so
-    ranks that race to write them read whole files.
+    ranks that race to write them read whole files. ``fraction`` draws the training images
+    with ``seed`` (the same on every rank and after a resume); ``classes`` and ``single_cls``
+    apply to both splits. ``report`` receives what they left out.
     """
+    chosen = dict(classes=cfg.classes, single_cls=cfg.single_cls)
     train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment,
-                                 cache_images=cfg.cache, buffer_size=cfg.mosaic_buffer)
-    val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache)
+                                 cache_images=cfg.cache, buffer_size=cfg.mosaic_buffer, fraction=cfg.fraction,
+                                 subset_seed=cfg.seed, **chosen)
+    val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache, **chosen)
+    for split, data in (("train", train_set), ("val", val_set)):
+        for note in data.selection_notes:
+            report(f"{split}: {note}")
     return train_set, val_set

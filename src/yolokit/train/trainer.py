@@ -150,7 +150,7 @@ class Trainer:
         speed.apply()                            # CUDA: benchmark, TF32, fast kernels; CPU: deterministic
         callbacks, notes = self._callbacks(run_dir, main), []   # notes: lines for on_setup_end
 
-        train_set, val_set = build_datasets(cfg)   # every rank scans: no collective waits for rank 0
+        train_set, val_set = build_datasets(cfg, notes.append)   # every rank scans: none waits in a collective
         names = list(train_set.names.values()) if isinstance(train_set.names, dict) else list(train_set.names)
 
         # model and loss: pretrained weights bring their variant; every process starts from the main one's weights
