@@ -138,3 +138,23 @@ def test_a_run_on_a_fraction_of_some_classes_and_one_as_single_class(shapes, tmp
     train(TrainConfig(**base, out=str(tmp_path / "one"), single_cls=True))
     model = yolokit.load(tmp_path / "one" / "weights" / "model.pt")
     assert model.num_classes == 1 and seen == {0}
+
+
+def test_a_time_budget_stops_at_a_step_validated_and_saved_and_resume_goes_on(shapes, tmp_path, capsys):
+    """A budget that runs out at once: the run stops after its first optimizer step (mid-epoch),
+    validates, writes last.pt at that step and the final weights; each resume takes one more step."""
+    out = tmp_path / "run"
+    cfg = TrainConfig(data=shapes, imgsz=64, batch=4, nbs=4, epochs=1, workers=0, plots=False, warmup_epochs=0.0,
+                      close_mosaic=0, out=str(out), time=1e-9)     # 16 images: 4 steps in the epoch
+    train(cfg)
+    printed = capsys.readouterr().out
+    assert f"time budget of 1e-09 h used after 1 optimizer steps: continue with `yolokit train --resume {out}`" \
+        in printed and "val: P" in printed
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (0, 1, 1)
+    assert (out / "weights" / "model.pt").is_file() and not (out / "results.csv").exists()   # no partial row
+    train(TrainConfig(resume=str(out)))                            # the saved budget again: one more step
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (0, 2, 2)
+    with pytest.raises(ValueError, match="time must be >= 0 hours"):
+        TrainConfig(time=-1)

@@ -56,6 +56,10 @@ class Callback:
     def on_interrupt(self, steps: int, run_dir: Path) -> None:
         """Ctrl-C or SIGTERM: ``last.pt`` in ``run_dir`` holds the last of ``steps`` optimizer steps."""
 
+    def on_time_up(self, steps: int, run_dir: Path, hours: float, metrics: dict[str, float] | None) -> None:
+        """The ``time`` budget ran out: the run stopped after ``steps`` optimizer steps, validated (``metrics``
+        when it stopped mid-epoch; at an epoch's end ``on_epoch_end`` had them) and saved."""
+
     def on_train_end(self) -> None: ...
 
     def on_export(self, weights: Path) -> None:
@@ -118,6 +122,15 @@ class ProgressBar(Callback):
         if self.bar is not None:
             self.bar.close()
         self._write(f"\ninterrupted after {steps} optimizer steps: resume with `yolokit train --resume {run_dir}`")
+
+    def on_time_up(self, steps: int, run_dir: Path, hours: float, metrics: dict[str, float] | None) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if metrics is not None:
+            self._write(f"\n  val: P {metrics['precision']:.3f}  R {metrics['recall']:.3f}  "
+                        f"mAP50 {metrics['mAP50']:.3f}  mAP50-95 {metrics['mAP50-95']:.3f}")
+        self._write(f"time budget of {hours:g} h used after {steps} optimizer steps: continue with "
+                    f"`yolokit train --resume {run_dir}`")
 
     def on_export(self, weights: Path) -> None:
         self._write(f"results in {self.run_dir}")

@@ -35,6 +35,8 @@ class TrainConfig:
     classes: str | list[int] | None = None  # train on these class ids only ("0,2"); other labels are dropped
     single_cls: bool = False    # every class trained as one, "object"
     epochs: int = 100
+    time: float = 0.0           # hours; the run stops at the first step boundary past it, validated and
+    #                             saved (resume continues, with the budget again); 0: no limit
     imgsz: int = 640
     batch: int | str = 16   # total over all processes (each runs batch / world), or "auto"
     nbs: int = 64                  # nominal batch: images one optimizer step represents
@@ -123,6 +125,7 @@ class TrainConfig:
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
             (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),
             (self.save_period >= 0, f"save_period must be >= 0, got {self.save_period}"),
+            (self.time >= 0, f"time must be >= 0 hours, got {self.time}"),
             (0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}"),
             (self.classes is None or len(self.classes) > 0, "classes must name at least one class id"),
             (self.dist_timeout > 0, f"dist_timeout must be > 0 minutes, got {self.dist_timeout}"),

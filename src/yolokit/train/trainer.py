@@ -91,6 +91,8 @@ class Run:
     data_wait: float = 0.0              # seconds of this epoch the loop waited for the loader
     nonfinite: int = 0                  # this rank's non-finite losses in a row, as last read
     retries_synced: int = 0             # optimizer-step retries (any rank) the ranks have resynced after
+    deadline: float = math.inf          # perf_counter() when the time budget runs out (TrainConfig.time)
+    out_of_time: bool = False           # every rank agreed that it ran out
 
     done: int = 0                       # epochs completed and checkpointed
 
@@ -116,8 +118,15 @@ class Trainer:
             with run.stop:                       # Ctrl-C / SIGTERM: stop at an optimizer step boundary
                 for epoch in range(run.start_epoch, run.cfg.epochs):
                     losses = self.train_epoch(run, epoch)
-                    if self.end_epoch(run, epoch, losses):
+                    mid_epoch = run.step_in_epoch < run.plan.steps_per_epoch
+                    if run.out_of_time and mid_epoch:      # the time budget: validate, save this step
+                        self._stop_in_epoch(run, epoch)
                         break
+                    if self.end_epoch(run, epoch, losses) or run.out_of_time:
+                        break
+                if run.out_of_time:
+                    _call(run.callbacks, "on_time_up", run.steps, run.run_dir, run.cfg.time,
+                          run.result.as_dict() if mid_epoch else None)
         except KeyboardInterrupt as exc:         # a second signal from here on ends the process at once
             stop = Interrupted.of(exc)
             run.accumulator.rewind()             # a partial step leaves no trace (gradients, BatchNorm stats)
@@ -215,6 +224,7 @@ class Trainer:
             workers=speed.workers,
             sync_bn=sync_bn, config=cfg.to_yaml(), notes=notes))
         _call(callbacks, "on_train_start", run_dir, cfg.to_dict())
+        run.deadline = time.perf_counter() + cfg.time * 3600 if cfg.time else math.inf
         return run
 
     # --- one epoch -------------------------------------------------------------------------
@@ -247,13 +257,15 @@ class Trainer:
             meter.add(acc.run(micro_step, batch))    # micro-batches; split and replayed on OOM
             if acc.should_step():                          # gradients summed over processes
                 self._optimizer_step(run, epoch)
+                if run.out_of_time:                        # the time budget: every rank stops here
+                    break
             if meter.due(i):                               # the device is read every few batches only
                 run.nonfinite = meter.longest_nonfinite_run()   # decided at a step boundary, by all ranks
                 run.precision.check()                      # skipped steps (the same on every rank): warn, or stop
             _call(run.callbacks, "on_batch_end", meter.running(), len(batch["indices"]),
                   memory_in_use(run.device) / 2**30, run.data_share())
             ready = time.perf_counter()
-        while acc.should_step():                           # uneven shards: the other ranks' last steps
+        while not run.out_of_time and acc.should_step():   # uneven shards: the other ranks' last steps
             self._optimizer_step(run, epoch)
         self._check_finite(run, max(distributed.all_gather_object(meter.longest_nonfinite_run())), epoch)
         run.precision.check()
@@ -283,13 +295,23 @@ class Trainer:
         """What every rank decides together at a step boundary (one exchange; see ``GracefulStop.requested``):
         a signal stops all, a loss that stays non-finite stops all, and after an optimizer step some
         rank retried on out-of-memory, all continue as rank 0 (``Accumulator.resync``)."""
-        if run.stop.requested(run.nonfinite, run.accumulator.step_retries):
+        late = int(time.perf_counter() > run.deadline)
+        if run.stop.requested(run.nonfinite, run.accumulator.step_retries, late):
             raise Interrupted(run.stop.received)
-        nonfinite, retried = run.stop.agreed or (0, 0)
+        nonfinite, retried, late = run.stop.agreed or (0, 0, 0)
+        run.out_of_time = run.out_of_time or bool(late)
         self._check_finite(run, nonfinite, epoch)
         if retried > run.retries_synced:
             run.accumulator.resync(run.optimizer)
             run.retries_synced = retried
+
+    def _stop_in_epoch(self, run: Run, epoch: int) -> None:
+        """The time budget ran out mid-epoch: validate, and ``last.pt`` at this step (resume continues here)."""
+        run.result, _ = validate(run.ema.module if run.ema else run.model, run.val_loader,
+                                 num_classes=len(run.names), conf=run.cfg.conf, iou=run.cfg.iou,
+                                 max_det=run.cfg.max_det)
+        _call(run.callbacks, "on_validation_end", run.result, [], run.names)
+        self._save_position(run, epoch)
 
     def _save_position(self, run: Run, epoch: int) -> None:
         """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
