@@ -48,6 +48,38 @@ def fit_recording(config: TrainConfig) -> dict:
     return {"result": result, "digests": digests, "rank": distributed.rank()}
 
 
+def fit_where_one_rank_diverges(config: TrainConfig) -> dict:
+    """Rank 1's loss is NaN from its first batch on, rank 0's never: both must stop, at the same step."""
+    from yolokit.losses import YOLOv8Loss
+    from yolokit.train import TrainingDiverged
+
+    original = YOLOv8Loss.forward
+    if distributed.rank() == 1:
+        def nan(self, maps, targets, max_boxes=None):
+            total, parts = original(self, maps, targets, max_boxes=max_boxes)
+            return total * float("nan"), {k: v * float("nan") for k, v in parts.items()}
+        YOLOv8Loss.forward = nan
+    stopped_at = []
+    check = Trainer._check_finite
+
+    def recording(run, bad, epoch):
+        try:
+            check(run, bad, epoch)
+        except TrainingDiverged:
+            stopped_at.append(run.steps)
+            raise
+
+    Trainer._check_finite = staticmethod(recording)
+    try:
+        Trainer(config).fit()
+    except TrainingDiverged as exc:
+        return {"rank": distributed.rank(), "steps": stopped_at, "message": str(exc)}
+    finally:
+        Trainer._check_finite = staticmethod(check)
+        YOLOv8Loss.forward = original
+    return {"rank": distributed.rank(), "steps": stopped_at, "message": None}
+
+
 def fit_with_measured_batch(config: TrainConfig, per_rank: list[int] | None) -> dict:
     """Training with ``batch="auto"`` where rank r measures ``per_rank[r]`` (None: measuring fails)."""
     def measure(*args, **kwargs):

@@ -150,6 +150,16 @@ def test_batch_auto_is_decided_once_for_all_ranks_and_kept_on_resume(shapes, tmp
     assert state["epoch"] == 2 and state["batch"] == 4
 
 
+def test_a_loss_that_diverges_on_one_rank_stops_every_rank_at_the_same_step(shapes, tmp_path):
+    """Only rank 1 sees non-finite losses; the per-step exchange makes both stop together (a rank that
+    raised alone would leave the other waiting in a collective)."""
+    cfg = config(shapes, tmp_path / "nan", batch=4, nbs=4, epochs=2, max_bad_steps=2)   # 25 images: 13 steps
+    rank0, rank1 = launch(workers.fit_where_one_rank_diverges, 2, cfg, timeout=300)
+    assert rank0["message"] and "not finite for" in rank0["message"] and rank1["message"]
+    assert rank0["steps"] == rank1["steps"] and len(rank0["steps"]) == 1
+    assert rank0["steps"][0] < 13                              # within the first epoch, not at its end
+
+
 def test_batch_must_divide_among_the_processes(shapes, tmp_path):
     from yolokit.accel.launch import LaunchError
 

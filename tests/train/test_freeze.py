@@ -158,3 +158,17 @@ def test_a_time_budget_stops_at_a_step_validated_and_saved_and_resume_goes_on(sh
     assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (0, 2, 2)
     with pytest.raises(ValueError, match="time must be >= 0 hours"):
         TrainConfig(time=-1)
+
+
+def test_the_ema_leaves_frozen_tensors_bit_identical():
+    """``d * x + (1 - d) * x`` need not round back to ``x``: averaged, a constant tensor drifts."""
+    from yolokit.train.ema import ModelEMA
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+    plain, held = ModelEMA(model, decay=0.9, tau=1.0), ModelEMA(model, decay=0.9, tau=1.0, frozen=["0"])
+    for _ in range(20):               # the model does not change: only rounding can move the averages
+        plain.update(model)
+        held.update(model)
+    assert not torch.equal(plain.module[0].weight, model[0].weight)      # the drift the option avoids
+    assert torch.equal(held.module[0].weight, model[0].weight) and torch.equal(held.module[0].bias, model[0].bias)

@@ -80,7 +80,7 @@ def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAU
             raise
         flats = None                  # leaving the except block frees what was allocated
     if not all_ranks_agree(flats is not None):   # one rank out of memory: all take the same path
-        flats = None
+        del flats
         free_memory()
         for p in params:              # no extra memory: each gradient summed in place
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)     # dense in any memory format

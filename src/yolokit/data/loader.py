@@ -357,9 +357,8 @@ def build_dataloader(
         distributed = dist.is_available() and dist.is_initialized()
     if rank is None or world_size is None:
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    world = world_size
     if workers is None:
-        workers = min(8, max(1, (os.cpu_count() or 1) // world))
+        workers = min(8, max(1, (os.cpu_count() or 1) // world_size))
     rect = getattr(dataset, "rect", False)
     if shuffle is None:
         shuffle = bool(getattr(dataset, "augment", False)) and not rect
@@ -379,10 +378,10 @@ def build_dataloader(
                   prefetch_factor=prefetch_factor if workers > 0 else None)
     if rect:
         batches = AspectRatioBatchSampler(dataset.shapes, batch_size, rank=rank,
-                                          world_size=world)
+                                          world_size=world_size)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     else:
-        batches = ShardedBatchSampler(len(dataset), batch_size, rank=rank, world_size=world,
+        batches = ShardedBatchSampler(len(dataset), batch_size, rank=rank, world_size=world_size,
                                       accumulate=accumulate, shuffle=shuffle, seed=seed,
                                       drop_last=drop_last, whole_steps=whole_steps)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from yolokit.train.freeze import under
+
 
 @dataclass
 class _Pairs:
@@ -30,7 +32,7 @@ def _pairs(ema: nn.Module, model: nn.Module, frozen: tuple[str, ...] = ()) -> _P
     pairs = _Pairs(model, [], [], [], [], True)
     seen = set()
     for name, value in ema.state_dict(keep_vars=True).items():
-        if id(value) in seen or any(name == pre or name.startswith(pre + ".") for pre in frozen):
+        if id(value) in seen or under(name, frozen):
             continue
         seen.add(id(value))
         new = source[name]

@@ -17,6 +17,11 @@ from torch import nn
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
 
 
+def under(name: str, prefixes: list[str] | tuple[str, ...]) -> bool:
+    """Whether the parameter, buffer or module ``name`` is one of ``prefixes`` or lies under one."""
+    return any(name == pre or name.startswith(pre + ".") for pre in prefixes)
+
+
 def layer_names(model: nn.Module) -> list[str]:
     """The model's layers in forward order, as ``freeze=N`` counts them.
 
@@ -59,7 +64,7 @@ def freeze_prefixes(model: nn.Module, spec: int | str | list[str] | None) -> lis
         return layers[:spec]
     names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
     params = [n for n, _ in model.named_parameters()]
-    unknown = [n for n in names if not any(p == n or p.startswith(n + ".") for p in params)]
+    unknown = [n for n in names if not any(under(p, [n]) for p in params)]
     if unknown:
         raise ValueError(f"freeze names no parameters of the model: {', '.join(unknown)} (layers are "
                          f"{', '.join(layers[:4])}, ...; any prefix of a parameter name works)")
@@ -70,7 +75,7 @@ def freeze(model: nn.Module, prefixes: list[str]) -> int:
     """Sets ``requires_grad=False`` under ``prefixes`` and holds their BatchNorms; returns the parameters frozen."""
     frozen = 0
     for name, p in model.named_parameters():
-        if any(name == pre or name.startswith(pre + ".") for pre in prefixes):
+        if under(name, prefixes):
             p.requires_grad_(False)
             frozen += p.numel()
     hold_frozen(model, prefixes)
@@ -82,6 +87,5 @@ def hold_frozen(model: nn.Module, prefixes: list[str]) -> None:
     if not prefixes:
         return
     for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and any(
-                name == pre or name.startswith(pre + ".") for pre in prefixes):
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and under(name, prefixes):
             m.eval()

@@ -93,7 +93,6 @@ class Run:
     retries_synced: int = 0             # optimizer-step retries (any rank) the ranks have resynced after
     deadline: float = math.inf          # perf_counter() when the time budget runs out (TrainConfig.time)
     out_of_time: bool = False           # every rank agreed that it ran out
-
     done: int = 0                       # epochs completed and checkpointed
 
     device = property(lambda self: self.plan.device)
@@ -307,11 +306,16 @@ class Trainer:
 
     def _stop_in_epoch(self, run: Run, epoch: int) -> None:
         """The time budget ran out mid-epoch: validate, and ``last.pt`` at this step (resume continues here)."""
-        run.result, _ = validate(run.ema.module if run.ema else run.model, run.val_loader,
-                                 num_classes=len(run.names), conf=run.cfg.conf, iou=run.cfg.iou,
-                                 max_det=run.cfg.max_det)
-        _call(run.callbacks, "on_validation_end", run.result, [], run.names)
+        self._validate(run)
         self._save_position(run, epoch)
+
+    @staticmethod
+    def _validate(run: Run, keep_samples: int = 0) -> None:
+        """The EMA weights (or the model's) on the whole val split, every rank its shard; into ``run.result``."""
+        run.result, samples = validate(run.ema.module if run.ema else run.model, run.val_loader,
+                                       num_classes=len(run.names), conf=run.cfg.conf, iou=run.cfg.iou,
+                                       max_det=run.cfg.max_det, keep_samples=keep_samples)
+        _call(run.callbacks, "on_validation_end", run.result, samples, run.names)
 
     def _save_position(self, run: Run, epoch: int) -> None:
         """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
@@ -338,10 +342,7 @@ class Trainer:
         last = epoch + 1 == cfg.epochs
         evaluated = (epoch + 1) % cfg.val_interval == 0 or last
         if evaluated:
-            run.result, samples = validate(run.ema.module if run.ema else run.model, run.val_loader,
-                                           num_classes=len(run.names), conf=cfg.conf, iou=cfg.iou,
-                                           max_det=cfg.max_det, keep_samples=16 if last and cfg.plots else 0)
-            _call(run.callbacks, "on_validation_end", run.result, samples, run.names)
+            self._validate(run, keep_samples=16 if last and cfg.plots else 0)
         score = run.result.fitness
         improved = evaluated and score > run.best
         run.best, run.stale = (score, 0) if improved else (run.best, run.stale + int(evaluated))
