@@ -121,6 +121,8 @@ class _CrashAt(Callback):
     exception, leaving the files as a killed process leaves them) or the name of a signal sent
     to this process ("SIGINT", "SIGTERM"); on rank ``rank`` only (None: every rank)."""
 
+    all_ranks = True        # a user callback runs on rank 0 only, unless it says so
+
     def __init__(self, at: int, how: str, rank: int | None = None):
         self.at, self.how, self.rank, self.seen = at, how, rank, 0
 
@@ -148,14 +150,28 @@ def fit_until(config: TrainConfig, at: int | None = None, how: str = "crash", ra
     Returns the rank, how the run ended ("finished" or "KeyboardInterrupt"; a crash raises), and
     a digest of the RNG states when it ended.
     """
-    callbacks = [_CrashAt(at, how, rank)] if at else []
+    seen = _Seen()          # no all_ranks: on rank 0 only
+    callbacks = [seen] + ([_CrashAt(at, how, rank)] if at else [])
     try:
         Trainer(config, callbacks=callbacks).fit()
         ended = "finished"
     except KeyboardInterrupt:
         ended = "KeyboardInterrupt"
         distributed.teardown()
-    return {"rank": distributed.rank(), "ended": ended, "rng": rng_digest()}
+    return {"rank": distributed.rank(), "ended": ended, "rng": rng_digest(), "hooks": seen.calls}
+
+
+class _Seen(Callback):
+    """Counts the hooks it receives."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def on_batch_end(self, *args):
+        self.calls += 1
+
+    def on_epoch_end(self, row):
+        self.calls += 1
 
 
 def meter_means(batches_of_rank: list[int]) -> dict:

@@ -187,6 +187,7 @@ def reference2(shapes21, tmp_path_factory):
 def test_two_processes_resume_bit_for_bit_after_a_lost_rank(shapes21, reference2, tmp_path):
     reference, finished = reference2
     assert [r["ended"] for r in finished] == ["finished", "finished"] and finished[0]["rng"] != finished[1]["rng"]
+    assert finished[0]["hooks"] > 0 and finished[1]["hooks"] == 0    # a user callback: rank 0 only by default
     out = tmp_path / "run"
     cfg = config(shapes21, out, batch=4, nbs=8)
     with pytest.raises(LaunchError):                            # rank 0 fails in step 5; rank 1 loses it

@@ -55,6 +55,7 @@ def test_two_epochs_write_the_run_folder(shapes, tmp_path, model, capsys):
     assert all(t.is_contiguous() for t in saved.values())
     assert {p.name for p in run.iterdir()} >= {"results.png", "pr_curve.png", "f1_curve.png",
                                                  "confusion_matrix_normalized.png", "val_predictions.jpg"}
+    assert not {"tensorboard", "wandb", "steps.csv", "trackers.json"} & {p.name for p in run.iterdir()}  # none asked
 
 
 class StopAfter(Callback):
@@ -170,14 +171,19 @@ def test_everything_a_run_reports_goes_through_the_callbacks(shapes, tmp_path, m
     assert capsys.readouterr().out == ""  # the trainer printed nothing beside its callbacks
     names = [n for n, _ in rec.calls]
     assert names[:3] == ["on_setup_end", "on_train_start", "on_epoch_start"]
-    assert names[-3:] == ["on_early_stop", "on_train_end", "on_export"]
+    assert names[-3:] == ["on_early_stop", "on_export", "on_train_end"]   # trackers send the weights at the end
     summary = rec.calls[0][1][0]
     assert {k: summary[k] for k in ("batch", "per_process", "accumulate", "step_batch", "world", "classes")} == \
         {"batch": 8, "per_process": 8, "accumulate": 2, "step_batch": 16, "world": 1, "classes": 4}
     assert len(summary["notes"]) == 1 and "the weights have 7 classes, the data 4" in summary["notes"][0]
     (epoch, patience), = [args for n, args in rec.calls if n == "on_early_stop"]
     assert patience == 1 and names.count("on_epoch_end") == epoch + 1 < 4
-    assert rec.calls[-1][1] == (tmp_path / "run" / "weights" / "model.pt",) and rec.calls[-1][1][0].is_file()
+    assert rec.calls[-2][1] == (tmp_path / "run" / "weights" / "model.pt",) and rec.calls[-2][1][0].is_file()
+    # on_log: once per optimizer step on the CPU (accumulate 2: every other batch), steps counted in the run
+    logs = [args for n, args in rec.calls if n == "on_log"]
+    batches = names.count("on_batch_end")
+    assert [step for step, _ in logs] == list(range(1, len(logs) + 1)) and len(logs) >= batches // 2
+    assert all(set(values) == {"step/box", "step/cls", "step/dfl", "step/lr"} for _, values in logs)
     assert written[0].startswith("yolokit train: yolov8n on ") and "batch 8 (8 per process) x 2 accumulation" in \
         written[0]
     assert written[1] == summary["notes"][0]

@@ -1,13 +1,17 @@
-"""Training callbacks: a tqdm progress bar, a CSV log, TensorBoard, and end-of-run plots.
+"""Training callbacks: a tqdm progress bar, a CSV log and end-of-run plots (trackers: ``trackers.py``).
 
 A callback receives plain values (numbers, dicts, arrays), never the trainer, so each
 one can be tested and reused on its own. The trainer prints nothing itself: what a run
 reports goes through these hooks, and ``ProgressBar`` is the one that writes to the
 console. The trainer calls, in order: ``on_setup_end`` (what was built) and
-``on_train_start``, then per epoch ``on_epoch_start`` / ``on_batch_end`` ... /
-``on_validation_end`` / ``on_epoch_end`` (with the results row), ``on_early_stop`` when
-patience runs out, ``on_interrupt`` on Ctrl-C / SIGTERM, then ``on_train_end`` (always)
-and ``on_export`` (the final weights, when training finished).
+``on_train_start``, then per epoch ``on_epoch_start`` / ``on_batch_end`` (and ``on_log`` at the
+loss meter's read points) ... / ``on_validation_end`` / ``on_epoch_end`` (with the results row),
+``on_early_stop`` when patience runs out, ``on_interrupt`` on Ctrl-C / SIGTERM, ``on_export``
+(the final weights, when training finished), then ``on_train_end`` (always, last).
+
+Callbacks run on rank 0 only when several processes train: the console, the files and the
+trackers are written once. A callback whose class sets ``all_ranks = True`` runs on every
+rank (each sees its own rank's batches; ``on_epoch_end`` rows are the same everywhere).
 """
 
 from __future__ import annotations
@@ -26,7 +30,12 @@ from yolokit.train.plots import results_plot, validation_plots
 
 
 class Callback:
-    """No-op hooks; subclasses override what they need."""
+    """No-op hooks; subclasses override what they need.
+
+    ``all_ranks``: run on every process of a multi-process run (default: rank 0 only).
+    """
+
+    all_ranks: bool = False
 
     def on_setup_end(self, summary: dict[str, Any]) -> None:
         """What setup built: ``model``, ``data``, ``classes``, ``world``, ``device``, ``batch``,
@@ -44,6 +53,12 @@ class Callback:
         (device memory reserved on CUDA, the process's resident memory on the CPU) and the share
         of the epoch's time so far spent waiting for the loader, in [0, 1]."""
 
+    def on_log(self, step: int, values: dict[str, float]) -> None:
+        """At the loss meter's read points (every batch on the CPU, every 16 on a GPU), at most once per
+        optimizer step: ``step`` (optimizer steps taken in the run) and ``values``: ``step/<part>``, the
+        mean loss parts of this rank's batches since the previous call, and ``step/lr`` (named apart
+        from the epoch rows' ``train/<part>`` and ``lr``, which trackers log at the epoch's last step)."""
+
     def on_epoch_end(self, row: dict[str, float]) -> None: ...
 
     def on_validation_end(self, result: Any, samples: Sequence[tuple[np.ndarray, Any, Any]],
@@ -60,10 +75,11 @@ class Callback:
         """The ``time`` budget ran out: the run stopped after ``steps`` optimizer steps, validated (``metrics``
         when it stopped mid-epoch; at an epoch's end ``on_epoch_end`` had them) and saved."""
 
-    def on_train_end(self) -> None: ...
-
     def on_export(self, weights: Path) -> None:
         """The run finished and its final inference weights are at ``weights``."""
+
+    def on_train_end(self) -> None:
+        """The last hook, however the run ended (finished, interrupted or failed)."""
 
 
 class ProgressBar(Callback):
@@ -149,29 +165,6 @@ class CSVLogger(Callback):
             if new:
                 writer.writeheader()
             writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-
-
-class TensorBoardLogger(Callback):
-    """Scalars of every results row, when the ``tensorboard`` package is installed (else inert)."""
-
-    def __init__(self, log_dir: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except (ImportError, ModuleNotFoundError):
-            self.writer = None
-        else:
-            self.writer = SummaryWriter(str(log_dir))
-
-    def on_epoch_end(self, row: dict[str, float]) -> None:
-        if self.writer is not None:
-            step = int(row["epoch"])
-            for k, v in row.items():
-                if k != "epoch":
-                    self.writer.add_scalar(k.replace("/", "_"), v, step)
-
-    def on_train_end(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
 
 
 class Plotter(Callback):

@@ -175,6 +175,7 @@ def restore_run(run: Any, state: dict[str, Any]) -> None:
     run.resume_meter = restore_rank_state(state["ranks"])
     run.start_epoch, run.start_step = int(state["epoch"]), int(state["step_in_epoch"])
     run.best, run.stale, run.steps = float(state["best_fitness"]), int(state["stale"]), int(state["steps"])
+    run.logged = run.steps          # trackers log the steps after these
     last = state.get("result", {})  # the last validation's headline numbers: rows of epochs without one repeat them
     run.result = EvalResult(precision=last.get("precision", 0.0), recall=last.get("recall", 0.0),
                             map50=last.get("mAP50", 0.0), map50_95=last.get("mAP50-95", 0.0))

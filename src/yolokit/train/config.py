@@ -19,6 +19,7 @@ import yaml
 
 from yolokit.data import AugmentConfig
 from yolokit.models import MODELS, prefers_channels_last
+from yolokit.train.trackers import tracker_names
 
 
 @dataclass
@@ -89,6 +90,7 @@ class TrainConfig:
     max_det: int = 300
     max_bad_steps: int = 10
     plots: bool = True
+    tracker: str | list[str] | None = None   # experiment trackers: wandb, mlflow, tensorboard, csv ("wandb,csv")
 
     def __post_init__(self) -> None:
         if isinstance(self.augment, dict):  # from YAML or a checkpoint's train_config
@@ -102,6 +104,7 @@ class TrainConfig:
                 self.classes = [int(c) for c in self.classes.replace(" ", ",").split(",") if c]
             except ValueError:
                 raise ValueError(f"classes must be class ids such as 0,2; got {self.classes!r}") from None
+        self.tracker = tracker_names(self.tracker) or None   # names checked; a list
         if isinstance(self.batch, str) and self.batch != "auto":
             try:
                 self.batch = int(self.batch)

@@ -33,6 +33,7 @@ class LossMeter:
         self._counts = torch.zeros(3, device=device)  # finite batches, current bad run, longest bad run
         self._read: list[float] = []
         self._marked: tuple[torch.Tensor, torch.Tensor] | None = None   # (sums, counts) at the last mark
+        self._taken: list[float] | None = None        # sums and finite count at the last take_recent()
 
     def mark(self) -> None:
         """Remember the sums as they are now (device copies, nothing read)."""
@@ -51,6 +52,7 @@ class LossMeter:
         if self.keys:
             self._sums = state["sums"].to(self.device, copy=True)
             self._counts = state["counts"].to(self.device, copy=True)
+            self._taken = torch.cat([state["sums"], state["counts"][:1]]).tolist()
             self.mark()
 
     def add(self, outputs: list[tuple[dict[str, torch.Tensor], int]]) -> None:
@@ -79,6 +81,16 @@ class LossMeter:
             return {}
         n = max(self._read[len(self.keys)], 1.0)
         return {k: v / n for k, v in zip(self.keys, self._read, strict=False)}
+
+    def take_recent(self) -> dict[str, float]:
+        """Mean parts over the finite batches since the previous call (or the epoch's start, or the
+        resumed position), as of the last read; no device read here. Empty when there were none."""
+        if not self._read:
+            return {}
+        now = self._read[:len(self.keys) + 1]
+        before, self._taken = self._taken or [0.0] * len(now), now
+        n = now[-1] - before[-1]
+        return {k: (a - b) / n for k, a, b in zip(self.keys, now, before, strict=False)} if n > 0 else {}
 
     def longest_nonfinite_run(self) -> int:
         """Longest run of consecutive batches with a non-finite loss this epoch (reads the device)."""

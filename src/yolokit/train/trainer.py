@@ -41,7 +41,7 @@ from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, DetectionLoader, build_dataloader, to_device
 from yolokit.models import Detector, create_model
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
-from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar, TensorBoardLogger
+from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import atomic_save, rank_states, resolve_run, restore_run, resume_note, run_state
 from yolokit.train.config import TrainConfig
 from yolokit.train.ema import ModelEMA
@@ -52,6 +52,7 @@ from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
 from yolokit.train.parts import build_datasets, build_loss, seed_everything
 from yolokit.train.plan import RuntimePlan, runtime_plan, speed_settings, start_processes
 from yolokit.train.step import forward_backward
+from yolokit.train.trackers import run_callbacks
 from yolokit.train.weights import DEFAULT_MODEL, export_final, read_pretrained, transfer_weights
 
 
@@ -84,6 +85,7 @@ class Run:
     best: float = -1.0
     stale: int = 0
     steps: int = 0                      # optimizer steps taken in the run
+    logged: int = 0                     # the step of the last on_log (0: none yet)
     step_in_epoch: int = 0              # optimizer steps completed in the current epoch
     meter: LossMeter | None = None      # the current epoch's loss sums
     result: EvalResult = field(default_factory=EvalResult)
@@ -126,6 +128,10 @@ class Trainer:
                 if run.out_of_time:
                     _call(run.callbacks, "on_time_up", run.steps, run.run_dir, run.cfg.time,
                           run.result.as_dict() if mid_epoch else None)
+            if run.main:                         # the final weights, before on_train_end (trackers send them)
+                weights = export_final(run.ema.module if run.ema else run.model,
+                                       run.run_dir / "weights" / "model.pt", run.names, run.cfg)
+                _call(run.callbacks, "on_export", weights)
         except KeyboardInterrupt as exc:         # a second signal from here on ends the process at once
             stop = Interrupted.of(exc)
             run.accumulator.rewind()             # a partial step leaves no trace (gradients, BatchNorm stats)
@@ -138,10 +144,6 @@ class Trainer:
             run.loader.close()                   # workers end now, not at interpreter exit
             run.val_loader.close()
             _call(run.callbacks, "on_train_end")
-        if run.main:
-            weights = export_final(run.ema.module if run.ema else run.model, run.run_dir / "weights" / "model.pt",
-                                   run.names, run.cfg)
-            _call(run.callbacks, "on_export", weights)
         distributed.teardown()
         return {**run.result.as_dict(), "fitness": run.result.fitness, "run_dir": str(run.run_dir)}
 
@@ -156,7 +158,8 @@ class Trainer:
         seed_everything(cfg.seed + procs.rank)
         speed = speed_settings(cfg, device, procs.local_world)
         speed.apply()                            # CUDA: benchmark, TF32, fast kernels; CPU: deterministic
-        callbacks, notes = self._callbacks(run_dir, main), []   # notes: lines for on_setup_end
+        callbacks = run_callbacks(run_dir, main=main, plots=cfg.plots, trackers=cfg.tracker, user=self.user_callbacks)
+        notes: list[str] = []                    # lines for on_setup_end
 
         train_set, val_set = build_datasets(cfg, notes.append)   # every rank scans: none waits in a collective
         names = list(train_set.names.values()) if isinstance(train_set.names, dict) else list(train_set.names)
@@ -261,6 +264,10 @@ class Trainer:
             if meter.due(i):                               # the device is read every few batches only
                 run.nonfinite = meter.longest_nonfinite_run()   # decided at a step boundary, by all ranks
                 run.precision.check()                      # skipped steps (the same on every rank): warn, or stop
+                if run.steps > run.logged:                 # trackers: at most once per optimizer step
+                    run.logged, lr = run.steps, run.optimizer.param_groups[0]["lr"]
+                    losses = {f"step/{k}": v for k, v in meter.take_recent().items()}
+                    _call(run.callbacks, "on_log", run.steps, {**losses, "step/lr": lr})
             _call(run.callbacks, "on_batch_end", meter.running(), len(batch["indices"]),
                   memory_in_use(run.device) / 2**30, run.data_share())
             ready = time.perf_counter()
@@ -366,15 +373,6 @@ class Trainer:
         self._agree(run, epoch)
         return stop
 
-    # --- pieces ------------------------------------------------------------------------------
-
-    def _callbacks(self, run_dir: Path, main: bool) -> list[Callback]:
-        if not main:
-            return list(self.user_callbacks)
-        built = [ProgressBar(), CSVLogger(run_dir / "results.csv"), TensorBoardLogger(run_dir / "tensorboard")]
-        if self.config.plots:
-            built.append(Plotter(run_dir))
-        return built + self.user_callbacks
 
 
 def _call(callbacks: list[Callback], hook: str, *args: Any) -> None:
