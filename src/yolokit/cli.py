@@ -7,6 +7,7 @@ Each subcommand is a function ``run_<name>(args)``; ``main`` only parses and dis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -78,10 +79,15 @@ def run_val(args: argparse.Namespace) -> int:
               "the table uses the data's names")
     loader = build_dataloader(dataset, args.batch, workers=args.workers, shuffle=False)
     out = Path(args.out) if args.out else next_run_dir(Path("runs") / "val")
+    saving = args.save_json or args.save_txt
+    writer = ResultWriter(out, save=False, save_txt=args.save_txt, save_conf=args.save_conf,
+                          save_json=args.save_json, category_ids=dataset.category_ids) if saving else None
     started = time.perf_counter()
-    result, samples = validate(model, loader, num_classes=model.num_classes, conf=args.conf, iou=args.iou,
-                               max_det=args.max_det, multi_label=not args.single_label, progress=True,
-                               keep_samples=8 if args.plots else 0)
+    with writer or contextlib.nullcontext():   # closes predictions.json, also when stopped
+        result, samples = validate(model, loader, num_classes=model.num_classes, conf=args.conf, iou=args.iou,
+                                   max_det=args.max_det, multi_label=not args.single_label, progress=True,
+                                   keep_samples=8 if args.plots else 0,
+                                   on_image=writer.validation_sink(names, dataset.image_ids) if writer else None)
     seconds = time.perf_counter() - started
     print(result.format_table(names))
     print(f"{len(dataset)} images in {seconds:.1f} s on {next(model.parameters()).device}"
@@ -91,6 +97,10 @@ def run_val(args: argparse.Namespace) -> int:
     if args.plots:
         validation_plots(result, samples, names, out)
     print(f"per-class table{' and charts' if args.plots else ''} written to {out}")
+    if args.save_json:
+        print(f"COCO results written to {out / 'predictions.json'}")
+    if args.save_txt:
+        print(f"YOLO label files{' with scores' if args.save_conf else ''} written to {out / 'labels'}")
     return 0
 
 
@@ -182,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Validates by the usual protocol of the published YOLOv8 numbers: "
                                      "multi-label NMS, conf 0.001, iou 0.7, max_det 300, rectangular batches. "
                                      "Prints the per-class table and writes it (per_class.csv) with the charts "
-                                     "into the run folder.")
+                                     "into the run folder; --save-json and --save-txt also write the predictions.")
     model_flags(val, conf=0.001, imgsz=640)
     val.add_argument("--data", default="shapes", help="data.yaml, COCO json, or 'shapes'")
     val.add_argument("--split", default="val", help="train, val or test")
@@ -192,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--single-label", action="store_true", help="keep only each box's best class in NMS")
     val.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                      help="PR / F1 curves, confusion matrix, labels vs predictions")
+    val.add_argument("--save-json", action="store_true",
+                     help="COCO results in predictions.json (a COCO json's image and category ids)")
+    val.add_argument("--save-txt", action="store_true", help="YOLO label files under labels/")
+    val.add_argument("--save-conf", action="store_true", help="scores in the label files")
     val.add_argument("--out", help="run folder (default: runs/val, runs/val2, ...)")
     val.set_defaults(func=run_val)
 

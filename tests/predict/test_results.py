@@ -34,6 +34,18 @@ def test_coco_records_and_json():
     assert records[0] == {"name": "dog", "class": 1, "confidence": 0.9,
                           "box": {"x1": 20.0, "y1": 10.0, "x2": 60.0, "y2": 50.0}}
     assert records[1]["name"] == "cat" and records[1]["confidence"] == pytest.approx(0.4)
+    mapped = make_result().coco(image_id=205, category_ids=[3, 7])  # a COCO json's ids of classes 0 and 1
+    assert [(r["image_id"], r["category_id"]) for r in mapped] == [(205, 7), (205, 3)]
+
+
+def test_a_result_without_pixels_saves_but_does_not_draw():
+    result = make_result()
+    result.image = None   # validation's results
+    assert len(result.txt_lines()) == 2 and len(result.coco(1)) == 2
+    with pytest.raises(ValueError, match="holds no image"):
+        result.plot()
+    with pytest.raises(ValueError, match="holds no image"):
+        result.crops()
 
 
 def test_crops_cut_the_boxes_out_of_the_original():

@@ -6,6 +6,7 @@ import cv2
 import pytest
 import torch
 
+from yolokit.ops.nms import Detections
 from yolokit.predict import Result, ResultWriter, next_run_dir
 
 
@@ -27,6 +28,30 @@ def test_layout_and_same_stems_do_not_overwrite(tmp_path):
     assert crops == ["cat/007_0.jpg", "cat/a/x_0.jpg", "cat/a/x_png_0.jpg", "dog/b/x_0.jpg"]
     records = json.loads((tmp_path / "predictions.json").read_text())
     assert [r["image_id"] for r in records] == ["a/x", "a/x_png", "b/x", 7]  # numeric stems as COCO ids
+
+
+def test_validation_sink_writes_labels_and_json_with_the_given_ids(tmp_path):
+    det = Detections(torch.tensor([[2.0, 4.0, 12.0, 10.0], [0.0, 0.0, 32.0, 24.0]]), torch.tensor([0.5, 0.25]),
+                     torch.tensor([1, 0]))
+    with ResultWriter(tmp_path, save=False, save_txt=True, save_conf=True, save_json=True,
+                      category_ids=[3, 7]) as writer:
+        sink = writer.validation_sink(["cat", "dog"], image_ids=[101, 205])
+        sink(1, "data/images/0042.jpg", (24, 32), det)   # dataset index 1: json image 205
+        sink(0, "data/images/x.png", (24, 32), Detections(torch.zeros(0, 4), torch.zeros(0),
+                                                          torch.zeros(0, dtype=torch.long)))
+    records = json.loads((tmp_path / "predictions.json").read_text())
+    assert records == [{"image_id": 205, "category_id": 7, "bbox": [2.0, 4.0, 10.0, 6.0], "score": 0.5},
+                       {"image_id": 205, "category_id": 3, "bbox": [0.0, 0.0, 32.0, 24.0], "score": 0.25}]
+    assert (tmp_path / "labels" / "0042.txt").read_text().splitlines() == [
+        "1 0.218750 0.291667 0.312500 0.250000 0.5", "0 0.500000 0.500000 1.000000 1.000000 0.25"]
+    assert (tmp_path / "labels" / "x.txt").read_text() == ""   # an image without detections: an empty file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels", "predictions.json"]  # no drawings
+    with ResultWriter(tmp_path / "plain", save=False, save_json=True) as writer:  # no ids: stems, class indices
+        writer.validation_sink(["cat", "dog"])(0, "data/images/0042.jpg", (24, 32), det)
+    assert [(r["image_id"], r["category_id"]) for r in json.loads((tmp_path / "plain" / "predictions.json")
+                                                                  .read_text())] == [(42, 1), (42, 0)]
+    with pytest.raises(ValueError, match="save=False"), ResultWriter(tmp_path / "drawn") as writer:
+        writer.validation_sink(["cat"])
 
 
 def test_json_is_valid_when_nothing_was_detected(tmp_path):

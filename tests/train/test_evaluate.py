@@ -165,3 +165,16 @@ def test_validate_uses_the_protocol_and_returns_labelled_samples(tmp_path):
     assert (samples[1][0] == 114).all()  # an unreadable image shows grey
     validate(model, [batch], num_classes=1, multi_label=False)
     assert model.calls[-1]["multi_label"] is False
+
+
+def test_validate_hands_each_image_to_on_image():
+    batch = {"images": torch.zeros(2, 3, 32, 32), "orig_shapes": [(20, 30), (24, 20)],
+             "ratio_pad": [((1.0, 1.0), (0.0, 0.0))] * 2, "paths": ["b.png", "a.png"],
+             "indices": [1, 0], "targets": torch.tensor([[0, 0, 0.0, 0.0, 10.0, 10.0]])}
+    seen = []
+    result, _ = validate(FakeDetector(), [batch], num_classes=1,
+                         on_image=lambda *args: seen.append(args))
+    assert [(i, path, shape) for i, path, shape, _ in seen] == [(1, "b.png", (20, 30)), (0, "a.png", (24, 20))]
+    assert [d.scores.tolist() for *_, d in seen] == [[pytest.approx(0.9)], [pytest.approx(0.8)]]
+    assert all(d.boxes.device.type == "cpu" for *_, d in seen)
+    assert result.images == 2  # scored as before

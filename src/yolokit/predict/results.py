@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ class Result:
         path: the source: a file path, a stream URL, ``camera<i>`` or ``image<i>``.
         name: the relative path of its outputs in a run folder (see ``Frame.name``).
         orig_shape: (height, width) of the original image.
-        image: the original image, Tensor[3, H, W] RGB (uint8; float in [0, 1] is accepted).
+        image: the original image, Tensor[3, H, W] RGB (uint8; float in [0, 1] is accepted);
+            None for a result without pixels (``yolokit val``'s), which cannot be drawn or cropped.
         frame: index of the frame in its video or stream; None for a still image.
         fps: the video's frame rate; None for a still image.
     """
@@ -39,7 +41,7 @@ class Result:
     path: str
     name: str
     orig_shape: tuple[int, int]
-    image: Tensor
+    image: Tensor | None
     frame: int | None = None
     fps: float | None = None
 
@@ -54,6 +56,8 @@ class Result:
     def orig_img(self) -> np.ndarray:
         """The original image as an HxWx3 uint8 RGB array."""
         image = self.image
+        if image is None:
+            raise ValueError(f"the result of {self.path} holds no image to draw or crop")
         if image.is_floating_point():
             image = (image.clamp(0, 1) * 255).round().to(torch.uint8)
         return np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy())
@@ -91,11 +95,13 @@ class Result:
             lines.append(f"{c} " + " ".join(f"{v:.6f}" for v in values) + conf)
         return lines
 
-    def coco(self, image_id: int | str) -> list[dict[str, Any]]:
-        """COCO detection results: ``image_id``, ``category_id`` (the class index), ``bbox``
-        [x, y, w, h] in pixels, ``score``."""
-        return [{"image_id": image_id, "category_id": c, "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3),
-                                                                  round(y2 - y1, 3)], "score": round(s, 5)}
+    def coco(self, image_id: int | str, category_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """COCO detection results: ``image_id``, ``category_id``, ``bbox`` [x, y, w, h] in pixels,
+        ``score``. ``category_id`` is the class index, or ``category_ids[class]`` when given (a
+        COCO json's ids, ``DetectionDataset.category_ids``)."""
+        ids = list(category_ids) if category_ids is not None else None
+        return [{"image_id": image_id, "category_id": ids[c] if ids is not None else c,
+                 "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], "score": round(s, 5)}
                 for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
                                                   strict=True)]
 

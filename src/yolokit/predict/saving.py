@@ -16,7 +16,9 @@ overwritten. The JSON array is written entry by entry, never held in memory.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import cv2
 import numpy as np
@@ -45,16 +47,20 @@ class ResultWriter:
         save: annotated images and videos.
         save_txt: YOLO label files.
         save_conf: scores in the label files.
-        save_json: ``predictions.json`` with COCO results; ``image_id`` is the stem when it
-            is a number (COCO's file names), else the stem as a string.
+        save_json: ``predictions.json`` with COCO results; ``image_id`` is the one given to
+            ``write``, else the stem when it is a number (COCO's file names), else the stem
+            as a string.
         save_crop: one image per detection under ``crops/<class name>/``.
+        category_ids: the JSON's ``category_id`` of each class index (a COCO json's ids,
+            ``DetectionDataset.category_ids``); None writes the class index.
 
     Use as a context manager, or call ``close()``.
     """
 
     def __init__(self, out: str | Path, *, save: bool = True, save_txt: bool = False, save_conf: bool = False,
-                 save_json: bool = False, save_crop: bool = False):
+                 save_json: bool = False, save_crop: bool = False, category_ids: Sequence[int] | None = None):
         self.out = Path(out)
+        self.category_ids = list(category_ids) if category_ids is not None else None
         self.out.mkdir(parents=True, exist_ok=True)
         self.save, self.save_txt, self.save_conf, self.save_crop = save, save_txt, save_conf, save_crop
         self.stems: dict[str, str] = {}  # result name -> unique stem
@@ -86,8 +92,9 @@ class ResultWriter:
             self.stems[key] = stem
         return self.stems[key]
 
-    def write(self, result: Result) -> None:
-        """Saves one result (a frame of a video, at ``result.fps``, when ``result.frame`` is set)."""
+    def write(self, result: Result, image_id: int | str | None = None) -> None:
+        """Saves one result (a frame of a video, at ``result.fps``, when ``result.frame`` is set);
+        ``image_id`` names it in the JSON (default: from its stem)."""
         stem = self.stem(result)
         frame_stem = stem if result.frame is None else f"{stem}_{result.frame}"
         if self.save:
@@ -109,9 +116,35 @@ class ResultWriter:
                               np.ascontiguousarray(crop[..., ::-1]))
         if self.json is not None:
             last = PurePosixPath(frame_stem).name
-            for record in result.coco(int(last) if last.isdigit() else frame_stem):
+            if image_id is None:
+                image_id = int(last) if last.isdigit() else frame_stem
+            for record in result.coco(image_id, self.category_ids):
                 self.json.write(("," if self.json_entries else "") + "\n" + json.dumps(record))
                 self.json_entries += 1
+
+    def validation_sink(self, names: list[str], image_ids: Sequence[int | str] | None = None
+                        ) -> Callable[[int, str, tuple[int, int], Any], None]:
+        """An ``on_image`` callable for ``yolokit.train.validate``: writes each image's detections
+        as a ``Result`` without pixels (label file ``labels/<file stem>.txt``, JSON records).
+
+        Args:
+            names: class names by index.
+            image_ids: the JSON's ``image_id`` by dataset index (``DetectionDataset.image_ids``
+                of a COCO json); None names images by their file stem.
+
+        Raises:
+            ValueError: the writer draws images or crops (``save``, ``save_crop``), which
+                need the pixels validation does not keep.
+        """
+        if self.save or self.save_crop:
+            raise ValueError("validation results carry no pixels: make the writer with save=False, save_crop=False")
+        ids = list(image_ids) if image_ids is not None else None
+
+        def write(index: int, path: str, shape: tuple[int, int], det: Any) -> None:
+            result = Result(det.boxes, det.scores, det.labels, names, path, Path(path).name, tuple(shape), None)
+            self.write(result, None if ids is None else ids[index])
+
+        return write
 
     def _imwrite(self, path: Path, bgr: np.ndarray) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,6 +291,7 @@ def _confidence_metrics(result: EvalResult, scores: np.ndarray, tp: np.ndarray, 
 
 
 Sample = tuple[np.ndarray, Detections, Detections]  # (original RGB image, predictions, ground truth)
+ImageSink = Callable[[int, str, tuple[int, int], Detections], Any]  # (dataset index, path, (h, w), detections)
 
 
 @torch.inference_mode()
@@ -305,6 +306,7 @@ def validate(
     keep_samples: int = 0,
     multi_label: bool = True,
     progress: bool = False,
+    on_image: ImageSink | None = None,
 ) -> tuple[EvalResult, list[Sample]]:
     """Runs ``model`` over a validation loader and scores it in original image pixels.
 
@@ -331,6 +333,11 @@ def validate(
             truth) triples of this rank, for plots; ground truth scores are 1.
         multi_label: multi-label NMS (the protocol); False keeps each box's best class only.
         progress: show a tqdm progress bar over the batches.
+        on_image: called as ``on_image(index, path, (height, width), detections)`` for each
+            image this rank runs, as its batch is predicted (loader order): its dataset
+            index, file and original shape, and the detections it is scored with (CPU,
+            original pixels). Under several processes each rank calls it for its own shard
+            only. ``ResultWriter.validation_sink`` writes them as COCO results and labels.
 
     Returns:
         ``(result, samples)``.
@@ -349,6 +356,8 @@ def validate(
             boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
             det, labels = det.to("cpu"), mine[:, 1].long()
             records.append((int(indices[i]), det, (boxes.numpy(), labels.numpy()), tuple(shape)))
+            if on_image is not None:
+                on_image(int(indices[i]), batch["paths"][i], tuple(shape), det)
             if len(samples) < keep_samples:
                 truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
                 samples.append((_read_rgb(batch["paths"][i], shape), det, truth))
