@@ -1,4 +1,4 @@
-"""The ``yolokit`` command: ``train``, ``val``, ``predict``, ``export`` and ``demo``.
+"""The ``yolokit`` command: ``train``, ``val``, ``predict``, ``compare``, ``export`` and ``demo``.
 
 Each subcommand is a function ``run_<name>(args)``; ``main`` only parses and dispatches.
 ``train`` flags are the ``TrainConfig`` field names.
@@ -28,7 +28,7 @@ from yolokit.data.shapes import draw_shapes_image
 from yolokit.interop import export_onnx, load
 from yolokit.models import Detector
 from yolokit.predict import ResultWriter, next_run_dir, predict_iter
-from yolokit.train import train, validate
+from yolokit.train import compare_runs, train, validate
 from yolokit.train.config import add_config_flags, config_from_args
 from yolokit.train.plots import validation_plots
 
@@ -133,6 +133,12 @@ def run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_compare(args: argparse.Namespace) -> int:
+    """Training runs side by side: best and last mAP, epochs, hours, and the config fields that differ."""
+    print(compare_runs(args.runs))
+    return 0
+
+
 def run_export(args: argparse.Namespace) -> int:
     """Writes the model as ONNX (decode included, NMS optional)."""
     model = _model_from(args).to(resolve_device(args.device)).eval()  # traced from a float32 CPU copy
@@ -228,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--save-crop", action="store_true", help="each detection's crop under crops/<class>/")
     predict.add_argument("--out", help="run folder (default: runs/predict, runs/predict2, ...)")
     predict.set_defaults(func=run_predict)
+
+    compare = sub.add_parser("compare", help="training runs side by side: mAP, epochs, hours, config differences",
+                             description="Reads each run folder's results.csv and config.yaml.")
+    compare.add_argument("runs", nargs="+", help="run folders (runs/train runs/train2 ...)")
+    compare.set_defaults(func=run_compare)
 
     export = sub.add_parser("export", help="export to ONNX")
     model_flags(export, conf=0.25, imgsz=640)
