@@ -31,6 +31,7 @@ from yolokit.predict import ResultWriter, next_run_dir, predict_iter
 from yolokit.train import compare_runs, train, validate
 from yolokit.train.config import add_config_flags, config_from_args
 from yolokit.train.plots import validation_plots
+from yolokit.train.trackers import TrackerError
 
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
 # these values, so the default run finishes in minutes on a laptop CPU.
@@ -270,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stop.received:                 # a signal whose exception Python dropped: stop now
             raise Interrupted(stop.received)
         return code
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ImportError, TrackerError) as exc:   # what the user can mend
         print(f"yolokit {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:      # one line, no traceback

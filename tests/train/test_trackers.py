@@ -209,3 +209,49 @@ def test_a_resumed_run_continues_the_same_tracker_run(shapes, tmp_path, monkeypa
     assert [m.step for m in client.get_metric_history(run_id, "step/box")] == [1, 2, 3, 4, 5, 6]
     assert [int(r["step"]) for r in rows(tmp_path / "run" / "steps.csv")] == [1, 2, 3, 4, 5, 6]
     assert [m.step for m in client.get_metric_history(run_id, "mAP50")] == [3, 6]
+
+
+@pytest.mark.slow
+def test_the_command_line_says_in_one_line_when_a_tracker_cannot_start(shapes, tmp_path):
+    """W&B without an account (and not offline): exit 2, one line that says what to do, no traceback."""
+    pytest.importorskip("wandb")
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), NETRC=str(tmp_path / "none"))
+    done = subprocess.run([sys.executable, "-m", "yolokit", "train", "--data", shapes, "--epochs", "1", "--imgsz", "64",
+                           "--workers", "0", "--tracker", "wandb", "--out", str(tmp_path / "run")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("yolokit train: error: --tracker wandb could not start "
+                                                           "a run (")
+    assert "WANDB_MODE=offline" in done.stderr
+    missing = subprocess.run([sys.executable, "-c", "import sys; sys.modules['mlflow'] = None; from yolokit.cli "
+                              "import main; sys.exit(main(sys.argv[1:]))", "train", "--data", shapes, "--tracker",
+                              "mlflow", "--out", str(tmp_path / "run2")], capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "--tracker mlflow needs the mlflow package: pip install 'yolokit[mlflow]'" in missing.stderr
+
+
+def test_a_tracker_failing_mid_run_warns_once_and_training_goes_on(tmp_path):
+    from yolokit.train.trackers import CSVTracker
+
+    tracker = CSVTracker(tmp_path)
+    tracker.on_train_start(tmp_path, {})
+    tracker.on_log(1, {"step/box": 1.0})
+    calls = []
+
+    def gone(values, step):
+        calls.append(step)
+        raise ConnectionError("server gone")
+
+    tracker.log = gone
+    with pytest.warns(RuntimeWarning, match=r"--tracker csv failed to log a step \(ConnectionError: server gone\); "
+                                            "training goes on without it"):
+        tracker.on_log(2, {"step/box": 2.0})
+    tracker.on_epoch_end({"epoch": 1, "steps": 2, "mAP50": 0.5})     # left out: no second warning, no call
+    tracker.on_export(tmp_path / "model.pt")
+    tracker.on_train_end()
+    assert calls == [2] and [r["step"] for r in rows(tmp_path / "steps.csv")] == ["1"]

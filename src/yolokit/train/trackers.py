@@ -34,6 +34,7 @@ import csv
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,10 @@ def build_trackers(names: list[str], run_dir: Path) -> list[Callback]:
     """The trackers ``names`` asks for, each importing its library now (errors name the extra)."""
     kinds = {"wandb": WandbTracker, "mlflow": MLflowTracker, "tensorboard": TensorBoardTracker, "csv": CSVTracker}
     return [kinds[name](run_dir) for name in names]
+
+
+class TrackerError(RuntimeError):
+    """A tracker could not start its run (no login, an unreachable server, ...)."""
 
 
 def _require(module: str) -> Any:
@@ -117,6 +122,7 @@ class Tracker(Callback):
 
     def __init__(self, run_dir: Path):
         self.run_dir, self.exported, self.status, self.step = Path(run_dir), None, "failed", 0
+        self.broken = False                                     # failed once: left out (see _safely)
 
     # ids of the tracker runs, so a resumed training run logs into the same one
     def saved_id(self) -> str | None:
@@ -133,13 +139,25 @@ class Tracker(Callback):
         self.run_dir = Path(run_dir)
         self.start(config)
 
+    def _safely(self, what: str, action: Any, *args: Any) -> None:
+        """A tracker that fails mid-run (a server gone, a full disk) is warned about once and left
+        out from then on: it never costs the run its training."""
+        if self.broken:
+            return
+        try:
+            action(*args)
+        except Exception as exc:
+            self.broken = True
+            warnings.warn(f"--tracker {self.name} failed to {what} ({type(exc).__name__}: {exc}); training goes on "
+                          f"without it (results.csv and the run folder have everything)", RuntimeWarning, stacklevel=2)
+
     def on_log(self, step: int, values: dict[str, float]) -> None:
         self.step = step
-        self.log(numeric(values), step)
+        self._safely("log a step", self.log, numeric(values), step)
 
     def on_epoch_end(self, row: dict[str, float]) -> None:
         self.step = int(row.get("steps", self.step))
-        self.log(numeric(row), self.step)
+        self._safely("log an epoch", self.log, numeric(row), self.step)
 
     def on_interrupt(self, steps: int, run_dir: Path) -> None:
         self.status = "interrupted"
@@ -148,13 +166,12 @@ class Tracker(Callback):
         self.exported, self.status = Path(weights), "finished"
 
     def on_train_end(self) -> None:
-        try:
-            if self.exported is not None:
-                charts = sorted(p for p in [*self.run_dir.glob("*.png"), *self.run_dir.glob("*.jpg")] if p.is_file())
-                weights = [p for p in (self.run_dir / "weights" / "best.pt", self.exported) if p.is_file()]
-                self.log_files(charts, weights)
-        finally:
-            self.close(self.status)
+        if self.exported is not None:
+            charts = sorted(p for p in [*self.run_dir.glob("*.png"), *self.run_dir.glob("*.jpg")] if p.is_file())
+            weights = [p for p in (self.run_dir / "weights" / "best.pt", self.exported) if p.is_file()]
+            self._safely("send the final files", self.log_files, charts, weights)
+        self.broken = False                                     # closing is worth a try in any case
+        self._safely("close its run", self.close, self.status)
 
     def start(self, config: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -186,8 +203,8 @@ class WandbTracker(Tracker):
                                        dir=str(self.run_dir), config=config, id=run_id,
                                        resume="allow" if run_id else None)
         except Exception as exc:
-            raise RuntimeError(f"--tracker wandb could not start a run: {exc}. Log in with `wandb login`, or "
-                               "set WANDB_MODE=offline to log to files only") from exc
+            raise TrackerError(f"--tracker wandb could not start a run ({exc}); to log to files only, without "
+                               "an account, set WANDB_MODE=offline") from exc
         self.save_id(self.run.id)
 
     def log(self, values: dict[str, float], step: int) -> None:
