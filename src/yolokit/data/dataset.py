@@ -25,7 +25,6 @@ import logging
 import multiprocessing as mp
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
@@ -35,7 +34,9 @@ import torch
 from torch.utils.data import Dataset
 
 from yolokit.data.albu import Albumentations
+from yolokit.data.cache import DiskCache, RamCache
 from yolokit.data.images import ImageError, letterbox, read_image
+from yolokit.data.labels import cache_home
 from yolokit.data.mosaic import mixup, mosaic4_canvas
 from yolokit.data.selection import select
 from yolokit.data.sources import DatasetError, load_split
@@ -84,8 +85,12 @@ class DetectionDataset(Dataset):
         rect: no augmentation, each image letterboxed to its own stride-aligned
             shape; pair with build_dataloader, which groups images by aspect ratio.
         stride: the model's largest stride (for `rect`).
-        cache_images: decode and resize every image once, into RAM (before the workers
-            start, so forked workers share it).
+        cache_images: keep the decoded, resized images: "ram" (or True), one copy in shared
+            memory per machine, filled before the workers start; "disk", ``.npy`` files under
+            ``cache_dir`` reused across runs (see ``yolokit.data.cache``); False: decode each time.
+        cache_dir: the disk cache's folder (default ``cache_home() / "images"``).
+        cache_peers: ``(local_rank, local_world, token)`` of the processes of this machine that
+            share the RAM cache and split its filling (the disk cache's too); None: this one alone.
         buffer_size: when augmenting, each process keeps its last `buffer_size` decoded
             images and draws Mosaic partners among them, so a Mosaic decodes about one
             new image instead of four (0: partners drawn from the whole set, all decoded).
@@ -106,10 +111,11 @@ class DetectionDataset(Dataset):
 
     def __init__(self, source: str | os.PathLike, split: str = "train", *, imgsz: int = 640,
                  augment: bool = False, hyp: AugmentConfig | None = None, rect: bool = False,
-                 stride: int = 32, cache_images: bool = False, albumentations: Any = None,
+                 stride: int = 32, cache_images: bool | str = False, albumentations: Any = None,
                  image_dir: str | os.PathLike | None = None, label_cache: bool = True,
                  buffer_size: int = 64, fraction: float = 1.0, subset_seed: int = 0,
-                 classes: Sequence[int] | None = None, single_cls: bool = False) -> None:
+                 classes: Sequence[int] | None = None, single_cls: bool = False,
+                 cache_dir: str | os.PathLike | None = None, cache_peers: tuple[int, int, str] | None = None) -> None:
         if rect and augment:
             raise ValueError("rect batches are for evaluation: use augment=False with rect=True")
         self.index, self.selection_notes = select(
@@ -124,12 +130,20 @@ class DetectionDataset(Dataset):
         self._state = _SharedState([0, 1, 0, 0])
         self._pass: int | None = None  # the pass this process's buffer belongs to
         self._warned: set[str] = set()
-        self._images: list[np.ndarray | None] | None = None
-        self.buffer_size = buffer_size if augment and not cache_images else 0
+        mode = {True: "ram", False: None, None: None}.get(cache_images, cache_images)
+        if mode not in (None, "ram", "disk"):
+            raise ValueError(f"cache must be 'ram', 'disk' or off (False), got {cache_images!r}")
+        self.buffer_size = buffer_size if augment and not mode else 0
         self._buffer: dict[int, np.ndarray] = {}
-        if cache_images:
-            with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-                self._images = list(pool.map(self._read_or_none, range(len(self))))
+        self._ram: RamCache | None = None
+        self._disk: DiskCache | None = None
+        local_rank, local_world, _ = cache_peers or (0, 1, "")
+        if mode == "ram":
+            self._ram = RamCache(self.index.shapes, imgsz, self._read_resized, peers=cache_peers)
+        elif mode == "disk":
+            self._disk = DiskCache(self.index.paths, imgsz, cache_dir or cache_home() / "images")
+            self._disk.fill(range(local_rank, len(self), local_world), self._read_resized,
+                            threads=max(1, min(8, (os.cpu_count() or 1) // local_world)), progress=local_rank == 0)
 
     # ------------------------------------------------------------------ shared knobs
 
@@ -206,13 +220,6 @@ class DetectionDataset(Dataset):
                                interpolation=interp)
         return image
 
-    def _read_or_none(self, i: int) -> np.ndarray | None:
-        try:
-            return self._read_resized(i)
-        except ImageError as err:
-            self._warn_once(self.index.paths[i], str(err))
-            return None
-
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
         """Image i resized to long side imgsz, with its labels.
 
@@ -223,10 +230,11 @@ class DetectionDataset(Dataset):
         Raises:
             ImageError: the file cannot be read now.
         """
-        if self._images is not None:
-            image = self._images[i]
-            if image is None:
-                raise ImageError("could not be read when caching")
+        if self._ram is not None:               # None: it could not be read when caching; try again
+            image = self._ram.get(i)
+            image = self._read_resized(i) if image is None else image
+        elif self._disk is not None:
+            image = self._disk.get(i, self._read_resized)
         elif i in self._buffer:
             image = self._buffer[i]
         else:

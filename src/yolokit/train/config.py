@@ -74,7 +74,7 @@ class TrainConfig:
     sync_bn: bool = False  # SyncBatchNorm over the processes (several CUDA processes only)
     workers: int | None = None  # loader processes; None: CPU cores per process - 1 on CUDA, 2 on the CPU
     tf32: bool | None = None    # TF32 in float32 matmuls and convolutions; None: on with CUDA
-    cache: bool = False
+    cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)
     # reproducibility, output, control
     seed: int = 0
     deterministic: bool | None = None  # deterministic kernels; None: on the CPU (exact resume), off on CUDA
@@ -105,6 +105,12 @@ class TrainConfig:
             except ValueError:
                 raise ValueError(f"classes must be class ids such as 0,2; got {self.classes!r}") from None
         self.tracker = tracker_names(self.tracker) or None   # names checked; a list
+        if isinstance(self.cache, str):                   # the CLI and YAML give strings
+            cache = {"ram": "ram", "true": "ram", "disk": "disk", "false": False, "none": False, "": False}
+            if self.cache.lower() not in cache:
+                raise ValueError(f"cache must be ram, disk or false, got {self.cache!r}")
+            self.cache = cache[self.cache.lower()]
+        self.cache = "ram" if self.cache is True else self.cache
         if isinstance(self.batch, str) and self.batch != "auto":
             try:
                 self.batch = int(self.batch)
@@ -224,7 +230,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for f in [f for f in fields(TrainConfig) if f.name != "augment"] + list(fields(AugmentConfig)):
         kind, is_bool = _flag_type(hints[f.name])
         flags = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
-        if is_bool:
+        if f.name == "cache":                     # --cache (ram), --cache disk, --cache false
+            parser.add_argument(*flags, dest=f.name, nargs="?", const="ram", default=None,
+                                help="ram (also the flag alone) or disk (default: off)")
+        elif is_bool:
             parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"(default: {f.default})")
         else:

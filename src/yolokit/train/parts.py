@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 import yolokit.losses
+from yolokit.accel import distributed
 from yolokit.data import DetectionDataset
 from yolokit.models import Detector
 from yolokit.models.zoo import family_of
@@ -42,10 +44,21 @@ def build_datasets(cfg: TrainConfig, report: Callable[[str], None] = print
     """
     chosen = dict(classes=cfg.classes, single_cls=cfg.single_cls)
     train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment,
-                                 cache_images=cfg.cache, buffer_size=cfg.mosaic_buffer, fraction=cfg.fraction,
-                                 subset_seed=cfg.seed, **chosen)
-    val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache, **chosen)
+                                 cache_images=cfg.cache, cache_peers=cache_peers("train"),
+                                 buffer_size=cfg.mosaic_buffer, fraction=cfg.fraction, subset_seed=cfg.seed, **chosen)
+    val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache,
+                               cache_peers=cache_peers("val"), **chosen)
     for split, data in (("train", train_set), ("val", val_set)):
         for note in data.selection_notes:
             report(f"{split}: {note}")
     return train_set, val_set
+
+
+def cache_peers(split: str) -> tuple[int, int, str]:
+    """``(local_rank, local_world, token)``: the processes of this machine share one image cache per
+    split (``cache="ram"``) and split its filling; the token names this run and this start of it
+    (a torchrun restart builds a new cache)."""
+    env = os.environ
+    token = "|".join([split, env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""),
+                      env.get("TORCHELASTIC_RUN_ID", ""), env.get("TORCHELASTIC_RESTART_COUNT", "")])
+    return distributed.local_rank(), distributed.local_world_size(), token
