@@ -90,13 +90,15 @@ def verify_image(path: str | os.PathLike) -> tuple[int, int]:
     if not is_image_file(path):
         raise ImageError(f"unsupported image suffix {path.suffix!r}")
     try:
-        with Image.open(path) as im:  # verify() must come first after open
-            fmt = im.format
-            im.verify()
         with Image.open(path) as im:
-            width, height = im.size
-            # Pillow reports TIFF sizes already upright; other formats need the tag
-            orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if fmt != "TIFF" else 1
+            fmt, (width, height) = im.format, im.size
+            # JPEG: the EXIF block was read with the header, so one open does (the common case)
+            orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if fmt == "JPEG" else 1
+            im.verify()
+        if fmt not in ("JPEG", "TIFF"):         # after verify() the file must be opened again
+            with Image.open(path) as im:
+                # Pillow reports TIFF sizes already upright; other formats need the tag
+                orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
     except FileNotFoundError as err:
         raise ImageError("file not found") from err
     except PermissionError as err:

@@ -151,10 +151,12 @@ def _drop_degenerate_and_duplicates(arr: np.ndarray, fixes: list[str]) -> np.nda
     if (~ok).any():
         fixes.append(f"{int((~ok).sum())} degenerate box(es) under 1 px dropped")
     arr = arr[ok].astype(np.float32)
-    _, first = np.unique(arr, axis=0, return_index=True)
-    if len(first) < len(arr):
-        fixes.append(f"{len(arr) - len(first)} duplicate row(s) removed")
-        arr = arr[np.sort(first)]
+    if len(arr) > 1:                        # a dict of row bytes: far cheaper than np.unique(axis=0)
+        first: dict[bytes, int] = {}
+        keep = [i for i, row in enumerate(arr) if first.setdefault(row.tobytes(), i) == i]
+        if len(keep) < len(arr):
+            fixes.append(f"{len(arr) - len(keep)} duplicate row(s) removed")
+            arr = arr[keep]
     return arr.reshape(-1, 5)
 
 
