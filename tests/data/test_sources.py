@@ -181,3 +181,25 @@ def test_segmentation_rows_become_their_bounding_box():
                                       (100, 200), 2)
     assert fixes == []
     np.testing.assert_allclose(labels, [[1, 20, 20, 100, 60], [0, 80, 40, 120, 60]], atol=1e-4)
+
+
+def test_check_files_keeps_the_order_in_one_thread_from_the_page_cache_and_overlaps_waits():
+    import threading
+    import time
+
+    from yolokit.data.sources import check_files
+
+    def cpu(x):
+        sum(range(2000))                                  # work that holds the GIL, no waiting
+        return x, threading.get_ident()
+
+    def slow(x):
+        time.sleep(0.002)                                 # a storage wait: wall time, no CPU time
+        return x, threading.get_ident()
+
+    fast = check_files(cpu, range(300), chunk=16)        # (one thread, unless this machine is very busy)
+    assert [x for x, _ in fast] == list(range(300))
+    waited = check_files(slow, range(300), chunk=16)
+    assert [x for x, _ in waited] == list(range(300))
+    assert {t for _, t in waited[:16]} == {threading.get_ident()} and len({t for _, t in waited[16:]}) > 1
+    assert check_files(cpu, [], chunk=16) == []

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import yaml
@@ -146,19 +149,46 @@ def _threads() -> int:
     return min(8, (os.cpu_count() or 1) + 2)
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def check_files(check: Callable[[T], R], items: Sequence[T], *, chunk: int = 64) -> list[R]:
+    """``[check(x) for x in items]``, in one thread or a pool as the storage asks.
+
+    Checking a file is mostly Python (a header, a label file parsed) and holds the GIL, so
+    while the files come from the page cache, threads only contend for it (here 4 threads
+    took 2.5x as long as one). The first ``chunk`` items are checked in this thread and
+    timed: when the wall time is over twice the thread's CPU time, the scan is waiting on
+    storage (a cold disk, a network file system) and the rest goes to a pool of threads, in
+    chunks, so the waits overlap.
+    """
+    items = list(items)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    out = [check(x) for x in items[:chunk]]
+    waiting = time.perf_counter() - wall > 2 * (time.thread_time() - cpu) + 1e-3
+    rest = [items[i:i + chunk] for i in range(chunk, len(items), chunk)]
+    if waiting and len(rest) > 1:
+        with ThreadPoolExecutor(_threads()) as pool:
+            for part in pool.map(lambda c: [check(x) for x in c], rest):
+                out.extend(part)
+    else:
+        out.extend(check(x) for part in rest for x in part)
+    return out
+
+
 def _build_yolo(images: list[str], names: list[str], problems: list[Problem]) -> SplitIndex:
     index = SplitIndex(paths=[], shapes=np.zeros((0, 2), np.int32), labels=[], names=names,
                        problems=list(problems))
     shapes = []
-    with ThreadPoolExecutor(_threads()) as pool:
-        results = pool.map(lambda im: _check_yolo_image(im, label_path(im), len(names)), images)
-        for image, (shape, labels, problem) in zip(images, results, strict=True):
-            if problem is not None:
-                index.problems.append(problem)
-            if shape is not None:
-                index.paths.append(image)
-                shapes.append(shape)
-                index.labels.append(labels)
+    results = check_files(lambda im: _check_yolo_image(im, label_path(im), len(names)), images)
+    for image, (shape, labels, problem) in zip(images, results, strict=True):
+        if problem is not None:
+            index.problems.append(problem)
+        if shape is not None:
+            index.paths.append(image)
+            shapes.append(shape)
+            index.labels.append(labels)
     index.shapes = np.array(shapes, np.int32).reshape(-1, 2)
     return index
 
@@ -309,16 +339,15 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
         jobs = [(p, (e.get("height", 0), e.get("width", 0)), anns.get(e["id"], []),
                  unknown.get(e["id"], 0)) for p, e in zip(paths, entries, strict=True)]
         shapes = []
-        with ThreadPoolExecutor(_threads()) as pool:
-            for (path, *_), e, (shape, labels, problem) in zip(jobs, entries, pool.map(
-                    lambda j: _check_coco_image(*j), jobs), strict=True):
-                if problem is not None:
-                    index.problems.append(problem)
-                if shape is not None:
-                    index.paths.append(path)
-                    index.labels.append(labels)
-                    index.image_ids.append(int(e["id"]))
-                    shapes.append(shape)
+        results = check_files(lambda j: _check_coco_image(*j), jobs)
+        for (path, *_), e, (shape, labels, problem) in zip(jobs, entries, results, strict=True):
+            if problem is not None:
+                index.problems.append(problem)
+            if shape is not None:
+                index.paths.append(path)
+                index.labels.append(labels)
+                index.image_ids.append(int(e["id"]))
+                shapes.append(shape)
         index.shapes = np.array(shapes, np.int32).reshape(-1, 2)
         return index
 
