@@ -34,7 +34,7 @@ class ImageError(ValueError):
 
 def is_image_file(path: str | os.PathLike) -> bool:
     """True when the file name has one of the supported image suffixes."""
-    return Path(path).suffix.lower() in IMAGE_SUFFIXES
+    return os.path.splitext(os.fspath(path))[1].lower() in IMAGE_SUFFIXES   # no Path: called per file of a scan
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
