@@ -24,7 +24,12 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.images import PAD_VALUE
-from yolokit.data.samplers import AspectRatioBatchSampler, ShardedBatchSampler, epoch_steps  # noqa: F401 (re-exported)
+from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
+    AspectRatioBatchSampler,
+    RectBatchSampler,
+    ShardedBatchSampler,
+    epoch_steps,
+)
 from yolokit.data.workers import init_worker, signals_deferred
 
 
@@ -197,6 +202,8 @@ def build_dataloader(
     whole_steps: bool = False,
     rank: int | None = None,
     world_size: int | None = None,
+    rect: bool | None = None,
+    stride: int | None = None,
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
@@ -204,10 +211,11 @@ def build_dataloader(
         dataset: the dataset (its seed and rank are set here: one loader per dataset).
         batch_size: images per batch (per process when distributed).
         workers: worker processes; default min(8, CPUs per process).
-        shuffle: default True when the dataset augments; rect datasets never shuffle.
+        shuffle: default True when the dataset augments (rect training: the order of its
+            fixed batches); rect evaluation never shuffles.
         seed: base seed of the shuffle order and of the augmentation.
         distributed: shard across processes; default: when torch.distributed is
-            initialized. Rect datasets: each rank takes every world_size-th batch.
+            initialized. Rect evaluation: each rank takes every world_size-th batch.
             Otherwise a `ShardedBatchSampler`: one process with `accumulate * world_size`
             accumulation steps sees the same micro-batches as all ranks together;
             nothing is padded or dropped, so ranks may get unequal counts.
@@ -223,6 +231,14 @@ def build_dataloader(
         whole_steps: every rank gets the same number of micro-batches (see `ShardedBatchSampler`).
         rank, world_size: this process and the number of processes, when the caller has
             worked them out (the trainer's runtime plan); default: the process group's.
+        rect: aspect-ratio batches; default the dataset's `rect`. A dataset that does not
+            augment must be built with `rect=True` (rect evaluation, `AspectRatioBatchSampler`).
+            One that augments trains in rect batches: a `RectBatchSampler` (fixed batches of
+            similar aspect, their order shuffled per epoch, shared out like the
+            `ShardedBatchSampler`: the same steps, `accumulate`, `whole_steps`, resume), and
+            the dataset letterboxes each image to its batch's shape (`set_rect_batches`).
+        stride: rect training: the model's largest stride, which batch shapes are multiples
+            of; default the dataset's `stride`.
 
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
@@ -238,11 +254,14 @@ def build_dataloader(
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     if workers is None:
         workers = min(8, max(1, (os.cpu_count() or 1) // world_size))
-    rect = getattr(dataset, "rect", False)
+    augment = bool(getattr(dataset, "augment", False))
+    rect = bool(getattr(dataset, "rect", False)) if rect is None else rect
+    if rect and not augment and not getattr(dataset, "rect", False):
+        raise ValueError("rect evaluation letterboxes each image to its own shape: build the dataset with rect=True")
     if shuffle is None:
-        shuffle = bool(getattr(dataset, "augment", False)) and not rect
-    if rect and shuffle:
-        raise ValueError("a rect dataset keeps its aspect-ratio order: use shuffle=False")
+        shuffle = augment
+    if rect and shuffle and not augment:
+        raise ValueError("rect evaluation keeps its aspect-ratio order: use shuffle=False")
     if hasattr(dataset, "set_seed"):
         dataset.set_seed(seed)
     if pin_memory is None:
@@ -255,7 +274,13 @@ def build_dataloader(
                   persistent_workers=persistent_workers and workers > 0,
                   multiprocessing_context=multiprocessing_context if workers > 0 else None,
                   prefetch_factor=prefetch_factor if workers > 0 else None)
-    if rect:
+    if rect and augment:
+        batches = RectBatchSampler(dataset.shapes, batch_size, rank=rank, world_size=world_size,
+                                   accumulate=accumulate, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                   whole_steps=whole_steps)
+        dataset.set_rect_batches(batches.batches, stride)   # before any worker starts
+        loader = DetectionLoader(dataset, batch_sampler=batches, **common)
+    elif rect:
         batches = AspectRatioBatchSampler(dataset.shapes, batch_size, rank=rank,
                                           world_size=world_size)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)

@@ -2,7 +2,8 @@
 
 :class:`ShardedBatchSampler` shares an epoch's micro-batches out among the processes so that
 any number of them takes the same optimizer steps; :func:`epoch_steps` is the one count of an
-epoch's steps; :class:`AspectRatioBatchSampler` groups images by aspect ratio for rect evaluation.
+epoch's steps; :class:`AspectRatioBatchSampler` groups images by aspect ratio for rect evaluation,
+:class:`RectBatchSampler` for rect training (fixed groups, their order shuffled, shared out by step).
 """
 
 from __future__ import annotations
@@ -12,6 +13,19 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from torch.utils.data import Sampler
+
+
+def aspect_batches(shapes: np.ndarray, batch_size: int) -> list[list[int]]:
+    """Image indices sorted by aspect ratio (h / w, a stable sort) and cut into batches of ``batch_size``.
+
+    The last batch (the tallest images) may hold fewer.
+
+    Example:
+        >>> aspect_batches(np.array([[64, 48], [48, 64], [64, 64]]), 2)
+        [[1, 2], [0]]
+    """
+    order = np.argsort(shapes[:, 0] / shapes[:, 1], kind="stable")
+    return [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
 
 
 class AspectRatioBatchSampler(Sampler[list[int]]):
@@ -25,9 +39,7 @@ class AspectRatioBatchSampler(Sampler[list[int]]):
 
     def __init__(self, shapes: np.ndarray, batch_size: int, *, rank: int = 0,
                  world_size: int = 1) -> None:
-        order = np.argsort(shapes[:, 0] / shapes[:, 1], kind="stable")
-        batches = [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
-        self.batches = batches[rank::world_size]
+        self.batches = aspect_batches(shapes, batch_size)[rank::world_size]
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches)
@@ -132,3 +144,38 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self._mine())
+
+
+class RectBatchSampler(ShardedBatchSampler):
+    """Rect training: fixed aspect-ratio batches, their order shuffled per epoch, shared out by step.
+
+    The images are sorted by aspect ratio and cut into batches of ``batch_size`` once
+    (:func:`aspect_batches`, rect evaluation's grouping), so every image keeps one batch, and
+    one batch shape, for the whole run (``DetectionDataset.set_rect_batches``). What changes
+    per epoch is the order of the batches: a ``randperm`` of them seeded with ``seed + epoch``
+    (the aspect order with ``shuffle=False``), the same on every rank and after a resume. The
+    ordered batches are then the micro-batches of :class:`ShardedBatchSampler`: each optimizer
+    step takes the next ``world_size * accumulate`` of them and rank r its ``accumulate``, so
+    the counts (:func:`epoch_steps`), ``set_epoch(epoch, start_step=k)``, ``drop_last`` (the
+    short batch is left out) and ``whole_steps`` mean what they mean there. The short batch,
+    last in aspect order, may come at any step of an epoch.
+
+    Args:
+        shapes: int [n, 2] ``(h, w)`` of each image.
+        batch_size, rank, world_size, accumulate, shuffle, seed, drop_last, whole_steps: as
+            for :class:`ShardedBatchSampler`.
+    """
+
+    def __init__(self, shapes: np.ndarray, batch_size: int, **kwargs) -> None:
+        super().__init__(len(shapes), batch_size, **kwargs)
+        batches = aspect_batches(np.asarray(shapes), batch_size)
+        self.batches = batches[:len(shapes) // batch_size] if self.drop_last else batches   # of every epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        n = len(self.batches)
+        if self.shuffle:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        else:
+            order = list(range(n))
+        for c in self._mine():
+            yield list(self.batches[order[c]])
