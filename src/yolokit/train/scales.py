@@ -9,6 +9,10 @@ least one stride). Every micro-batch of the step is resized on the device
 input pixels, are scaled by the same factors. A rect batch keeps its aspect: its long side
 becomes the size and its short side the multiple of the stride nearest the same scale.
 The batch finder probes the largest size (:attr:`MultiScale.largest`).
+
+At ``imgsz`` 64 the smallest size is one stride (32 px), where the last stage's maps are 1 x 1:
+a micro-batch of one image then leaves BatchNorm one value per channel, which PyTorch refuses
+in training. Tiny runs with a 1-image last batch therefore multi-scale from 96 px on.
 """
 
 from __future__ import annotations
