@@ -138,3 +138,16 @@ def test_rect_training_boxes_follow_the_painted_rectangles(tmp_path):
                     checked += 1
     assert checked > 30
     assert {(96, 128), (128, 96), (128, 128)} <= shapes  # rect shapes (MixUp is left out: one picture each)
+
+
+def test_loader_workers_letterbox_to_the_batch_shapes_too(shapes_yaml):
+    def epoch(workers):
+        ds = DetectionDataset(shapes_yaml, "train", imgsz=128, augment=True)
+        loader = build_dataloader(ds, 4, workers=workers, seed=2, rect=True)
+        try:
+            return [(b["indices"], b["images"], b["targets"]) for b in loader]
+        finally:
+            loader.close()
+
+    for (ia, a, ta), (ib, b, tb) in zip(epoch(0), epoch(1), strict=True):
+        assert ia == ib and a.shape == b.shape and (a == b).all() and (ta == tb).all()

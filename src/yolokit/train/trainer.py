@@ -190,7 +190,7 @@ class Trainer:
 
         # batch: the total over processes; "auto" probes the worst case once, the smallest fit over ranks
         sync_bn = cfg.uses_sync_bn(world, device.type)   # collectives in every forward and backward,
-        scale = MultiScale(cfg.imgsz, int(max(model.strides)), cfg.seed, enabled=cfg.multi_scale)   # its largest:
+        scale = MultiScale(cfg.imgsz, int(max(model.strides)), cfg.seed, enabled=cfg.multi_scale)
         probe = training_probe(model, train_net, criterion, precision, device, imgsz=scale.largest, val_imgsz=cfg.imgsz,
                                max_boxes=worst_case_boxes(train_set, cfg), channels_last=channels_last,
                                state_tensors=1 if cfg.optimizer.lower() == "sgd" else 2, world=world, sync_bn=sync_bn)
