@@ -48,6 +48,30 @@ def fit_recording(config: TrainConfig) -> dict:
     return {"result": result, "digests": digests, "rank": distributed.rank()}
 
 
+def fit_recording_sizes(config: TrainConfig) -> dict:
+    """``Trainer(config).fit()``, recording the (H, W) of every micro-batch the network gets, step by step
+    (a step in which this rank had no micro-batch is an empty list)."""
+    import yolokit.train.trainer as trainer_module
+
+    steps: list[list[tuple[int, int]]] = [[]]
+    forward_backward, optimizer_step = trainer_module.forward_backward, Trainer._optimizer_step
+
+    def fed(net, criterion, precision, images, targets, **kw):
+        steps[-1].append(tuple(images.shape[-2:]))
+        return forward_backward(net, criterion, precision, images, targets, **kw)
+
+    def stepped(self, run, epoch):
+        optimizer_step(self, run, epoch)
+        steps.append([])
+
+    trainer_module.forward_backward, Trainer._optimizer_step = fed, stepped
+    try:
+        Trainer(config).fit()
+    finally:
+        trainer_module.forward_backward, Trainer._optimizer_step = forward_backward, optimizer_step
+    return {"rank": distributed.rank(), "steps": steps[:-1]}
+
+
 def fit_where_one_rank_diverges(config: TrainConfig) -> dict:
     """Rank 1's loss is NaN from its first batch on, rank 0's never: both must stop, at the same step."""
     from yolokit.losses import YOLOv8Loss

@@ -31,6 +31,7 @@ def test_worst_case_boxes_counts_mosaic_and_mixup():
     assert worst_case_boxes(data, TrainConfig().replace(mixup=0.1)) == 56        # and MixUp blends two
     assert worst_case_boxes(data, TrainConfig().replace(mosaic=0.0)) == 7
     assert worst_case_boxes(FakeSet([0, 0]), TrainConfig()) == 1
+    assert worst_case_boxes(data, TrainConfig(rect=True).replace(mixup=0.1)) == 7    # rect: neither
 
 
 def _parts(seen):
@@ -184,6 +185,48 @@ def test_the_trainer_probes_its_dataset(tmp_path, monkeypatch, capsys):
     train(TrainConfig(data=shapes, imgsz=64, batch="auto", nbs=4, epochs=1, workers=0, plots=False,
                       out=str(tmp_path / "run")))
     assert calls == ["cpu"] and "batch 4 (4 per process)" in capsys.readouterr().out
+
+
+def test_a_probe_can_validate_at_another_size(monkeypatch):
+    """Multi-scale training probes its largest size; validation's forward stays at imgsz."""
+    model, loss = _parts([])
+    forward, sizes = model.forward, []
+
+    def recording(images):
+        sizes.append((model.training, tuple(images.shape)))
+        return forward(images)
+
+    monkeypatch.setattr(model, "forward", recording)
+    probe = training_probe(model, model, loss, Precision("fp32", "cpu"), torch.device("cpu"), imgsz=96,
+                           max_boxes=3, state_tensors=1, channels_last=False, val_imgsz=64)
+    probe(1)
+    assert sizes == [(True, (1, 3, 96, 96)), (False, (2, 3, 64, 64))]
+
+
+class _Measured(Exception):
+    """Ends a run's setup once the batch finder has probed."""
+
+
+@pytest.mark.parametrize("multi_scale,rect,trained", [(True, False, 96), (False, True, 64), (False, False, 64)])
+def test_the_trainer_probes_the_largest_multi_scale_size(tmp_path, monkeypatch, multi_scale, rect, trained):
+    from yolokit.train import autobatch, train
+
+    shapes = str(make_shapes(tmp_path / "set", n_train=4, n_val=2, imgsz=64, max_objects=2))
+    sizes = []
+    monkeypatch.setattr(autobatch, "_validation_forward", lambda model, b, imgsz, *a: sizes.append(("val", imgsz)))
+    step = autobatch.forward_backward
+    monkeypatch.setattr(autobatch, "forward_backward", lambda net, crit, prec, images, targets, **kw: (
+        sizes.append(("train", tuple(images.shape[-2:]))), step(net, crit, prec, images, targets, **kw))[1])
+
+    def measure(probe, device, **kw):
+        probe(1)
+        raise _Measured
+
+    monkeypatch.setattr(autobatch, "measure_batch", measure)
+    with pytest.raises(_Measured):
+        train(TrainConfig(data=shapes, imgsz=64, batch="auto", epochs=1, workers=0, plots=False,
+                          multi_scale=multi_scale, rect=rect, out=str(tmp_path / "run")))
+    assert sizes == [("train", (trained, trained)), ("val", 64)]    # 1.5 x 64 with multi_scale
 
 
 @pytest.mark.gpu

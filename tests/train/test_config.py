@@ -81,3 +81,13 @@ def test_dashed_aliases_of_underscored_flags():
     assert parse([]).channels_last is None and parse(["--no-channels-last"]).channels_last is False
     assert parse([]).uses_channels_last("cpu") and not parse([]).uses_channels_last("cuda")
     assert not parse(["--no-channels-last"]).uses_channels_last("cpu") and c.uses_channels_last("cuda")
+
+
+def test_rect_and_multi_scale_from_flags_and_yaml(tmp_path):
+    assert (parse([]).rect, parse([]).multi_scale) == (False, False)
+    c = parse(["--rect", "--multi-scale"])
+    assert c.rect is True and c.multi_scale is True and parse(["--multi_scale"]).multi_scale is True
+    path = tmp_path / "c.yaml"
+    path.write_text("rect: true\nmulti_scale: true\n")
+    assert parse(["--config", str(path), "--no-rect"]) == TrainConfig(multi_scale=True)
+    assert TrainConfig.from_yaml(_dump(tmp_path, c)) == c

@@ -55,11 +55,11 @@ def _rows(run_dir) -> list[dict]:
             for r in csv.DictReader((run_dir / "results.csv").open())]
 
 
-def assert_same_run(reference, resumed, *, steps: int = 9):
+def assert_same_run(reference, resumed, *, steps: int = 9, epochs: int = 3):
     """Every tensor of the final checkpoint, and results.csv, equal bit for bit."""
     a = load_checkpoint(reference / "weights" / "last.pt")
     b = load_checkpoint(resumed / "weights" / "last.pt")
-    assert a["epoch"] == b["epoch"] == 3 and a["steps"] == b["steps"] == steps
+    assert a["epoch"] == b["epoch"] == epochs and a["steps"] == b["steps"] == steps
     assert a["ema"]["updates"] == b["ema"]["updates"] == steps
     for part in ("model",):
         for key, value in a[part].items():
@@ -164,6 +164,28 @@ def test_ctrl_c_inside_an_optimizer_step_waits_for_its_end(shapes, reference, tm
     assert state["ema"]["updates"] == 5
     Trainer(TrainConfig(resume=str(out))).fit()
     assert_same_run(reference, out)
+
+
+@pytest.fixture(scope="module")
+def shapes96(tmp_path_factory):
+    """96 px: 4 of the 13 images make 64 x 96 rect shapes (at 64 px every shape pads to 64 x 64), and
+    multi-scale sizes stay >= 64 (a 32 px step would leave the 1-image micro-batch's BatchNorm one value)."""
+    return str(make_shapes(tmp_path_factory.mktemp("shapes96") / "set", n_train=13, n_val=4, imgsz=96))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", ["multi_scale", "rect"])
+def test_multi_scale_and_rect_runs_resume_bit_for_bit(option, shapes96, tmp_path):
+    """A step's size comes from (seed, epoch, step); rect batches keep their groups and their epoch's order.
+    Two epochs (6 steps), ended in the second."""
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    Trainer(config(shapes96, whole, imgsz=96, epochs=2, **{option: True})).fit()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        workers.fit_until(config(shapes96, out, imgsz=96, epochs=2, **{option: True}), at=12)   # step 5; last.pt: 4
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 1, 4) and state["train_config"][option]
+    Trainer(TrainConfig(resume=str(out))).fit()
+    assert_same_run(whole, out, steps=6, epochs=2)
 
 
 # --- two processes (gloo) -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from yolokit.data.labels import Problem, SplitIndex
 from yolokit.data.loader import (
     AspectRatioBatchSampler,
     DetectionLoader,
+    RectBatchSampler,
     ShardedBatchSampler,
     build_dataloader,
     collate,
@@ -44,7 +45,7 @@ __all__ = [
     "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "DatasetError",
     "DetectionDataset", "DetectionLoader", "ImageError", "Problem", "SHAPE_NAMES", "ShardedBatchSampler", "SplitIndex",
     "augment_hsv", "build_dataloader", "coco_index", "collate", "collate_uint8", "flip_lr",
-    "flip_ud",
+    "flip_ud", "RectBatchSampler",
     "MosaicCanvas", "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4", "mosaic4_canvas",
     "random_affine", "random_flip", "read_data_yaml", "read_image", "scale_boxes", "to_device",
     "transform_boxes", "verify_image", "yolo_index", "VideoFrame", "image_tensor", "read_video",

@@ -47,6 +47,7 @@ from yolokit.data.transforms import (
     random_flip,
     scale_boxes,
 )
+from yolokit.ops.geometry import letterbox_plan
 
 logger = logging.getLogger("yolokit.data")
 
@@ -82,8 +83,12 @@ class DetectionDataset(Dataset):
         augment: training augmentation (Mosaic, affine, HSV, flips, optional MixUp and
             albumentations); otherwise letterbox only.
         hyp: augmentation strengths (YOLOv8 defaults).
-        rect: no augmentation, each image letterboxed to its own stride-aligned
-            shape; pair with build_dataloader, which groups images by aspect ratio.
+        rect: aspect-ratio batches; pair with build_dataloader, which groups images by
+            aspect ratio. Without `augment` (rect evaluation) each image is letterboxed to
+            its own stride-aligned shape. With `augment` (rect training) each image is
+            letterboxed to its batch's shape (`set_rect_batches`, which build_dataloader
+            calls), without Mosaic and MixUp; the affine step (scale, translation, ...),
+            albumentations, HSV and flips act within that shape.
         stride: the model's largest stride (for `rect`).
         cache_images: keep the decoded, resized images: "ram" (or True), one copy in shared
             memory per machine, filled before the workers start; "disk", ``.npy`` files under
@@ -116,13 +121,12 @@ class DetectionDataset(Dataset):
                  buffer_size: int = 64, fraction: float = 1.0, subset_seed: int = 0,
                  classes: Sequence[int] | None = None, single_cls: bool = False,
                  cache_dir: str | os.PathLike | None = None, cache_peers: tuple[int, int, str] | None = None) -> None:
-        if rect and augment:
-            raise ValueError("rect batches are for evaluation: use augment=False with rect=True")
         self.index, self.selection_notes = select(
             load_split(source, split, image_dir=image_dir, cache=label_cache), fraction=fraction, seed=subset_seed,
             classes=classes, single_cls=single_cls)
         self.names = self.index.names
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
+        self._rect_shapes: np.ndarray | None = None  # rect training: (h, w) of each image's batch
         self.hyp = hyp or AugmentConfig()
         if albumentations is not None and not isinstance(albumentations, Albumentations):
             albumentations = Albumentations(albumentations)
@@ -149,7 +153,7 @@ class DetectionDataset(Dataset):
 
     @property
     def mosaic(self) -> bool:
-        """Mosaic on/off (shared with workers); off also when hyp.mosaic is 0."""
+        """Mosaic on/off (shared with workers); off also when hyp.mosaic is 0, and never used with `rect`."""
         return bool(self._state.array[_MOSAIC])
 
     @mosaic.setter
@@ -201,6 +205,36 @@ class DetectionDataset(Dataset):
             self._pass = int(a[_PASS])
             self._buffer.clear()
         return np.random.default_rng([int(a[_SEED]), int(a[_EPOCH]), int(index)])
+
+    def rect_shape(self, i: int) -> tuple[int, int]:
+        """The stride-aligned ``(h, w)`` image ``i`` is letterboxed to with `rect`: its batch's shape
+        once `set_rect_batches` has run, else its own (long side imgsz, as rect evaluation gives it)."""
+        if self._rect_shapes is not None:
+            return tuple(int(v) for v in self._rect_shapes[i])
+        return letterbox_plan(self.shapes[i], self.imgsz, stride=self.stride, auto=True).shape
+
+    def set_rect_batches(self, batches: Sequence[Sequence[int]], stride: int | None = None) -> None:
+        """Rect training: every image of a batch is letterboxed to that batch's one shape.
+
+        A batch's shape is, side by side, the largest rect shape of its images (long side
+        imgsz, the other side padded up to a multiple of `stride`: what rect evaluation pads
+        each image to), so it is a multiple of the stride and holds each image at long side
+        imgsz or less. Turns `rect` on. Call it before the loader's workers start
+        (build_dataloader does, with its `RectBatchSampler`'s fixed batches).
+
+        Args:
+            batches: dataset indices of each batch (each image in one batch at most).
+            stride: the model's largest stride; default the dataset's `stride`.
+        """
+        self.rect, self.stride = True, int(stride or self.stride)
+        self._rect_shapes = None
+        own = np.array([self.rect_shape(i) for i in range(len(self))], np.int64).reshape(-1, 2)
+        shapes = own.copy()
+        for batch in batches:
+            members = np.asarray(batch, np.int64)
+            if len(members):
+                shapes[members] = own[members].max(0)
+        self._rect_shapes = shapes
 
     # ------------------------------------------------------------------ loading
 
@@ -297,7 +331,7 @@ class DetectionDataset(Dataset):
     def _train_sample(self, i: int, rng: np.random.Generator):
         hyp = self.hyp
         image, boxes, classes, ratio_pad, i = self._geometric_view(i, rng)
-        if hyp.mixup > 0 and rng.random() < hyp.mixup:
+        if hyp.mixup > 0 and not self.rect and rng.random() < hyp.mixup:   # rect: one batch shape, no MixUp
             other = self._geometric_view(int(rng.integers(len(self))), rng)
             image, boxes, classes = mixup((image, boxes, classes), other[:3], rng)
         if self.albumentations is not None:
@@ -314,11 +348,11 @@ class DetectionDataset(Dataset):
         return [int(j) for j in rng.integers(0, len(self), 3)]
 
     def _geometric_view(self, i: int, rng: np.random.Generator):
-        """Mosaic + affine, or letterbox + affine; output imgsz square."""
+        """Mosaic + affine, or letterbox + affine; output imgsz square (rect: no Mosaic, the batch's shape)."""
         hyp, s = self.hyp, self.imgsz
         affine = dict(degrees=hyp.degrees, translate=hyp.translate, scale=hyp.scale,
                       shear=hyp.shear, perspective=hyp.perspective)
-        if self.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
+        if not self.rect and self.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
             image, boxes, classes, ratio, i = self._load_any(i)
             samples = [(image, boxes, classes)]
             for j in self._partners(rng):
@@ -327,8 +361,9 @@ class DetectionDataset(Dataset):
             image, boxes, classes = random_affine(canvas, boxes, classes, rng,
                                                   out_shape=(s, s), **affine)
             return image, boxes, classes, (ratio, (0.0, 0.0)), i
+        shape = self.rect_shape(i) if self.rect else (s, s)   # i's, even when another image stands in
         image, boxes, classes, ratio, i = self._load_any(i)
-        image, (r2, pad) = letterbox(image, s)
+        image, (r2, pad) = letterbox(image, shape)
         boxes = scale_boxes(boxes, r2, pad)
-        image, boxes, classes = random_affine(image, boxes, classes, rng, **affine)
+        image, boxes, classes = random_affine(image, boxes, classes, rng, **affine)   # keeps the shape
         return image, boxes, classes, ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i

@@ -1,4 +1,4 @@
-"""Batches: collate to the batch contract, samplers, and build_dataloader.
+"""Batches: collate to the batch contract, and build_dataloader (samplers: `yolokit.data.samplers`).
 
 A batch is a dict:
     images       float32 Tensor[B, 3, H, W] in [0, 1], RGB
@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Sampler, get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.images import PAD_VALUE
+from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
+    AspectRatioBatchSampler,
+    RectBatchSampler,
+    ShardedBatchSampler,
+    epoch_steps,
+)
 from yolokit.data.workers import init_worker, signals_deferred
 
 
@@ -122,126 +126,6 @@ def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = F
     return out
 
 
-class AspectRatioBatchSampler(Sampler[list[int]]):
-    """Batches of images with similar aspect ratio, for rect evaluation (fixed order).
-
-    Args:
-        shapes: int [n, 2] `(h, w)` of each image.
-        batch_size: images per batch.
-        rank, world_size: under DDP each rank takes every world_size-th batch.
-    """
-
-    def __init__(self, shapes: np.ndarray, batch_size: int, *, rank: int = 0,
-                 world_size: int = 1) -> None:
-        order = np.argsort(shapes[:, 0] / shapes[:, 1], kind="stable")
-        batches = [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
-        self.batches = batches[rank::world_size]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-def epoch_steps(size: int, batch_size: int, *, world_size: int = 1, accumulate: int = 1, drop_last: bool = False,
-                whole_steps: bool = False) -> int:
-    """Optimizer steps in an epoch of ``size`` items as :class:`ShardedBatchSampler` shares them out.
-
-    The one count of an epoch's steps: the sampler, the trainer's runtime plan (and from it
-    the Accumulator and the learning-rate schedule) read it from here.
-
-    Example:
-        >>> epoch_steps(100, 8, world_size=2, accumulate=2)   # 13 micro-batches, 4 per step
-        4
-    """
-    chunks = size // batch_size if drop_last else -(-size // batch_size)
-    group = world_size * accumulate
-    if whole_steps:
-        chunks = chunks // group * group
-    return -(-chunks // group)
-
-
-class ShardedBatchSampler(Sampler[list[int]]):
-    """Batches of an epoch, shared out so that any number of processes takes the same steps.
-
-    The epoch's order (``randperm`` seeded with ``seed + epoch``, or the dataset order) is
-    cut into micro-batches of ``batch_size``. Each optimizer step takes the next
-    ``world_size * accumulate`` micro-batches; within a step, rank r gets micro-batches
-    ``r * accumulate`` to ``(r + 1) * accumulate - 1``. So one process accumulating
-    ``world_size * accumulate`` micro-batches sees exactly the micro-batches of all ranks,
-    in rank order, step by step.
-
-    Nothing is repeated or dropped (unlike ``DistributedSampler``'s padding): the last
-    micro-batch may hold fewer images, and in the last step the remaining micro-batches go
-    to the lowest ranks, so ranks may have fewer batches (or none) in it. ``len()`` is this
-    rank's count; :class:`yolokit.accel.accumulation.Accumulator` keeps ranks stepping
-    together.
-
-    ``set_epoch(epoch, start_step=k)`` resumes an epoch after ``k`` optimizer steps: the
-    micro-batches of those steps are left out of the iteration (their indices are never
-    yielded, so no image of theirs is decoded) and ``len()`` counts the rest.
-
-    Args:
-        size: Number of dataset items.
-        batch_size: Images per micro-batch.
-        rank, world_size: This process and the number of processes.
-        accumulate: Micro-batches per rank per optimizer step.
-        shuffle: Random order per epoch.
-        seed: Base seed of the order.
-        drop_last: Drop the last micro-batch when it is not full.
-        whole_steps: Drop the micro-batches of an incomplete last step too, so every rank
-            runs the same number of micro-batches (what SyncBatchNorm's collectives in
-            forward and backward need); at most ``world_size * accumulate - 1`` micro-batches
-            of each epoch are left out (a different set each epoch when shuffling).
-    """
-
-    def __init__(self, size: int, batch_size: int, *, rank: int = 0, world_size: int = 1, accumulate: int = 1,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, whole_steps: bool = False) -> None:
-        if batch_size < 1 or accumulate < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need batch_size >= 1, accumulate >= 1 and 0 <= rank < world_size, got "
-                             f"{batch_size}, {accumulate}, {rank}, {world_size}")
-        self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
-        self.accumulate, self.shuffle, self.seed, self.drop_last = accumulate, shuffle, seed, drop_last
-        self.whole_steps = whole_steps
-        self.epoch, self.start_step = 0, 0
-
-    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """The epoch of the next iteration, leaving out the micro-batches of its first ``start_step`` steps."""
-        if start_step < 0:
-            raise ValueError(f"start_step must be >= 0, got {start_step}")
-        self.epoch, self.start_step = int(epoch), int(start_step)
-
-    def _chunks(self) -> int:
-        chunks = self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
-        group = self.world_size * self.accumulate
-        return chunks // group * group if self.whole_steps else chunks
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Optimizer steps in an epoch (the same on every rank; :func:`epoch_steps`)."""
-        return epoch_steps(self.size, self.batch_size, world_size=self.world_size, accumulate=self.accumulate,
-                           drop_last=self.drop_last, whole_steps=self.whole_steps)
-
-    def _mine(self) -> list[int]:
-        """Indices of this rank's micro-batches among all the epoch's micro-batches."""
-        group, first = self.world_size * self.accumulate, self.rank * self.accumulate
-        chunks = range(self.start_step * group, self._chunks())   # resuming: the first steps' chunks left out
-        return [c for c in chunks if first <= c % group < first + self.accumulate]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        if self.shuffle:
-            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        else:
-            order = torch.arange(self.size)
-        b = self.batch_size
-        for c in self._mine():
-            yield order[c * b:(c + 1) * b].tolist()
-
-    def __len__(self) -> int:
-        return len(self._mine())
-
-
 class DetectionLoader(DataLoader):
     """A DataLoader that knows its epoch.
 
@@ -318,6 +202,8 @@ def build_dataloader(
     whole_steps: bool = False,
     rank: int | None = None,
     world_size: int | None = None,
+    rect: bool | None = None,
+    stride: int | None = None,
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
@@ -325,10 +211,11 @@ def build_dataloader(
         dataset: the dataset (its seed and rank are set here: one loader per dataset).
         batch_size: images per batch (per process when distributed).
         workers: worker processes; default min(8, CPUs per process).
-        shuffle: default True when the dataset augments; rect datasets never shuffle.
+        shuffle: default True when the dataset augments (rect training: the order of its
+            fixed batches); rect evaluation never shuffles.
         seed: base seed of the shuffle order and of the augmentation.
         distributed: shard across processes; default: when torch.distributed is
-            initialized. Rect datasets: each rank takes every world_size-th batch.
+            initialized. Rect evaluation: each rank takes every world_size-th batch.
             Otherwise a `ShardedBatchSampler`: one process with `accumulate * world_size`
             accumulation steps sees the same micro-batches as all ranks together;
             nothing is padded or dropped, so ranks may get unequal counts.
@@ -344,6 +231,14 @@ def build_dataloader(
         whole_steps: every rank gets the same number of micro-batches (see `ShardedBatchSampler`).
         rank, world_size: this process and the number of processes, when the caller has
             worked them out (the trainer's runtime plan); default: the process group's.
+        rect: aspect-ratio batches; default the dataset's `rect`. A dataset that does not
+            augment must be built with `rect=True` (rect evaluation, `AspectRatioBatchSampler`).
+            One that augments trains in rect batches: a `RectBatchSampler` (fixed batches of
+            similar aspect, their order shuffled per epoch, shared out like the
+            `ShardedBatchSampler`: the same steps, `accumulate`, `whole_steps`, resume), and
+            the dataset letterboxes each image to its batch's shape (`set_rect_batches`).
+        stride: rect training: the model's largest stride, which batch shapes are multiples
+            of; default the dataset's `stride`.
 
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
@@ -359,11 +254,14 @@ def build_dataloader(
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     if workers is None:
         workers = min(8, max(1, (os.cpu_count() or 1) // world_size))
-    rect = getattr(dataset, "rect", False)
+    augment = bool(getattr(dataset, "augment", False))
+    rect = bool(getattr(dataset, "rect", False)) if rect is None else rect
+    if rect and not augment and not getattr(dataset, "rect", False):
+        raise ValueError("rect evaluation letterboxes each image to its own shape: build the dataset with rect=True")
     if shuffle is None:
-        shuffle = bool(getattr(dataset, "augment", False)) and not rect
-    if rect and shuffle:
-        raise ValueError("a rect dataset keeps its aspect-ratio order: use shuffle=False")
+        shuffle = augment
+    if rect and shuffle and not augment:
+        raise ValueError("rect evaluation keeps its aspect-ratio order: use shuffle=False")
     if hasattr(dataset, "set_seed"):
         dataset.set_seed(seed)
     if pin_memory is None:
@@ -376,7 +274,13 @@ def build_dataloader(
                   persistent_workers=persistent_workers and workers > 0,
                   multiprocessing_context=multiprocessing_context if workers > 0 else None,
                   prefetch_factor=prefetch_factor if workers > 0 else None)
-    if rect:
+    if rect and augment:
+        batches = RectBatchSampler(dataset.shapes, batch_size, rank=rank, world_size=world_size,
+                                   accumulate=accumulate, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                   whole_steps=whole_steps)
+        dataset.set_rect_batches(batches.batches, stride)   # before any worker starts
+        loader = DetectionLoader(dataset, batch_sampler=batches, **common)
+    elif rect:
         batches = AspectRatioBatchSampler(dataset.shapes, batch_size, rank=rank,
                                           world_size=world_size)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)

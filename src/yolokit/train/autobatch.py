@@ -1,12 +1,14 @@
 """The run's total batch: a number that divides among the processes, or "auto", measured once.
 
 ``batch="auto"`` probes real training steps at the dataset's worst case: square images of
-the training size, each holding the most boxes a training image can hold (the most boxes of
-one labelled image, times 4 with Mosaic and 2 with MixUp), with the gradients, the EMA and
-the optimizer's state allocated as the run will have them. A probe also holds what the run
-adds around a step: with several processes the flat buffers of the gradient all-reduce (as
-large as the gradients) and SyncBatchNorm's gathered statistics, and it runs validation's
-forward at its batch (twice the training batch, without gradients).
+the training size (with ``multi_scale``, the largest size a step can draw, 1.5x; rect batches
+are at most the training size), each holding the most boxes a training image can hold (the
+most boxes of one labelled image, times 4 with Mosaic and 2 with MixUp, which rect leaves
+out), with the gradients, the EMA and the optimizer's state allocated as the run will have
+them. A probe also holds what the run adds around a step: with several processes the flat
+buffers of the gradient all-reduce (as large as the gradients) and SyncBatchNorm's gathered
+statistics, and it runs validation's forward at its batch (twice the training batch, without
+gradients, at the training size).
 
 Each probe size runs twice and the second run is measured (the first pays for cuDNN's
 algorithm search, workspaces and first-call allocations). Peak memory is fitted against
@@ -128,15 +130,17 @@ def measure_batch(probe: Callable[[int], None], device: torch.device, *, fractio
 
 
 def worst_case_boxes(dataset: DetectionDataset, cfg: TrainConfig) -> int:
-    """Most boxes one training image can hold: the busiest labelled image, x4 with Mosaic, x2 with MixUp."""
+    """Most boxes one training image can hold: the busiest labelled image, x4 with Mosaic, x2 with MixUp
+    (neither with ``rect``)."""
     most = max((len(labels) for labels in dataset.index.labels), default=0)
-    return max(1, most * (4 if cfg.augment.mosaic > 0 else 1) * (2 if cfg.augment.mixup > 0 else 1))
+    mosaic, mixup = (cfg.augment.mosaic > 0 and not cfg.rect), (cfg.augment.mixup > 0 and not cfg.rect)
+    return max(1, most * (4 if mosaic else 1) * (2 if mixup else 1))
 
 
 def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module, precision: Precision,
                    device: torch.device, *, imgsz: int, max_boxes: int, state_tensors: int,
                    channels_last: bool, seed: int = 0, world: int = 1, sync_bn: bool = False,
-                   val_batch_factor: int = 2) -> Callable[[int], None]:
+                   val_batch_factor: int = 2, val_imgsz: int | None = None) -> Callable[[int], None]:
     """``probe(b)``: a training step of ``b`` worst-case images and validation's forward, as the run does them.
 
     Every probe starts with the gradients allocated (accumulation keeps them) and
@@ -144,8 +148,9 @@ def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module,
     AdamW, 1 for SGD with momentum). With ``world`` > 1 it then holds the gradient
     all-reduce's flat buffers (one more copy of the gradients), and with ``sync_bn``,
     for the step, SyncBatchNorm's gathered statistics (``world + 2`` pairs of mean and
-    variance per layer). Then validation's forward of ``val_batch_factor * b`` images runs
-    in eval mode without gradients. It ends with all of that released and the model's
+    variance per layer). Then validation's forward of ``val_batch_factor * b`` images of
+    ``val_imgsz`` (default ``imgsz``; multi-scale training probes a larger ``imgsz`` than
+    validation's) runs in eval mode without gradients. It ends with all of that released and the model's
     buffers (BatchNorm statistics) and mode as they were.
     """
     params = [p for p in model.parameters() if p.requires_grad]
@@ -170,7 +175,7 @@ def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module,
             for p in params:                 # validation runs after the step: gradients released
                 p.grad = None
             held.clear()
-            _validation_forward(model, val_batch_factor * b, imgsz, device, channels_last)
+            _validation_forward(model, val_batch_factor * b, val_imgsz or imgsz, device, channels_last)
         finally:
             for p in params:
                 p.grad = None

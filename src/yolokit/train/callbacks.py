@@ -29,6 +29,12 @@ from tqdm import tqdm
 from yolokit.train.plots import results_plot, validation_plots
 
 
+def call_hook(callbacks: Sequence[Callback], hook: str, *args: Any) -> None:
+    """Calls ``hook`` of every callback, in order."""
+    for cb in callbacks:
+        getattr(cb, hook)(*args)
+
+
 class Callback:
     """No-op hooks; subclasses override what they need.
 

@@ -39,6 +39,8 @@ class TrainConfig:
     time: float = 0.0           # hours; the run stops at the first step boundary past it, validated and
     #                             saved (resume continues, with the budget again); 0: no limit
     imgsz: int = 640
+    rect: bool = False          # aspect-ratio batches: each batch its images' stride-aligned shape, no Mosaic/MixUp
+    multi_scale: bool = False   # each optimizer step a random size, 0.5x-1.5x imgsz in strides (the same on all ranks)
     batch: int | str = 16   # total over all processes (each runs batch / world), or "auto"
     nbs: int = 64                  # nominal batch: images one optimizer step represents
     # optimizer and schedule

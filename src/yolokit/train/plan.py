@@ -22,7 +22,7 @@ import torch
 
 from yolokit.accel import distributed
 from yolokit.accel.accumulation import accumulation_steps
-from yolokit.data.loader import epoch_steps
+from yolokit.data.samplers import epoch_steps
 from yolokit.train.config import TrainConfig
 
 

@@ -42,6 +42,7 @@ from yolokit.data import DetectionDataset, DetectionLoader, build_dataloader, to
 from yolokit.models import Detector, create_model
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
 from yolokit.train.callbacks import Callback
+from yolokit.train.callbacks import call_hook as _call
 from yolokit.train.checkpoint import atomic_save, rank_states, resolve_run, restore_run, resume_note, run_state
 from yolokit.train.config import TrainConfig
 from yolokit.train.ema import ModelEMA
@@ -51,6 +52,7 @@ from yolokit.train.meter import LossMeter
 from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
 from yolokit.train.parts import build_datasets, build_loss, seed_everything
 from yolokit.train.plan import RuntimePlan, runtime_plan, speed_settings, start_processes
+from yolokit.train.scales import MultiScale
 from yolokit.train.step import forward_backward
 from yolokit.train.trackers import run_callbacks
 from yolokit.train.weights import DEFAULT_MODEL, export_final, read_pretrained, transfer_weights
@@ -79,6 +81,7 @@ class Run:
     channels_last: bool
     stop: GracefulStop
     frozen: list[str]                   # module prefixes held as they are (TrainConfig.freeze)
+    scale: MultiScale                   # each optimizer step's input size (TrainConfig.multi_scale)
     start_epoch: int = 0
     start_step: int = 0                 # optimizer steps of start_epoch taken before a resume
     resume_meter: dict | None = None    # this rank's loss sums of those steps
@@ -187,7 +190,8 @@ class Trainer:
 
         # batch: the total over processes; "auto" probes the worst case once, the smallest fit over ranks
         sync_bn = cfg.uses_sync_bn(world, device.type)   # collectives in every forward and backward,
-        probe = training_probe(model, train_net, criterion, precision, device, imgsz=cfg.imgsz,
+        scale = MultiScale(cfg.imgsz, int(max(model.strides)), cfg.seed, enabled=cfg.multi_scale)
+        probe = training_probe(model, train_net, criterion, precision, device, imgsz=scale.largest, val_imgsz=cfg.imgsz,
                                max_boxes=worst_case_boxes(train_set, cfg), channels_last=channels_last,
                                state_tensors=1 if cfg.optimizer.lower() == "sgd" else 2, world=world, sync_bn=sync_bn)
         batch = resolve_batch(cfg, probe, device, resumed=resume, report=notes.append, world=world)
@@ -200,7 +204,7 @@ class Trainer:
         ranks = dict(rank=plan.rank, world_size=plan.world)
         loader = build_dataloader(train_set, plan.per_rank, workers=speed.workers, shuffle=True, seed=cfg.seed,
                                   pin_memory=speed.pin_memory, uint8_images=True, accumulate=plan.accumulate,
-                                  whole_steps=sync_bn, **ranks)
+                                  whole_steps=sync_bn, rect=cfg.rect, stride=scale.stride, **ranks)
         val_loader = build_dataloader(val_set, plan.per_rank * 2, workers=speed.workers, shuffle=False, seed=cfg.seed,
                                       pin_memory=speed.pin_memory, uint8_images=True, **ranks)
 
@@ -211,8 +215,8 @@ class Trainer:
         optimizer = build_optimizer(model, opt_name, lr0, momentum, decay)
         schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, plan.steps_per_epoch, cfg.warmup_epochs,
                               cfg.warmup_momentum, cfg.warmup_bias_lr, momentum, cfg.cos_lr)
-        run = Run(cfg, plan, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net,
-                  criterion, precision, accumulator, optimizer, schedule, ema, channels_last, GracefulStop(), frozen)
+        run = Run(cfg, plan, run_dir, callbacks, names, train_set, loader, val_loader, model, train_net, criterion,
+                  precision, accumulator, optimizer, schedule, ema, channels_last, GracefulStop(), frozen, scale)
         if resume is not None:
             restore_run(run, resume)
             notes.append(resume_note(run))
@@ -248,9 +252,10 @@ class Trainer:
 
         def micro_step(micro: dict, weight: float) -> tuple[dict[str, torch.Tensor], int]:
             data = to_device(micro, run.device, non_blocking=True)
-            _, parts = forward_backward(run.train_net, run.criterion, run.precision, data["images"], data["targets"],
+            images, targets = run.scale(data["images"], data["targets"], epoch, run.step_in_epoch)  # multi_scale
+            _, parts = forward_backward(run.train_net, run.criterion, run.precision, images, targets,
                                         max_boxes=micro["max_boxes"], weight=weight, channels_last=run.channels_last)
-            return parts, len(data["images"])    # weight = images: Ultralytics' loss * batch
+            return parts, len(images)    # weight = images: Ultralytics' loss * batch
 
         acc.start_epoch(len(run.loader), first_step=first, epoch_steps=run.plan.steps_per_epoch)
         run.data_wait, ready = 0.0, time.perf_counter()
@@ -372,13 +377,6 @@ class Trainer:
             _call(run.callbacks, "on_early_stop", epoch, cfg.patience)
         self._agree(run, epoch)
         return stop
-
-
-
-def _call(callbacks: list[Callback], hook: str, *args: Any) -> None:
-    """Calls ``hook`` of every callback, in order."""
-    for cb in callbacks:
-        getattr(cb, hook)(*args)
 
 
 def _train_worker(config: TrainConfig) -> dict[str, Any]:

@@ -1,0 +1,181 @@
+"""Batch samplers: which dataset indices each loader batch holds, on each rank.
+
+:class:`ShardedBatchSampler` shares an epoch's micro-batches out among the processes so that
+any number of them takes the same optimizer steps; :func:`epoch_steps` is the one count of an
+epoch's steps; :class:`AspectRatioBatchSampler` groups images by aspect ratio for rect evaluation,
+:class:`RectBatchSampler` for rect training (fixed groups, their order shuffled, shared out by step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+
+def aspect_batches(shapes: np.ndarray, batch_size: int) -> list[list[int]]:
+    """Image indices sorted by aspect ratio (h / w, a stable sort) and cut into batches of ``batch_size``.
+
+    The last batch (the tallest images) may hold fewer.
+
+    Example:
+        >>> aspect_batches(np.array([[64, 48], [48, 64], [64, 64]]), 2)
+        [[1, 2], [0]]
+    """
+    order = np.argsort(shapes[:, 0] / shapes[:, 1], kind="stable")
+    return [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
+
+
+class AspectRatioBatchSampler(Sampler[list[int]]):
+    """Batches of images with similar aspect ratio, for rect evaluation (fixed order).
+
+    Args:
+        shapes: int [n, 2] `(h, w)` of each image.
+        batch_size: images per batch.
+        rank, world_size: under DDP each rank takes every world_size-th batch.
+    """
+
+    def __init__(self, shapes: np.ndarray, batch_size: int, *, rank: int = 0,
+                 world_size: int = 1) -> None:
+        self.batches = aspect_batches(shapes, batch_size)[rank::world_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def epoch_steps(size: int, batch_size: int, *, world_size: int = 1, accumulate: int = 1, drop_last: bool = False,
+                whole_steps: bool = False) -> int:
+    """Optimizer steps in an epoch of ``size`` items as :class:`ShardedBatchSampler` shares them out.
+
+    The one count of an epoch's steps: the sampler, the trainer's runtime plan (and from it
+    the Accumulator and the learning-rate schedule) read it from here.
+
+    Example:
+        >>> epoch_steps(100, 8, world_size=2, accumulate=2)   # 13 micro-batches, 4 per step
+        4
+    """
+    chunks = size // batch_size if drop_last else -(-size // batch_size)
+    group = world_size * accumulate
+    if whole_steps:
+        chunks = chunks // group * group
+    return -(-chunks // group)
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Batches of an epoch, shared out so that any number of processes takes the same steps.
+
+    The epoch's order (``randperm`` seeded with ``seed + epoch``, or the dataset order) is
+    cut into micro-batches of ``batch_size``. Each optimizer step takes the next
+    ``world_size * accumulate`` micro-batches; within a step, rank r gets micro-batches
+    ``r * accumulate`` to ``(r + 1) * accumulate - 1``. So one process accumulating
+    ``world_size * accumulate`` micro-batches sees exactly the micro-batches of all ranks,
+    in rank order, step by step.
+
+    Nothing is repeated or dropped (unlike ``DistributedSampler``'s padding): the last
+    micro-batch may hold fewer images, and in the last step the remaining micro-batches go
+    to the lowest ranks, so ranks may have fewer batches (or none) in it. ``len()`` is this
+    rank's count; :class:`yolokit.accel.accumulation.Accumulator` keeps ranks stepping
+    together.
+
+    ``set_epoch(epoch, start_step=k)`` resumes an epoch after ``k`` optimizer steps: the
+    micro-batches of those steps are left out of the iteration (their indices are never
+    yielded, so no image of theirs is decoded) and ``len()`` counts the rest.
+
+    Args:
+        size: Number of dataset items.
+        batch_size: Images per micro-batch.
+        rank, world_size: This process and the number of processes.
+        accumulate: Micro-batches per rank per optimizer step.
+        shuffle: Random order per epoch.
+        seed: Base seed of the order.
+        drop_last: Drop the last micro-batch when it is not full.
+        whole_steps: Drop the micro-batches of an incomplete last step too, so every rank
+            runs the same number of micro-batches (what SyncBatchNorm's collectives in
+            forward and backward need); at most ``world_size * accumulate - 1`` micro-batches
+            of each epoch are left out (a different set each epoch when shuffling).
+    """
+
+    def __init__(self, size: int, batch_size: int, *, rank: int = 0, world_size: int = 1, accumulate: int = 1,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, whole_steps: bool = False) -> None:
+        if batch_size < 1 or accumulate < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need batch_size >= 1, accumulate >= 1 and 0 <= rank < world_size, got "
+                             f"{batch_size}, {accumulate}, {rank}, {world_size}")
+        self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
+        self.accumulate, self.shuffle, self.seed, self.drop_last = accumulate, shuffle, seed, drop_last
+        self.whole_steps = whole_steps
+        self.epoch, self.start_step = 0, 0
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """The epoch of the next iteration, leaving out the micro-batches of its first ``start_step`` steps."""
+        if start_step < 0:
+            raise ValueError(f"start_step must be >= 0, got {start_step}")
+        self.epoch, self.start_step = int(epoch), int(start_step)
+
+    def _chunks(self) -> int:
+        chunks = self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
+        group = self.world_size * self.accumulate
+        return chunks // group * group if self.whole_steps else chunks
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in an epoch (the same on every rank; :func:`epoch_steps`)."""
+        return epoch_steps(self.size, self.batch_size, world_size=self.world_size, accumulate=self.accumulate,
+                           drop_last=self.drop_last, whole_steps=self.whole_steps)
+
+    def _mine(self) -> list[int]:
+        """Indices of this rank's micro-batches among all the epoch's micro-batches."""
+        group, first = self.world_size * self.accumulate, self.rank * self.accumulate
+        chunks = range(self.start_step * group, self._chunks())   # resuming: the first steps' chunks left out
+        return [c for c in chunks if first <= c % group < first + self.accumulate]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        else:
+            order = torch.arange(self.size)
+        b = self.batch_size
+        for c in self._mine():
+            yield order[c * b:(c + 1) * b].tolist()
+
+    def __len__(self) -> int:
+        return len(self._mine())
+
+
+class RectBatchSampler(ShardedBatchSampler):
+    """Rect training: fixed aspect-ratio batches, their order shuffled per epoch, shared out by step.
+
+    The images are sorted by aspect ratio and cut into batches of ``batch_size`` once
+    (:func:`aspect_batches`, rect evaluation's grouping), so every image keeps one batch, and
+    one batch shape, for the whole run (``DetectionDataset.set_rect_batches``). What changes
+    per epoch is the order of the batches: a ``randperm`` of them seeded with ``seed + epoch``
+    (the aspect order with ``shuffle=False``), the same on every rank and after a resume. The
+    ordered batches are then the micro-batches of :class:`ShardedBatchSampler`: each optimizer
+    step takes the next ``world_size * accumulate`` of them and rank r its ``accumulate``, so
+    the counts (:func:`epoch_steps`), ``set_epoch(epoch, start_step=k)``, ``drop_last`` (the
+    short batch is left out) and ``whole_steps`` mean what they mean there. The short batch,
+    last in aspect order, may come at any step of an epoch.
+
+    Args:
+        shapes: int [n, 2] ``(h, w)`` of each image.
+        batch_size, rank, world_size, accumulate, shuffle, seed, drop_last, whole_steps: as
+            for :class:`ShardedBatchSampler`.
+    """
+
+    def __init__(self, shapes: np.ndarray, batch_size: int, **kwargs) -> None:
+        super().__init__(len(shapes), batch_size, **kwargs)
+        batches = aspect_batches(np.asarray(shapes), batch_size)
+        self.batches = batches[:len(shapes) // batch_size] if self.drop_last else batches   # of every epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        n = len(self.batches)
+        if self.shuffle:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        else:
+            order = list(range(n))
+        for c in self._mine():
+            yield list(self.batches[order[c]])
