@@ -17,6 +17,7 @@ batch contract, converted in the workers. `--uint8` also times yolokit with
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 from harness.pipeline import epochs, time_batches
@@ -26,7 +27,7 @@ from harness.timing import header
 def yolokit_loader(yaml, args, *, uint8: bool = False):
     from yolokit.data import DetectionDataset, build_dataloader
 
-    ds = DetectionDataset(yaml, "train", imgsz=args.imgsz, augment=True)
+    ds = DetectionDataset(yaml, "train", imgsz=args.imgsz, augment=True, cache_images=args.cache or False)
     return build_dataloader(ds, args.batch, workers=args.workers, seed=0, uint8_images=uint8)
 
 
@@ -41,11 +42,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs per loader, interleaved")
     p.add_argument("--ultralytics", action="store_true", help="also time Ultralytics' loader")
     p.add_argument("--uint8", action="store_true", help="also time yolokit with uint8_images=True")
+    p.add_argument("--photos", action="store_true",
+                   help="640x480 JPEGs of photo-like size (scan.py's folder) instead of the shapes set")
+    p.add_argument("--cache", choices=["ram", "disk"], help="the image cache, on both sides")
     args = p.parse_args()
 
     from yolokit.data import make_shapes
 
-    yaml = make_shapes(n_train=args.images, n_val=16, imgsz=args.imgsz, seed=0)
+    if args.photos:
+        from scan import make_folder
+
+        yaml = make_folder(Path(f"/tmp/yolokit-photos-v2/{args.images}"), args.images)
+    else:
+        yaml = make_shapes(n_train=args.images, n_val=16, imgsz=args.imgsz, seed=0)
     extra = {}
     runs = {"yolokit": lambda: yolokit_loader(yaml, args)}
     if args.uint8:
@@ -55,7 +64,7 @@ def main() -> None:
 
         extra["ultralytics"] = reference.version()
         runs["ultralytics"] = lambda: reference.training_loader(yaml, imgsz=args.imgsz, batch=args.batch,
-                                                                workers=args.workers)
+                                                                workers=args.workers, cache=args.cache or False)
     loaders = {name: make() for name, make in runs.items()}
     results = {name: [] for name in loaders}
     for _ in range(args.repeats):  # interleave, so load from elsewhere hits all alike
@@ -64,7 +73,7 @@ def main() -> None:
             results[name].append((timed.units / timed.seconds, timed.cpu_seconds / timed.units * 1000))
 
     print(header(extra))
-    print(f"data: {yaml.parent} ({args.images} train images, long side {args.imgsz})")
+    print(f"data: {yaml.parent} ({args.images} train images), cache {args.cache or 'off'}")
     print(f"setting: imgsz {args.imgsz}, batch {args.batch}, workers {args.workers}, "
           f"YOLOv8 default augmentation (Mosaic 1.0, translate 0.1, scale 0.5, HSV, fliplr 0.5)")
     print(f"{'loader':<24}{'img/s (median)':>16}{'CPU ms/img (median)':>21}   runs img/s")

@@ -4,8 +4,8 @@ re-scan from the label cache: yolokit vs Ultralytics, side by side in one proces
     python benchmarks/scan.py --images 5000                       # yolokit only
     /path/to/venv-with-ultralytics/bin/python benchmarks/scan.py --images 5000 --ultralytics
 
-The folder (640x480 JPEGs with a few boxes each, photo-like in size: smooth backgrounds and
-shapes) is generated once under --root. Each round times both sides in turns (A B A B ...),
+The folder (640x480 JPEGs with a few boxes each, photo-like in size and decode cost: gradients,
+rectangles and grain, about 100 KB) is generated once under --root. Each round times both sides in turns (A B A B ...),
 after one warm-up round, so the files are in the page cache for both; medians are printed.
 yolokit: ``yolo_index(cache=False)`` (first scan) and ``yolo_index()`` (re-scan, cache present).
 Ultralytics: ``YOLODataset.cache_labels`` (their scan, a thread pool) and ``get_labels`` with
@@ -43,6 +43,8 @@ def make_folder(root: Path, n: int) -> Path:
             p2 = (int((cx + w / 2) * 640), int((cy + h / 2) * 480))
             cv2.rectangle(image, p1, p2, [int(v) for v in rng.integers(0, 255, 3)], -1)
             rows.append(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
+        noise = rng.normal(0, 6, image.shape[:2] + (1,))          # texture: photo-like file sizes and decode cost
+        image = (image + noise).clip(0, 255).astype(np.uint8)
         cv2.imwrite(str(root / "images" / "train" / f"{i:06d}.jpg"), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
         (root / "labels" / "train" / f"{i:06d}.txt").write_text("\n".join(rows) + "\n")
     yaml.write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b, c]\n")
@@ -82,7 +84,7 @@ def reference_sides(yaml: Path):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=5000)
-    p.add_argument("--root", default="/tmp/yolokit-scan")
+    p.add_argument("--root", default="/tmp/yolokit-scan-v2")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--ultralytics", action="store_true")
     args = p.parse_args()

@@ -191,14 +191,15 @@ def evaluate(images: list[dict[str, np.ndarray]], num_classes: int) -> Callable[
     return run
 
 
-def training_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, **options: Any) -> Any:
+def training_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, cache: str | bool = False,
+                    **options: Any) -> Any:
     """Their training loader: ``build_yolo_dataset`` + ``build_dataloader`` (given ``options``),
-    default augmentation."""
+    default augmentation; ``cache`` their image cache ("ram", "disk" or False)."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
 
-    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "workers": workers, "data": str(yaml)})
+    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "workers": workers, "data": str(yaml), "cache": cache})
     data = check_det_dataset(str(yaml))
     dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train")
     return build_dataloader(dataset, batch, workers, shuffle=True, rank=-1, **options)
