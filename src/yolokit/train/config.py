@@ -225,6 +225,11 @@ def _flag_type(hint: Any) -> tuple[Any, bool]:
     return str, False
 
 
+FLAG_HELP = {"tracker": "experiment trackers: wandb, mlflow, tensorboard, csv, or several (wandb,csv) ",
+             "freeze": "the first N layers, or name prefixes (backbone,neck.top_down4) ",
+             "classes": "class ids to train on (0,2) "}
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Adds one ``--field`` flag per TrainConfig field (default: unset) and ``--config``."""
     parser.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
@@ -239,7 +244,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"(default: {f.default})")
         else:
-            parser.add_argument(*flags, dest=f.name, type=kind, default=None, help=f"(default: {f.default})")
+            extra = FLAG_HELP.get(f.name, "")
+            parser.add_argument(*flags, dest=f.name, type=kind, default=None, help=f"{extra}(default: {f.default})")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
