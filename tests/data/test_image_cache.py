@@ -117,3 +117,14 @@ def test_two_processes_with_two_workers_each_hold_one_copy(tmp_path, context):
     # would add 5 copies; what grows is each process's own heap (numpy temporaries), under one copy here
     assert sum(r["grown"] for r in results) < 1.5 * size
     assert results[0]["left"] == results[1]["left"] == []  # nothing left in /dev/shm, even while running
+
+
+def test_a_copy_of_a_ram_cached_dataset_holds_its_own_images(shapes_yaml):
+    import copy
+    import pickle
+
+    dataset = DetectionDataset(shapes_yaml, "val", imgsz=64, cache_images="ram")
+    for other in (copy.deepcopy(dataset), pickle.loads(pickle.dumps(dataset))):
+        assert other._ram.fd == -1                        # not the shared pages: a private copy
+        for i in range(len(dataset)):
+            assert torch.equal(other[i]["image"], dataset[i]["image"])
