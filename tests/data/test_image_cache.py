@@ -128,3 +128,43 @@ def test_a_copy_of_a_ram_cached_dataset_holds_its_own_images(shapes_yaml):
         assert other._ram.fd == -1                        # not the shared pages: a private copy
         for i in range(len(dataset)):
             assert torch.equal(other[i]["image"], dataset[i]["image"])
+
+
+SLOW_FILL = """
+import sys, time
+from yolokit.data import DetectionDataset
+real = DetectionDataset._read_resized
+def slow(self, i):
+    time.sleep(0.1)
+    print("read", i, flush=True)
+    return real(self, i)
+DetectionDataset._read_resized = slow
+DetectionDataset(sys.argv[1], "train", imgsz=64, cache_images=sys.argv[2])
+print("filled", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ram", "disk"])
+def test_ctrl_c_during_a_cache_fill_stops_it_at_once(tmp_path, mode):
+    """A fill is a thread pool: Ctrl-C must not wait for the images not yet started (it did)."""
+    import signal
+    import subprocess
+    import sys
+
+    from _torchrun_env import subprocess_env
+
+    yaml = make_shapes(tmp_path / "set", n_train=60, n_val=2, imgsz=64)
+    env = {**subprocess_env(), "YOLOKIT_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_FILL, str(yaml), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:                              # a few images read: the fill is under way
+        lines.append(line)
+        if sum(x.startswith("read") for x in lines) >= 4:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    reads = sum(x.startswith("read") for x in lines + rest.splitlines(keepends=True))
+    assert proc.returncode != 0 and "KeyboardInterrupt" in rest and "filled" not in rest
+    assert reads < 30, f"{reads} of 60 images read after Ctrl-C"  # a thread pool's few running reads, not all

@@ -185,13 +185,16 @@ class RamCache:
     def _fill(self, mine: list[int], read: Reader, threads: int, progress: bool, timeout: float) -> None:
         bar = tqdm(total=self.n, desc=f"caching {self.n:,} images in RAM ({_gb(self.offsets[-1])})",
                    disable=not progress, unit="img", leave=False)
-        with ThreadPoolExecutor(threads) as pool:
+        pool = ThreadPoolExecutor(threads)
+        try:
             pending = [pool.submit(self._store, i, read) for i in mine]
             while not all(f.done() for f in pending):
                 time.sleep(0.1)
                 bar.update(int(np.count_nonzero(self.flags)) - bar.n)
             for f in pending:
                 f.result()
+        finally:                                        # Ctrl-C: the images not started are not read
+            pool.shutdown(wait=True, cancel_futures=True)
 
         def all_filled() -> bool:                      # the other ranks' shares too
             bar.update(int(np.count_nonzero(self.flags)) - bar.n)
@@ -264,8 +267,11 @@ class DiskCache:
                 self._write(self.file(i), read(i))
             bar.update(1)
 
-        with ThreadPoolExecutor(max(1, threads)) as pool:
+        pool = ThreadPoolExecutor(max(1, threads))
+        try:
             list(pool.map(one, missing))
+        finally:                                        # Ctrl-C: the images not started are not read
+            pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
         return len(missing)
 

@@ -169,9 +169,12 @@ def check_files(check: Callable[[T], R], items: Sequence[T], *, chunk: int = 64)
     waiting = time.perf_counter() - wall > 2 * (time.thread_time() - cpu) + 1e-3
     rest = [items[i:i + chunk] for i in range(chunk, len(items), chunk)]
     if waiting and len(rest) > 1:
-        with ThreadPoolExecutor(_threads()) as pool:
+        pool = ThreadPoolExecutor(_threads())
+        try:
             for part in pool.map(lambda c: [check(x) for x in c], rest):
                 out.extend(part)
+        finally:                                        # Ctrl-C: the chunks not started are not read
+            pool.shutdown(wait=True, cancel_futures=True)
     else:
         out.extend(check(x) for part in rest for x in part)
     return out
