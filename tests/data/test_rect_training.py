@@ -151,3 +151,14 @@ def test_loader_workers_letterbox_to_the_batch_shapes_too(shapes_yaml):
 
     for (ia, a, ta), (ib, b, tb) in zip(epoch(0), epoch(1), strict=True):
         assert ia == ib and a.shape == b.shape and (a == b).all() and (ta == tb).all()
+
+
+def test_rect_training_keeps_no_mosaic_buffer(shapes_yaml):
+    from yolokit.data import DetectionDataset, build_dataloader
+
+    dataset = DetectionDataset(shapes_yaml, "train", imgsz=96, augment=True, buffer_size=16)
+    assert dataset.buffer_size == 16
+    loader = build_dataloader(dataset, 4, workers=0, seed=0, rect=True)
+    for batch in loader:
+        assert batch["images"].shape[0] <= 4
+    assert dataset.buffer_size == 0 and dataset._buffer == {}     # decoded images would never be reused

@@ -227,7 +227,8 @@ class DetectionDataset(Dataset):
             stride: the model's largest stride; default the dataset's `stride`.
         """
         self.rect, self.stride = True, int(stride or self.stride)
-        self._rect_shapes = None
+        self._rect_shapes, self.buffer_size = None, 0     # no Mosaic: no partners to keep decoded
+        self._buffer.clear()
         own = np.array([self.rect_shape(i) for i in range(len(self))], np.int64).reshape(-1, 2)
         shapes = own.copy()
         for batch in batches:
