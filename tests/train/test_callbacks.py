@@ -18,6 +18,11 @@ def test_csv_logger_appends_rows_under_one_header(tmp_path):
     log.on_epoch_end({"epoch": 2, "train/box": 1.25, "mAP50": 0.5})
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [r["epoch"] for r in rows] == ["1", "2"] and rows[1]["train/box"] == "1.25"
+    # a resumed run's logger keeps the file's columns: a missing key leaves its cell empty, in place
+    resumed = CSVLogger(tmp_path / "results.csv")
+    resumed.write({"mAP50": 0.75, "epoch": 3, "extra": 1.0})
+    lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert lines[0] == "epoch,train/box,mAP50" and lines[-1] == "3,,0.75"
 
 
 def test_progress_bar_shows_the_running_means_then_the_epoch_row(capsys):

@@ -16,12 +16,12 @@ from yolokit.train.trackers import TRACKERS, build_trackers, run_callbacks, trac
 
 
 @pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=24, n_val=8, imgsz=64))
+def shapes(tmp_path_factory):   # 20 training images: batches of 8, 8 and 4
+    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=20, n_val=8, imgsz=64))
 
 
 def tiny(shapes, out, **kw):
-    # batch = nbs: one loader batch per optimizer step, so each logged step is one batch
+    # batch = nbs: one loader batch per optimizer step (3 an epoch)
     base = dict(data=shapes, imgsz=64, batch=8, nbs=8, epochs=2, workers=0, out=str(out), plots=False,
                 warmup_epochs=0.0, close_mosaic=1)
     return TrainConfig(**{**base, **kw})
@@ -108,19 +108,21 @@ def test_every_tracker_logs_config_steps_epochs_and_final_files(shapes, tmp_path
     monkeypatch.setenv("WANDB_CONSOLE", "off")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run = tmp_path / "runs" / "train"
-    train(tiny(shapes, run, tracker="wandb,mlflow,tensorboard,csv", plots=True, lr0=0.02))
+    # nbs 16: 2 batches a step, so an epoch's batches 8, 8, 4 make a whole step and a partial one
+    train(tiny(shapes, run, tracker="wandb,mlflow,tensorboard,csv", plots=True, nbs=16))
     results, steps = rows(run / "results.csv"), rows(run / "steps.csv")
     last_step = [int(r["steps"]) for r in results]
-    assert last_step == [3, 6]                           # 24 images, batch 8: 3 steps an epoch
+    assert last_step == [2, 4]
 
-    # csv: one row per optimizer step (accumulate 1 on the CPU: each row is one batch); the epoch's
-    # mean of its rows is results.csv's mean of that epoch
-    assert [int(r["step"]) for r in steps] == [1, 2, 3, 4, 5, 6]
+    # csv: one row per optimizer step, the mean of the batches since the last (on the CPU the meter
+    # is read every batch): 2 batches, then 1; weighted so, an epoch's rows give results.csv's mean
+    assert [int(r["step"]) for r in steps] == [1, 2, 3, 4]
     for epoch, row in enumerate(results):
-        mine = steps[3 * epoch:3 * epoch + 3]
+        whole, partial = steps[2 * epoch:2 * epoch + 2]
         for part in ("box", "cls", "dfl"):
-            assert close(sum(float(r[f"step/{part}"]) for r in mine) / 3, row[f"train/{part}"], rel=2e-4)
-        assert close(mine[-1]["step/lr"], row["lr"])
+            mean = (2 * float(whole[f"step/{part}"]) + float(partial[f"step/{part}"])) / 3
+            assert close(mean, row[f"train/{part}"], rel=2e-4)
+        assert close(partial["step/lr"], row["lr"])
 
     # MLflow: the default file store next to the run folder
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -132,7 +134,7 @@ def test_every_tracker_logs_config_steps_epochs_and_final_files(shapes, tmp_path
     assert got.data.params["imgsz"] == "64" and got.data.params["augment.mosaic"] == "1.0"
     assert got.data.params["tracker"] == str(["wandb", "mlflow", "tensorboard", "csv"])
     box = client.get_metric_history(ids["mlflow"], "step/box")
-    assert [m.step for m in box] == [1, 2, 3, 4, 5, 6]
+    assert [m.step for m in box] == [1, 2, 3, 4]
     assert all(close(m.value, r["step/box"]) for m, r in zip(box, steps, strict=True))
     for key, name in (("mAP50-95", "mAP50-95"), ("data%", "data_pct"), ("train/box", "train/box")):
         history = client.get_metric_history(ids["mlflow"], name)
@@ -153,7 +155,7 @@ def test_every_tracker_logs_config_steps_epochs_and_final_files(shapes, tmp_path
         if r.WhichOneof("record_type") == "history":
             items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
             history.setdefault(items["_step"], {}).update(items)
-    assert [s for s in sorted(history) if "step/box" in history[s]] == [1, 2, 3, 4, 5, 6]
+    assert [s for s in sorted(history) if "step/box" in history[s]] == [1, 2, 3, 4]
     assert all(close(history[int(r["step"])]["step/box"], r["step/box"]) for r in steps)
     for step, row in zip(last_step, results, strict=True):
         assert close(history[step]["mAP50"], row["mAP50"]) and close(history[step]["data_pct"], row["data%"])
@@ -167,7 +169,7 @@ def test_every_tracker_logs_config_steps_epochs_and_final_files(shapes, tmp_path
     # TensorBoard: scalars per step and per epoch, the config, the charts
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "scalars": 0}).Reload()
-    assert [e.step for e in events.Scalars("step/box")] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in events.Scalars("step/box")] == [1, 2, 3, 4]
     assert [e.step for e in events.Scalars("mAP50")] == last_step
     assert all(close(e.value, r["mAP50-95"]) for e, r in zip(events.Scalars("mAP50-95"), results, strict=True))
     assert "charts/results" in events.Tags()["images"]

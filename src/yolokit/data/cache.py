@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 Reader = Callable[[int], np.ndarray]            # index -> BGR image resized to the long side imgsz
-_MAGIC, _EMPTY, _FILLED, _FAILED = b"YKCACHE1", 0, 1, 2
+_MAGIC, _FILLED, _FAILED = b"YKCACHE1", 1, 2      # per-image flags: 0 not yet, filled, unreadable
 SHM = Path("/dev/shm")
 
 
@@ -89,7 +89,7 @@ class RamCache:
         self.data_start = (head + 4095) // 4096 * 4096
         self.nbytes = int(self.data_start + self.offsets[-1])
         self._check_fits(int(self.offsets[-1]), imgsz, available)
-        self.fd, created = self._open(local_rank, local_world, token)
+        self.fd = self._open(local_rank, local_world, token)
         self._map()
         self.attached[local_rank] = 1
         if local_world > 1:
@@ -112,7 +112,7 @@ class RamCache:
             raise MemoryError(f'cache="ram" needs {_gb(need)} for {self.n:,} images at imgsz {imgsz}, but {where}; '
                               'use cache="disk" (decoded images as files, read back at disk speed) or no cache')
 
-    def _open(self, local_rank: int, local_world: int, token: str) -> tuple[int, bool]:
+    def _open(self, local_rank: int, local_world: int, token: str) -> int:
         """The cache file: this run's in ``/dev/shm`` (created by the first rank to get there), or,
         alone, an unnamed one (unlinked at once)."""
         if local_world == 1:
@@ -120,11 +120,11 @@ class RamCache:
             os.unlink(path)
             os.ftruncate(fd, self.nbytes)
             self.path = path
-            return fd, True
+            return fd
         key = hashlib.sha1(f"{token}|{self.n}|{self.nbytes}".encode()).hexdigest()[:16]
         self.path = str(SHM / f"yolokit-cache-{key}")
         try:
-            return os.open(self.path, os.O_RDWR), False
+            return os.open(self.path, os.O_RDWR)
         except FileNotFoundError:
             pass
         fd, tmp = tempfile.mkstemp(prefix=".yolokit-cache-", dir=SHM)
@@ -136,9 +136,9 @@ class RamCache:
         except FileExistsError:
             os.close(fd)
             os.unlink(tmp)
-            return os.open(self.path, os.O_RDWR), False
+            return os.open(self.path, os.O_RDWR)
         os.unlink(tmp)
-        return fd, True
+        return fd
 
     def _map(self) -> None:
         self.map = mmap.mmap(self.fd, self.nbytes)
@@ -258,7 +258,7 @@ class DiskCache:
 
     def fill(self, indices: Sequence[int], read: Reader, *, threads: int = 4, progress: bool = True) -> int:
         """Writes the missing files of ``indices`` in parallel; returns how many were written."""
-        missing = [i for i in indices if not _exists(self, i)]
+        missing = [i for i in indices if not self._cached(i)]
         bar = tqdm(total=len(missing), desc=f"caching {len(missing):,} images on disk ({self.root})",
                    disable=not progress or not missing, unit="img", leave=False)
 
@@ -275,6 +275,12 @@ class DiskCache:
         bar.close()
         return len(missing)
 
+    def _cached(self, i: int) -> bool:
+        try:
+            return self.file(i).is_file()
+        except OSError:                                 # the image is gone: read() will say so
+            return False
+
     @staticmethod
     def _write(target: Path, image: np.ndarray) -> None:
         """Atomically: a temporary file renamed into place. A full or read-only disk: not cached."""
@@ -290,9 +296,3 @@ class DiskCache:
         except OSError:
             Path(tmp).unlink(missing_ok=True)
 
-
-def _exists(cache: DiskCache, i: int) -> bool:
-    try:
-        return cache.file(i).is_file()
-    except OSError:
-        return False

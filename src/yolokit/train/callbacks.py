@@ -159,18 +159,29 @@ class ProgressBar(Callback):
 
 
 class CSVLogger(Callback):
-    """``results.csv``: one row per epoch, header from the first row; appends on resume."""
+    """``results.csv``: one row per epoch; appends on resume. The columns are the file's header
+    (from its first row): a row without a column leaves it empty, one with more keys loses them."""
 
     def __init__(self, path: Path):
-        self.path = path
+        self.path, self.fields = Path(path), None
 
-    def on_epoch_end(self, row: dict[str, float]) -> None:
+    def write(self, row: dict[str, Any]) -> None:
+        """Appends ``row`` (floats to 6 significant digits)."""
         new = not self.path.exists()
+        if self.fields is None:
+            if new:
+                self.fields = list(row)
+            else:
+                with self.path.open(newline="") as f:
+                    self.fields = next(csv.reader(f), None) or list(row)
         with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
+            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
             if new:
                 writer.writeheader()
             writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+    def on_epoch_end(self, row: dict[str, float]) -> None:
+        self.write(row)
 
 
 class Plotter(Callback):

@@ -30,18 +30,18 @@ run folder. Where they write:
 
 from __future__ import annotations
 
-import csv
+import importlib
 import json
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar
 
-TRACKERS = ("wandb", "mlflow", "tensorboard", "csv")
-EXTRAS = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}   # module -> pip extra
+TRACKERS = ("wandb", "mlflow", "tensorboard", "csv")   # each library tracker's pip extra has its name
 
 
 def tracker_names(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
@@ -78,14 +78,12 @@ class TrackerError(RuntimeError):
     """A tracker could not start its run (no login, an unreachable server, ...)."""
 
 
-def _require(module: str) -> Any:
-    import importlib
-
+def _require(name: str) -> Any:
+    """The tracker library ``name``, imported now; missing, an error naming its extra."""
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(name)
     except ImportError as exc:
-        name = module.split(".")[0]
-        raise ImportError(f"--tracker {name} needs the {name} package: pip install 'yolokit[{EXTRAS[name]}]' "
+        raise ImportError(f"--tracker {name} needs the {name} package: pip install 'yolokit[{name}]' "
                           f"(or pip install {name}); {exc}") from None
 
 
@@ -235,8 +233,9 @@ class MLflowTracker(Tracker):
         self.mlflow, self.client, self.run_id = _require("mlflow"), None, None
 
     def start(self, config: dict[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Metric, Param
 
+        self.metric = Metric
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:                                  # the default: a file store next to the runs
             uri = (self.run_dir.parent.resolve() / "mlruns").as_uri()
@@ -256,13 +255,8 @@ class MLflowTracker(Tracker):
             self.client.update_run(self.run_id, status="RUNNING")
 
     def log(self, values: dict[str, float], step: int) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, step) for k, v in values.items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        self.client.log_batch(self.run_id, metrics=[self.metric(k, v, now, step) for k, v in values.items()])
 
     def log_files(self, charts: list[Path], weights: list[Path]) -> None:
         for path in charts:
@@ -314,25 +308,19 @@ class TensorBoardTracker(Tracker):
 
 
 class CSVTracker(Tracker):
-    """``steps.csv``: step, epoch-independent rows of the per-step losses and learning rate."""
+    """``steps.csv``: a row per logged step, the per-step losses and learning rate (epoch rows are
+    results.csv's)."""
 
     name = "csv"
 
     def start(self, config: dict[str, Any]) -> None:
-        self.path, self.fields = self.run_dir / "steps.csv", None
+        self.steps = CSVLogger(self.run_dir / "steps.csv")
 
     def on_epoch_end(self, row: dict[str, float]) -> None:
-        self.step = int(row.get("steps", self.step))   # epoch rows are results.csv's
+        self.step = int(row.get("steps", self.step))
 
     def log(self, values: dict[str, float], step: int) -> None:
-        new = not self.path.exists()
-        if self.fields is None:                        # the columns of the file (of its first row)
-            self.fields = ["step", *values] if new else next(csv.reader(self.path.open()), ["step", *values])
-        with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow({"step": step, **{k: f"{v:.6g}" for k, v in values.items()}})
+        self.steps.write({"step": step, **values})
 
     def log_files(self, charts: list[Path], weights: list[Path]) -> None:
         pass                                           # they are in the run folder already
