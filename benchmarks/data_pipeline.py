@@ -11,7 +11,10 @@ Ultralytics is imported only with --ultralytics (through ``harness.reference``),
 whatever interpreter runs the script (keep it out of yolokit's environment). Its batches are
 uint8 (it converts to float on the GPU later); yolokit's are float32 in [0, 1] by the
 batch contract, converted in the workers. `--uint8` also times yolokit with
-`uint8_images=True` (uint8 batches, converted on the device by `to_device`, as Ultralytics does).
+`uint8_images=True` (uint8 batches, converted on the device by `to_device`, as Ultralytics does),
+and `--hsv-on-device` with `hsv_on_device=True` as well (what the trainer does on CUDA: the
+workers draw each image's HSV gains, `to_device` applies them on the GPU; that step is not in
+these figures, which time the loader alone: `--device-hsv-cost` times it on this machine's torch).
 """
 
 from __future__ import annotations
@@ -24,11 +27,34 @@ from harness.pipeline import epochs, time_batches
 from harness.timing import header
 
 
-def yolokit_loader(yaml, args, *, uint8: bool = False):
+def yolokit_loader(yaml, args, *, uint8: bool = False, hsv_on_device: bool = False):
     from yolokit.data import DetectionDataset, build_dataloader
 
     ds = DetectionDataset(yaml, "train", imgsz=args.imgsz, augment=True, cache_images=args.cache or False)
-    return build_dataloader(ds, args.batch, workers=args.workers, seed=0, uint8_images=uint8)
+    return build_dataloader(ds, args.batch, workers=args.workers, seed=0, uint8_images=uint8 or hsv_on_device,
+                            hsv_on_device=hsv_on_device)
+
+
+def device_hsv_ms(args, device: str) -> float:
+    """Milliseconds per image of `to_device`'s HSV step on a batch of `args.batch` images at imgsz."""
+    import time
+
+    import torch
+
+    from yolokit.data.color import apply_hsv_lut_batch
+    from yolokit.data.transforms import hsv_lut
+
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.integers(0, 256, (args.batch, 3, args.imgsz, args.imgsz), np.uint8)).to(device)
+    luts = torch.from_numpy(np.stack([hsv_lut(rng) for _ in range(args.batch)])).to(device)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        apply_hsv_lut_batch(images, luts)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[1:])) / args.batch * 1000
 
 
 def main() -> None:
@@ -42,6 +68,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs per loader, interleaved")
     p.add_argument("--ultralytics", action="store_true", help="also time Ultralytics' loader")
     p.add_argument("--uint8", action="store_true", help="also time yolokit with uint8_images=True")
+    p.add_argument("--hsv-on-device", action="store_true",
+                   help="also time yolokit with uint8_images and hsv_on_device (the trainer on CUDA)")
+    p.add_argument("--device-hsv-cost", default=None, metavar="DEVICE",
+                   help="also time the HSV step of to_device on DEVICE (cpu, cuda)")
     p.add_argument("--photos", action="store_true",
                    help="640x480 JPEGs of photo-like size (scan.py's folder) instead of the shapes set")
     p.add_argument("--cache", choices=["ram", "disk"], help="the image cache, on both sides")
@@ -59,6 +89,8 @@ def main() -> None:
     runs = {"yolokit": lambda: yolokit_loader(yaml, args)}
     if args.uint8:
         runs["yolokit uint8_images"] = lambda: yolokit_loader(yaml, args, uint8=True)
+    if args.hsv_on_device:
+        runs["yolokit hsv_on_device"] = lambda: yolokit_loader(yaml, args, hsv_on_device=True)
     if args.ultralytics:
         from harness import reference
 
@@ -83,6 +115,12 @@ def main() -> None:
         print(f"{name:<24}{np.median(rates):>16.1f}{np.median(cpu):>21.2f}   {runs_text}")
     print("CPU ms/img: user+system time of the main process and its workers per image; "
           "less sensitive than img/s to other load on the machine.")
+    if args.hsv_on_device:
+        print("yolokit hsv_on_device: the HSV step is left to to_device (on the training device), "
+              "so it is not in its figures.")
+    if args.device_hsv_cost:
+        print(f"to_device's HSV step on {args.device_hsv_cost}, batch {args.batch} at {args.imgsz}: "
+              f"{device_hsv_ms(args, args.device_hsv_cost):.2f} ms per image")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Does the real data loader keep the GPU busy? NVML utilisation while it feeds training; its images/s per core.
 
 Training here is the trainer's loop body on the trainer's loader (shapes set at 640, YOLOv8
-default augmentation with Mosaic, uint8 batches in pinned memory, persistent workers, one
-process per core but one), with the GPU's utilisation sampled through NVML
-(``accel.DeviceMonitor``; needs the optional ``nvidia-ml-py``) over the timed steps.
+default augmentation with Mosaic, uint8 batches in pinned memory, the HSV step on the device
+as the trainer does on CUDA, persistent workers, one process per core but one), with the GPU's
+utilisation sampled through NVML (``accel.DeviceMonitor``; needs the optional ``nvidia-ml-py``)
+over the timed steps.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def utilisation(s: Settings, clock: Clock) -> list[Row]:
         if clock.over():
             rows.append(clock.skipped(f"{name} GPU utilisation with the real loader"))
             continue
-        loader = build_dataloader(dataset, batch, workers=s.workers, shuffle=True, seed=0, uint8_images=True)
+        loader = build_dataloader(dataset, batch, workers=s.workers, shuffle=True, seed=0, uint8_images=True,
+                                  hsv_on_device=s.cuda)
         result, note = attempt(
             lambda loader=loader, name=name: train_from_loader(s, TrainStep(s, name, 1, "bf16"), loader))
         del loader
@@ -98,7 +100,7 @@ def starvation(s: Settings, clock: Clock, yaml, batch: int, fed: float | None) -
     what = "yolov8n: cores the loader needs to keep up"
     if clock.over():
         return [clock.skipped(what)]
-    run, _ = yolokit_loader(yaml, imgsz=s.imgsz, batch=batch, workers=s.workers)
+    run, _ = yolokit_loader(yaml, imgsz=s.imgsz, batch=batch, workers=s.workers, hsv_on_device=s.cuda)
     timed = run(24, 6) if s.cuda else run(14, 1)  # an epoch: 32 batches of 64 (GPU), 16 of 2 (smoke)
     rate = timed.units / timed.seconds
     per_core = timed.units / timed.cpu_seconds if timed.cpu_seconds else float("nan")
@@ -108,10 +110,35 @@ def starvation(s: Settings, clock: Clock, yaml, batch: int, fed: float | None) -
           f"training eats {note or f'{eats:.1f}'} img/s from batches on the device"
           f"{'' if needed is None else f': {needed:.1f} cores to keep up'}", flush=True)
     verdict = None if needed is None else ("starves it" if needed > s.workers else "keeps up")
-    return [Row("loader", f"loader alone, {s.workers} workers, img/s", rate, "img/s",
+    hsv_ms = device_hsv_ms(s, batch)
+    print(f"  the HSV step on the device (to_device), batch {batch}: {hsv_ms:.2f} ms", flush=True)
+    return [Row("loader", f"HSV step on the device, ms per batch of {batch}", hsv_ms, "ms",
+                note="to_device applies it; the workers only draw the gains"),
+            Row("loader", f"loader alone, {s.workers} workers, img/s", rate, "img/s",
                 note=f"{fed:.1f} img/s reached yolov8n training" if fed else ""),
             Row("loader", "loader img/s per core (per CPU-second)", per_core, "img/s"),
             Row("loader", "yolov8n training eats (batches on the device)", eats, "img/s", note=note),
             Row("loader", what, needed,
                 note=f"{s.workers} worker processes here: the loader {verdict}" if verdict else note,
                 data={"loader_images_per_s": rate, "per_core": per_core, "gpu_images_per_s": eats})]
+
+
+def device_hsv_ms(s: Settings, batch: int) -> float:
+    """Milliseconds of ``apply_hsv_lut_batch`` on a uint8 batch at imgsz on the device (median of 5)."""
+    import numpy as np
+    import torch
+
+    from yolokit.data.color import apply_hsv_lut_batch
+    from yolokit.data.transforms import hsv_lut
+
+    rng = np.random.default_rng(0)
+    images = torch.randint(0, 256, (batch, 3, s.imgsz, s.imgsz), dtype=torch.uint8, device=s.device)
+    luts = torch.from_numpy(np.stack([hsv_lut(rng) for _ in range(batch)])).to(s.device)
+    times = []
+    for _ in range(6):
+        synchronize(s.device)
+        start = time.perf_counter()
+        apply_hsv_lut_batch(images, luts)
+        synchronize(s.device)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[1:])) * 1000

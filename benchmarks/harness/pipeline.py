@@ -41,12 +41,14 @@ def epochs(loader: Iterable[dict]) -> Iterator[dict]:
         yield from loader
 
 
-def yolokit_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, uint8: bool = True):
-    """yolokit's training loader as the trainer builds it (``uint8_images`` by default), and
-    a function timing ``count`` batches after ``warmup`` on fresh workers."""
+def yolokit_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, uint8: bool = True,
+                   hsv_on_device: bool = False):
+    """yolokit's training loader as the trainer builds it (``uint8_images`` by default; on CUDA
+    the trainer also passes ``hsv_on_device``), and a function timing ``count`` batches after
+    ``warmup`` on fresh workers."""
     dataset = DetectionDataset(yaml, "train", imgsz=imgsz, augment=True)
     loader = build_dataloader(dataset, batch, workers=workers, seed=0, uint8_images=uint8,
-                              persistent_workers=False, pin_memory=False)
+                              persistent_workers=False, pin_memory=False, hsv_on_device=hsv_on_device)
 
     def run(count: int, warmup: int) -> Timed:
         batches = iter(loader)

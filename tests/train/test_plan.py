@@ -17,6 +17,7 @@ def sixteen_cores(monkeypatch):
 def test_cuda_defaults_are_the_fast_ones(sixteen_cores):
     s = speed_settings(TrainConfig(), torch.device("cuda"))
     assert (s.deterministic, s.cudnn_benchmark, s.tf32, s.pin_memory) == (False, True, True, True)
+    assert s.hsv_on_device                                       # the loader's workers only draw the HSV gains
     assert s.workers == 15                                       # every core but the training process's
     assert speed_settings(TrainConfig(), torch.device("cuda", 1), local_world=4).workers == 3   # 16 / 4 - 1
 
@@ -24,11 +25,14 @@ def test_cuda_defaults_are_the_fast_ones(sixteen_cores):
 def test_cpu_defaults_keep_exact_resume(sixteen_cores):
     s = speed_settings(TrainConfig(), torch.device("cpu"))
     assert (s.deterministic, s.cudnn_benchmark, s.tf32, s.pin_memory, s.workers) == (True, False, False, False, 2)
+    assert not s.hsv_on_device                                   # the CPU trains with HSV in the loader's workers
 
 
 def test_what_the_config_says_wins(sixteen_cores):
-    s = speed_settings(TrainConfig(deterministic=True, workers=0, tf32=False), torch.device("cuda"))
-    assert (s.deterministic, s.cudnn_benchmark, s.tf32, s.workers) == (True, False, False, 0)
+    cfg = TrainConfig(deterministic=True, workers=0, tf32=False, hsv_on_device=False)
+    s = speed_settings(cfg, torch.device("cuda"))
+    assert (s.deterministic, s.cudnn_benchmark, s.tf32, s.workers, s.hsv_on_device) == (True, False, False, 0, False)
+    assert speed_settings(TrainConfig(hsv_on_device=True), torch.device("cpu")).hsv_on_device
     assert speed_settings(TrainConfig(deterministic=False), torch.device("cpu")).deterministic is False
 
 

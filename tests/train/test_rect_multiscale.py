@@ -50,11 +50,13 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.steps: list[list[tuple]] = [[]]
+        self.hsv_tables: list[bool] = []          # per loaded batch: did it leave the HSV step to to_device
         to_device, forward_backward, optimizer_step = (
             trainer_module.to_device, trainer_module.forward_backward, Trainer._optimizer_step)
 
         def loaded(batch, device, **kw):
             out = to_device(batch, device, **kw)
+            self.hsv_tables.append("hsv_lut" in batch)
             self.loaded = (batch["indices"], out["images"].clone(), out["targets"].clone())
             return out
 
@@ -76,8 +78,9 @@ class Spy:
 
 def test_multi_scale_resizes_every_micro_batch_of_a_step_to_its_size(shapes, tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
-    Trainer(tiny(shapes, tmp_path / "run", multi_scale=True)).fit()
+    Trainer(tiny(shapes, tmp_path / "run", multi_scale=True, hsv_on_device=True)).fit()
     steps = spy.taken()
+    assert len(spy.hsv_tables) == 12 and all(spy.hsv_tables)        # HSV applied in to_device, before the resize
     assert len(steps) == 6 and all(len(s) == 2 for s in steps)      # 3 steps of 2 micro-batches per epoch
     sizes = []
     for n, micro_batches in enumerate(steps):

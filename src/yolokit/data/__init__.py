@@ -7,6 +7,7 @@ Typical use:
 """
 
 from yolokit.data.albu import Albumentations
+from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.images import ImageError, VideoFrame, image_tensor, letterbox, read_image, read_video, verify_image
 from yolokit.data.labels import Problem, SplitIndex
@@ -32,9 +33,11 @@ from yolokit.data.sources import (
 )
 from yolokit.data.transforms import (
     AugmentConfig,
+    apply_hsv_lut,
     augment_hsv,
     flip_lr,
     flip_ud,
+    hsv_lut,
     random_affine,
     random_flip,
     scale_boxes,
@@ -44,7 +47,8 @@ from yolokit.data.transforms import (
 __all__ = [
     "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "DatasetError",
     "DetectionDataset", "DetectionLoader", "ImageError", "Problem", "SHAPE_NAMES", "ShardedBatchSampler", "SplitIndex",
-    "augment_hsv", "build_dataloader", "coco_index", "collate", "collate_uint8", "flip_lr",
+    "apply_hsv_lut", "apply_hsv_lut_batch", "augment_hsv", "build_dataloader", "hsv_lut",
+    "coco_index", "collate", "collate_uint8", "flip_lr",
     "flip_ud", "RectBatchSampler",
     "MosaicCanvas", "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4", "mosaic4_canvas",
     "random_affine", "random_flip", "read_data_yaml", "read_image", "scale_boxes", "to_device",

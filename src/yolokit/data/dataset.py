@@ -10,6 +10,8 @@ An item is a dict:
                 Exact without augmentation; with it, the load scaling before Mosaic/affine.
     index       int, the dataset index actually returned (a different one when the
                 requested image could not be read at run time: reported once)
+    hsv_lut     only with `hsv_in_batch`: uint8 Tensor[3, 256], the image's HSV tables, not
+                yet applied to `image` (`data.color.apply_hsv_lut_batch` applies them)
 
 Randomness is explicit: item i of epoch e draws from a numpy Generator seeded with
 (seed, e, i), so an image is augmented the same way whichever process or worker loads it
@@ -42,7 +44,8 @@ from yolokit.data.selection import select
 from yolokit.data.sources import DatasetError, load_split
 from yolokit.data.transforms import (
     AugmentConfig,
-    augment_hsv,
+    apply_hsv_lut,
+    hsv_lut,
     random_affine,
     random_flip,
     scale_boxes,
@@ -108,6 +111,10 @@ class DetectionDataset(Dataset):
             share of the images, some classes' labels, or all classes as one); see
             `yolokit.data.selection.select`. What they leave out is in `selection_notes`.
 
+    Attribute `hsv_in_batch` (default False; `build_dataloader(..., hsv_on_device=True)` sets it):
+    an augmenting dataset draws each image's HSV gains as before but leaves them to the device:
+    its items carry `hsv_lut` and an image without the HSV step.
+
     Example:
         >>> ds = DetectionDataset("shapes", "val", imgsz=320)  # doctest: +SKIP
         >>> item = ds[0]; item["image"].shape, item["boxes"].shape  # doctest: +SKIP
@@ -132,6 +139,7 @@ class DetectionDataset(Dataset):
             albumentations = Albumentations(albumentations)
         self.albumentations = albumentations
         self._state = _SharedState([0, 1, 0, 0])
+        self.hsv_in_batch = False   # HSV tables drawn here, applied on the device (build_dataloader's hsv_on_device)
         self._pass: int | None = None  # the pass this process's buffer belongs to
         self._warned: set[str] = set()
         mode = {True: "ram", False: None, None: None}.get(cache_images, cache_images)
@@ -311,8 +319,9 @@ class DetectionDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         rng = self.generator(i)
+        lut = None
         if self.augment:
-            image, boxes, classes, ratio_pad, i = self._train_sample(i, rng)
+            image, boxes, classes, ratio_pad, i, lut = self._train_sample(i, rng)
         else:
             image, boxes, classes, ratio, i = self._load_any(i)
             image, (r2, pad) = letterbox(image, self.imgsz, stride=self.stride, auto=self.rect)
@@ -320,7 +329,7 @@ class DetectionDataset(Dataset):
             ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), pad)
         chw = np.empty((3, *image.shape[:2]), np.uint8)   # BGR HWC -> RGB CHW: split into the planes
         cv2.split(np.ascontiguousarray(image), [chw[2], chw[1], chw[0]])   # (one copy; 2.5x a stack of splits)
-        return {
+        item = {
             "image": torch.from_numpy(chw),
             "boxes": torch.from_numpy(np.ascontiguousarray(boxes, np.float32).reshape(-1, 4)),
             "classes": torch.from_numpy(np.ascontiguousarray(classes, np.int64).reshape(-1)),
@@ -329,6 +338,9 @@ class DetectionDataset(Dataset):
             "ratio_pad": ratio_pad,
             "index": i,
         }
+        if lut is not None:
+            item["hsv_lut"] = torch.from_numpy(lut)
+        return item
 
     def _train_sample(self, i: int, rng: np.random.Generator):
         hyp = self.hyp
@@ -338,9 +350,11 @@ class DetectionDataset(Dataset):
             image, boxes, classes = mixup((image, boxes, classes), other[:3], rng)
         if self.albumentations is not None:
             image, boxes, classes = self.albumentations(image, boxes, classes, rng)
-        image = augment_hsv(image, rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
-        image, boxes = random_flip(image, boxes, rng, fliplr=hyp.fliplr, flipud=hyp.flipud)
-        return image, boxes, classes, ratio_pad, i
+        lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+        if lut is not None and not self.hsv_in_batch:
+            image, lut = apply_hsv_lut(image, lut), None
+        image, boxes = random_flip(image, boxes, rng, fliplr=hyp.fliplr, flipud=hyp.flipud)   # commutes with HSV
+        return image, boxes, classes, ratio_pad, i, lut
 
     def _partners(self, rng: np.random.Generator) -> list[int]:
         """Three Mosaic partners: from the buffer once it is a quarter full, else anywhere."""

@@ -11,6 +11,9 @@ A batch is a dict:
 
 `build_dataloader(..., uint8_images=True)` yields `images_uint8` (uint8) instead of
 `images`, for a much faster loader; `to_device(batch, device)` gives the contract back.
+With `hsv_on_device=True` as well, the batch also carries `hsv_lut` uint8 Tensor[B, 3, 256]
+and its `images_uint8` are before the HSV step, which `to_device` applies on the device
+(`yolokit.data.color`: the same images the workers would have made).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, get_worker_info
 
+from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.images import PAD_VALUE
 from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
@@ -64,7 +68,8 @@ def _collate(items: list[dict], as_float: bool) -> dict:
         if g:
             rows.append(torch.cat([torch.full((g, 1), float(i)),
                                    it["classes"].reshape(g, 1).float(), it["boxes"].float()], 1))
-    return {
+    luts = [it.get("hsv_lut") for it in items]
+    batch = {
         "images" if as_float else "images_uint8": images,
         "targets": torch.cat(rows) if rows else torch.zeros((0, 6)),
         "paths": [it["path"] for it in items],
@@ -73,6 +78,12 @@ def _collate(items: list[dict], as_float: bool) -> dict:
         "indices": [int(it["index"]) for it in items],
         "max_boxes": max((len(it["classes"]) for it in items), default=0),
     }
+    if any(lut is not None for lut in luts):           # the HSV step left to to_device
+        if as_float or any(lut is None for lut in luts):
+            raise ValueError("items with hsv_lut (a dataset with hsv_in_batch) need collate_uint8, "
+                             "all of them, and to_device to apply the tables")
+        batch["hsv_lut"] = torch.stack(luts)
+    return batch
 
 
 def collate(items: list[dict]) -> dict:
@@ -114,11 +125,14 @@ def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = F
 
     Returns:
         a new dict holding the batch contract (`images` float32 Tensor[B, 3, H, W] in [0, 1],
-        `targets` Tensor[N, 6]) on `device`; the other keys unchanged.
+        `targets` Tensor[N, 6]) on `device`; the other keys unchanged. A batch with `hsv_lut`
+        (`hsv_on_device`) gets its HSV step here, on the device, and loses the key.
     """
-    out = {k: v for k, v in batch.items() if k != "images_uint8"}
+    out = {k: v for k, v in batch.items() if k not in ("images_uint8", "hsv_lut")}
     if "images_uint8" in batch:
         images = batch["images_uint8"].to(device, non_blocking=non_blocking)
+        if "hsv_lut" in batch:
+            images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=non_blocking))
         out["images"] = images.float().mul_(1 / 255)
     else:
         out["images"] = batch["images"].to(device, non_blocking=non_blocking)
@@ -204,6 +218,7 @@ def build_dataloader(
     world_size: int | None = None,
     rect: bool | None = None,
     stride: int | None = None,
+    hsv_on_device: bool = False,
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
@@ -239,6 +254,9 @@ def build_dataloader(
             the dataset letterboxes each image to its batch's shape (`set_rect_batches`).
         stride: rect training: the model's largest stride, which batch shapes are multiples
             of; default the dataset's `stride`.
+        hsv_on_device: with `uint8_images`, the workers draw each image's HSV gains but leave
+            the HSV step to `to_device`, on the training device (a third of a cached Mosaic
+            sample's worker time; see `yolokit.data.color`). Sets the dataset's `hsv_in_batch`.
 
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
@@ -255,6 +273,10 @@ def build_dataloader(
     if workers is None:
         workers = min(8, max(1, (os.cpu_count() or 1) // world_size))
     augment = bool(getattr(dataset, "augment", False))
+    if hsv_on_device and not uint8_images:
+        raise ValueError("hsv_on_device needs uint8_images=True: to_device applies the HSV step")
+    if hasattr(dataset, "hsv_in_batch"):
+        dataset.hsv_in_batch = bool(hsv_on_device)
     rect = bool(getattr(dataset, "rect", False)) if rect is None else rect
     if rect and not augment and not getattr(dataset, "rect", False):
         raise ValueError("rect evaluation letterboxes each image to its own shape: build the dataset with rect=True")

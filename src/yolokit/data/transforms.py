@@ -211,9 +211,43 @@ def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, in
     return out, exact
 
 
+def hsv_lut(rng: np.random.Generator, *, h: float = 0.015, s: float = 0.7,
+            v: float = 0.4) -> np.ndarray | None:
+    """Draw random hue, saturation and value gains; their lookup tables.
+
+    Args:
+        rng: source of randomness (three numbers are drawn when any range is set).
+        h, s, v: gain ranges; each gain is 1 + uniform(-range, range).
+
+    Returns:
+        uint8 [3, 256]: the new OpenCV hue (0..179), saturation and value of each old one;
+        None when all ranges are 0 (nothing drawn).
+    """
+    if not (h or s or v):
+        return None
+    gain = rng.uniform(-1, 1, 3) * (h, s, v) + 1
+    x = np.arange(256, dtype=np.float32)
+    return np.stack([(x * gain[0]) % 180, np.clip(x * gain[1], 0, 255),
+                     np.clip(x * gain[2], 0, 255)]).astype(np.uint8)
+
+
+def apply_hsv_lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Map an image's OpenCV HSV values through `lut` (uint8 [3, 256], from `hsv_lut`).
+
+    Args:
+        image: [H, W, 3] uint8 BGR (RGB works the same: the tables are symmetric).
+
+    Returns:
+        a new image [H, W, 3]. `yolokit.data.color.apply_hsv_lut_batch` does the same to a
+        batch of tensors on any device.
+    """
+    hsv = cv2.cvtColor(image, cv2.COLOR_BGR2HSV)
+    return cv2.cvtColor(cv2.LUT(hsv, np.ascontiguousarray(lut.T).reshape(1, 256, 3)), cv2.COLOR_HSV2BGR)
+
+
 def augment_hsv(image: np.ndarray, rng: np.random.Generator, *, h: float = 0.015,
                 s: float = 0.7, v: float = 0.4) -> np.ndarray:
-    """Random hue, saturation and value gains, through one lookup table.
+    """Random hue, saturation and value gains, through one lookup table (`hsv_lut`, `apply_hsv_lut`).
 
     Args:
         image: [H, W, 3] uint8 BGR (RGB works the same: the gains are symmetric).
@@ -223,14 +257,8 @@ def augment_hsv(image: np.ndarray, rng: np.random.Generator, *, h: float = 0.015
     Returns:
         a new image [H, W, 3] (the input when all ranges are 0).
     """
-    if not (h or s or v):
-        return image
-    gain = rng.uniform(-1, 1, 3) * (h, s, v) + 1
-    x = np.arange(256, dtype=np.float32)
-    lut = np.stack([(x * gain[0]) % 180, np.clip(x * gain[1], 0, 255),
-                    np.clip(x * gain[2], 0, 255)], -1).astype(np.uint8).reshape(1, 256, 3)
-    hsv = cv2.cvtColor(image, cv2.COLOR_BGR2HSV)
-    return cv2.cvtColor(cv2.LUT(hsv, lut), cv2.COLOR_HSV2BGR)
+    lut = hsv_lut(rng, h=h, s=s, v=v)
+    return image if lut is None else apply_hsv_lut(image, lut)
 
 
 def flip_lr(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -76,6 +76,7 @@ class TrainConfig:
     sync_bn: bool = False  # SyncBatchNorm over the processes (several CUDA processes only)
     workers: int | None = None  # loader processes; None: CPU cores per process - 1 on CUDA, 2 on the CPU
     tf32: bool | None = None    # TF32 in float32 matmuls and convolutions; None: on with CUDA
+    hsv_on_device: bool | None = None  # the HSV augmentation on the device, not in the loader; None: on with CUDA
     cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)
     # reproducibility, output, control
     seed: int = 0

@@ -110,6 +110,7 @@ class SpeedSettings:
     tf32: bool
     workers: int
     pin_memory: bool
+    hsv_on_device: bool = False
 
     def apply(self) -> str:
         """Sets the global switches (``accel.perf.configure``); returns its one-line description."""
@@ -133,7 +134,9 @@ def speed_settings(cfg: TrainConfig, device: torch.device, local_world: int = 1)
     CUDA: non-deterministic kernels with cuDNN's benchmark (it picks the fastest convolution
     per shape), TF32 in float32 matmuls and convolutions, ``cores per process - 1`` loader
     workers (the training process keeps a core), pinned host memory. CPU: deterministic
-    kernels (an interrupted run resumes to the same bits), 2 workers, no pinning.
+    kernels (an interrupted run resumes to the same bits), 2 workers, no pinning. The HSV
+    augmentation runs on CUDA devices (the loader's workers only draw its gains), in the
+    workers on the CPU.
     ``deterministic=True`` on CUDA turns the benchmark off.
     """
     cuda = device.type == "cuda"
@@ -141,4 +144,5 @@ def speed_settings(cfg: TrainConfig, device: torch.device, local_world: int = 1)
     workers = cfg.workers if cfg.workers is not None else (
         max(1, cores_per_process(local_world) - 1) if cuda else 2)
     return SpeedSettings(deterministic=deterministic, cudnn_benchmark=cuda and not deterministic,
-                         tf32=cfg.tf32 if cfg.tf32 is not None else cuda, workers=workers, pin_memory=cuda)
+                         tf32=cfg.tf32 if cfg.tf32 is not None else cuda, workers=workers, pin_memory=cuda,
+                         hsv_on_device=cfg.hsv_on_device if cfg.hsv_on_device is not None else cuda)

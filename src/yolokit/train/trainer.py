@@ -204,7 +204,8 @@ class Trainer:
         ranks = dict(rank=plan.rank, world_size=plan.world)
         loader = build_dataloader(train_set, plan.per_rank, workers=speed.workers, shuffle=True, seed=cfg.seed,
                                   pin_memory=speed.pin_memory, uint8_images=True, accumulate=plan.accumulate,
-                                  whole_steps=sync_bn, rect=cfg.rect, stride=scale.stride, **ranks)
+                                  whole_steps=sync_bn, rect=cfg.rect, stride=scale.stride,
+                                  hsv_on_device=speed.hsv_on_device, **ranks)
         val_loader = build_dataloader(val_set, plan.per_rank * 2, workers=speed.workers, shuffle=False, seed=cfg.seed,
                                       pin_memory=speed.pin_memory, uint8_images=True, **ranks)
 
