@@ -101,9 +101,23 @@ def test_lazy_canvas_paints_the_same_pixels(seed):
     np.testing.assert_array_equal(np.asarray(lazy), canvas)
     np.testing.assert_array_equal(lazy_boxes, boxes)
     np.testing.assert_array_equal(lazy_classes, classes)
+    painted = np.full((96, 96, 3), 114, np.uint8)            # painted here, independently: grey, then the tiles
+    rng = np.random.default_rng(seed)
+    xc, yc = (int(v) for v in rng.integers(24, 72, 2))
+    for k, (image, _, _) in enumerate(samples):
+        h, w = image.shape[:2]
+        x0, y0 = (xc - w if k in (0, 2) else xc), (yc - h if k in (0, 1) else yc)
+        for y in range(max(y0, 0), min(y0 + h, 96)):
+            xs = slice(max(x0, 0), min(x0 + w, 96))
+            painted[y, xs] = image[y - y0, xs.start - x0:xs.stop - x0]
+    np.testing.assert_array_equal(canvas, painted)
     for rows, cols in ((slice(0, 96), slice(0, 96)), (slice(10, 70), slice(33, 34)), (slice(40, 40), slice(0, 5)),
-                       (slice(50, 200), slice(-20, None))):
-        np.testing.assert_array_equal(lazy[rows, cols], canvas[rows, cols])
+                       (slice(50, 200), slice(-20, None)), (slice(0, 30), slice(0, 30)), (slice(60, 96), slice(5, 90))):
+        np.testing.assert_array_equal(lazy[rows, cols], painted[rows, cols])
+    for _ in range(20):                                       # any region: each pixel a tile's or grey, once
+        y0, x0 = rng.integers(0, 96, 2)
+        y1, x1 = y0 + rng.integers(0, 96 - y0 + 1), x0 + rng.integers(0, 96 - x0 + 1)
+        np.testing.assert_array_equal(lazy[y0:y1, x0:x1], painted[y0:y1, x0:x1])
     # the affine reads only what it needs: same output from the lazy and the painted canvas
     a = random_affine(canvas, boxes, classes, np.random.default_rng(seed), out_shape=(48, 48))
     b = random_affine(lazy, boxes, classes, np.random.default_rng(seed), out_shape=(48, 48))

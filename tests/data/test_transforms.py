@@ -194,3 +194,9 @@ def test_scale_translate_fast_path_matches_a_warp():
         both = ~(fast[inner] == 114).all(-1) & ~(warp[inner] == 114).all(-1)
         diff = np.abs(fast[inner].astype(int) - warp[inner].astype(int)).max(-1)[both]
         assert diff.mean() < 3
+        bright, _ = _resize_and_paste(image // 2 + 120, m, out_shape, 114)   # no grey in the picture
+        shown = ~(bright == 114).all(-1)                                    # a rectangle, grey all around it
+        ys, xs = np.nonzero(shown)
+        assert shown[ys.min():ys.max() + 1, xs.min():xs.max() + 1].all() and shown.sum() == (
+            (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
+        assert (bright[~shown] == 114).all() and (bright[shown] >= 120).all()

@@ -200,9 +200,8 @@ def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, in
     x0, y0 = max(x_lo, 0), max(y_lo, 0)
     x1, y1 = min(x_hi, out_shape[1]), min(y_hi, out_shape[0])
     size = (x_hi - x_lo, y_hi - y_lo)
-    covered = (x0, y0, x1, y1) == (0, 0, out_shape[1], out_shape[0])
-    out = np.empty((*out_shape, 3), np.uint8) if covered else np.full(
-        (*out_shape, 3), pad_value, np.uint8)
+    out = np.empty((*out_shape, 3), np.uint8)        # grey only around the pasted part: each pixel written once
+    out[:y0], out[y1:], out[y0:y1, :x0], out[y0:y1, x1:] = pad_value, pad_value, pad_value, pad_value
     if (x0, y0, x1, y1) == (x_lo, y_lo, x_hi, y_hi):  # fits: resize straight into place
         cv2.resize(image[c:d, a:b], size, dst=out[y0:y1, x0:x1], interpolation=cv2.INTER_LINEAR)
     else:
