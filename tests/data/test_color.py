@@ -93,3 +93,16 @@ def test_tables_need_uint8_batches(shapes_yaml):
     assert collate_uint8(items)["hsv_lut"].shape == (2, 3, 256)
     build_dataloader(ds, 2, workers=0)                                  # a loader without it: HSV in the workers again
     assert "hsv_lut" not in ds[0]
+
+
+@pytest.mark.gpu
+def test_cuda_makes_the_cpus_images_bit_for_bit():
+    """On the GPU: every colour through three tables as on the CPU (IEEE float32 and float64 there too)."""
+    c = torch.arange(1 << 24, dtype=torch.int64)
+    rgb = torch.stack([(c >> 16) & 255, (c >> 8) & 255, c & 255]).to(torch.uint8).reshape(1, 3, 4096, 4096)
+    rng = np.random.default_rng(0)
+    luts = torch.from_numpy(np.stack([hsv_lut(rng), hsv_lut(rng, h=0.5, s=0.9, v=0.9), hsv_lut(rng)]))
+    images = rgb.expand(3, -1, -1, -1).contiguous()
+    on_cpu = apply_hsv_lut_batch(images, luts)
+    on_gpu = apply_hsv_lut_batch(images.cuda(), luts.cuda())
+    assert torch.equal(on_gpu.cpu(), on_cpu)

@@ -18,13 +18,13 @@ and its `images_uint8` are before the HSV step, which `to_device` applies on the
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
+from yolokit.data.buffers import SLOT_KEY, BatchBuffers, Returning, fresh_shared
 from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.images import PAD_VALUE
@@ -37,22 +37,12 @@ from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
 from yolokit.data.workers import init_worker, signals_deferred
 
 
-def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An empty tensor, in shared memory when inside a DataLoader worker (no extra copy)."""
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)  # what default_collate uses
-    if new_shared is None:
-        return torch.empty(shape, dtype=dtype).share_memory_()
-    return torch.empty(0, dtype=dtype).set_(new_shared(nbytes), 0, shape)
-
-
-def _collate(items: list[dict], as_float: bool) -> dict:
+def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = None) -> dict:
     b = len(items)
     h = max(it["image"].shape[1] for it in items)
     w = max(it["image"].shape[2] for it in items)
-    images = _shared_empty((b, 3, h, w), torch.float32 if as_float else torch.uint8)
+    shape, dtype = (b, 3, h, w), torch.float32 if as_float else torch.uint8
+    images, slot = (fresh_shared(shape, dtype), None) if buffers is None else buffers.empty(shape, dtype)
     pad = PAD_VALUE / 255 if as_float else PAD_VALUE
     rows = []
     for i, it in enumerate(items):
@@ -83,7 +73,19 @@ def _collate(items: list[dict], as_float: bool) -> dict:
             raise ValueError("items with hsv_lut (a dataset with hsv_in_batch) need collate_uint8, "
                              "all of them, and to_device to apply the tables")
         batch["hsv_lut"] = torch.stack(luts)
+    if slot is not None:
+        batch[SLOT_KEY] = slot                       # the loader takes it out (BatchBuffers.received)
     return batch
+
+
+class _Collate:
+    """`collate` / `collate_uint8` writing into the workers' reused buffers (`yolokit.data.buffers`)."""
+
+    def __init__(self, as_float: bool, buffers: BatchBuffers | None) -> None:
+        self.as_float, self.buffers = as_float, buffers
+
+    def __call__(self, items: list[dict]) -> dict:
+        return _collate(items, self.as_float, self.buffers)
 
 
 def collate(items: list[dict]) -> dict:
@@ -160,6 +162,7 @@ class DetectionLoader(DataLoader):
     _epoch: int = 0
     _epoch_given: bool = True
     _start_step: int = 0
+    _buffers: BatchBuffers | None = None     # the workers' reused batch buffers (build_dataloader)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Use this epoch for the next iteration, from optimizer step ``start_step`` on."""
@@ -195,7 +198,8 @@ class DetectionLoader(DataLoader):
         if self.generator is not None:
             self.generator.manual_seed(self.seed * 100_003 + self._epoch)
         with signals_deferred(self.num_workers > 0):   # workers may start here
-            return super().__iter__()
+            batches = super().__iter__()
+        return batches if self._buffers is None else Returning(batches, self._buffers)
 
 
 def build_dataloader(
@@ -290,7 +294,8 @@ def build_dataloader(
         pin_memory = torch.cuda.is_available()
     if persistent_workers is None:
         persistent_workers = workers > 0
-    common = dict(num_workers=workers, collate_fn=collate_uint8 if uint8_images else collate,
+    buffers = BatchBuffers(workers, prefetch_factor + 2) if workers > 0 else None
+    common = dict(num_workers=workers, collate_fn=_Collate(not uint8_images, buffers),
                   pin_memory=pin_memory, generator=torch.Generator(),
                   worker_init_fn=init_worker if workers > 0 else None,
                   persistent_workers=persistent_workers and workers > 0,
@@ -311,5 +316,5 @@ def build_dataloader(
                                       accumulate=accumulate, shuffle=shuffle, seed=seed,
                                       drop_last=drop_last, whole_steps=whole_steps)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
-    loader.seed = seed
+    loader.seed, loader._buffers = seed, buffers
     return loader
