@@ -155,6 +155,7 @@ def test_two_processes_stop_together_and_resume(shapes, tmp_path):
     assert_resumes(shapes, run, tmp_path)   # in one process: the checkpoint holds both ranks' states
 
 
+@pytest.mark.extended   # the same stop as test_two_processes_stop_together_and_resume, through torchrun
 def test_torchrun_ranks_stop_together_and_resume(shapes, tmp_path):
     """torchrun passes a Ctrl-C on to its ranks' process groups; the ranks stop at one step and
     exit 130 without a traceback (torchrun's own agent reports the signal with one of its own)."""

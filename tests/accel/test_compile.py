@@ -99,7 +99,9 @@ def test_forward_is_one_graph_with_checkpointing_and_channels_last(name):
         assert _count_graph_breaks(lambda images: model.decode(model(images)), x) == (1, 0)
 
 
-@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [None, pytest.param(torch.bfloat16, marks=pytest.mark.extended),
+                                   pytest.param(torch.float16, marks=pytest.mark.extended)],
+                         ids=["fp32", "bf16", "fp16"])
 def test_compiled_checkpointed_training_matches_eager(dtype):
     """Three SGD steps: losses, first gradients, BN running stats and weights as in eager.
 

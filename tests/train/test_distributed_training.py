@@ -106,7 +106,7 @@ def _assert_same_training(single_dir, many_dir, many_digests):
     assert float(rows_a[-1]["train/box"]) > 0 and float(rows_a[0]["lr"]) != float(rows_a[-1]["lr"])
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", [pytest.param(2, marks=pytest.mark.extended), 3])   # 3: uneven shards
 def test_many_processes_train_what_one_process_trains(shapes, single, tmp_path, nprocs):
     reference, single_dir = single
     out = tmp_path / f"ddp{nprocs}"
@@ -118,7 +118,7 @@ def test_many_processes_train_what_one_process_trains(shapes, single, tmp_path, 
     assert len(set(reference["digests"])) == 9
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", [pytest.param(2, marks=pytest.mark.extended), 3])   # 3: uneven shards
 def test_distributed_validation_equals_one_process(trained, nprocs):
     """Each rank scores its shard (10 images in batches of 2: shards of 3/2 or 2/2/1 batches)."""
     data, weights = trained

@@ -33,6 +33,7 @@ def _finish(proc) -> str:
     return out
 
 
+@pytest.mark.extended   # the launcher's two-node environment; one node of two processes runs by default
 def test_two_nodes_train_exactly_like_one_node_with_two_processes(tmp_path):
     data = str(make_shapes(tmp_path / "set", n_train=13, n_val=6, imgsz=64))
     log = _torchrun("--nnodes", "1", "--nproc-per-node", "2", out=tmp_path / "one_node", data=data)

@@ -16,6 +16,10 @@ one the workers would have made:
   the PyPI wheels dispatch), the product here is formed in float64 and rounded once, which
   is what an FMA gives: equal on all 11.8M HSV triples on such a machine. A build without
   FMA rounds twice and differs by 1 level on about 0.015% of them.
+OpenCV converts the last few pixels of a row (fewer than its vector block, 32 with AVX2) with
+scalar code that rounds where the vector code truncates; `transforms.apply_hsv_lut` hands it the
+image as one row, so only the last ``H * W % 32`` pixels could differ, none at training sizes
+(multiples of 32 on both sides).
 The order of the steps is unchanged: HSV acts on the image after Mosaic, the affine step,
 MixUp and albumentations; the flips after it commute with a per-pixel map; the multi-scale
 resize comes after `to_device`.
