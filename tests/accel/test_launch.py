@@ -57,9 +57,13 @@ def test_a_failure_is_named_even_when_a_stop_cut_its_handling_short(clean_env, t
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)   # what a terminal's Ctrl-C does to the launcher
 
-    threading.Thread(target=ctrl_c_when_ready, daemon=True).start()
-    with pytest.raises(LaunchError) as err:
-        launch(workers.rank_one_fails_while_a_stop_comes, 2, str(ready), timeout=90)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal, even when pytest
+    try:                                                                  # runs as a background job (SIGINT ignored)
+        threading.Thread(target=ctrl_c_when_ready, daemon=True).start()
+        with pytest.raises(LaunchError) as err:
+            launch(workers.rank_one_fails_while_a_stop_comes, 2, str(ready), timeout=90)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert 1 in err.value.ranks and "ValueError: boom while stopping" in str(err.value)
 
 

@@ -131,8 +131,9 @@ def test_a_copy_of_a_ram_cached_dataset_holds_its_own_images(shapes_yaml):
 
 
 SLOW_FILL = """
-import sys, time
-from yolokit.data import DetectionDataset
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal, even when started from a
+from yolokit.data import DetectionDataset                   # background job (which ignores SIGINT)
 real = DetectionDataset._read_resized
 def slow(self, i):
     time.sleep(0.1)
