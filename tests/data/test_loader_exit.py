@@ -89,3 +89,34 @@ def test_workers_outlive_a_sigterm_to_the_process_group_until_the_parent_stops(s
                           timeout=120, start_new_session=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["24", "True"]
+
+
+STUCK_START = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal
+from yolokit.data.workers import signals_deferred
+r, w = os.pipe()
+with signals_deferred():            # a worker start that never returns (a spawned child died early)
+    print("starting", flush=True)
+    os.read(r, 1)
+print("never here", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_ends_a_worker_start_that_hangs():
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_START], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "starting"
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None                     # the first is kept for after the start
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in out and "never here" not in out
+    assert "again to stop now" in out

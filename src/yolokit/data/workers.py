@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -25,19 +26,35 @@ def signals_deferred(active: bool = True) -> Iterator[None]:
     A handler that raises (Ctrl-C's ``KeyboardInterrupt``) would raise inside ``fork``'s
     at-fork hooks, where Python drops the exception, and in a new worker before it ignores
     SIGINT, killing it. Here a signal is only recorded, and sent again once the handlers are
-    back (main thread only; elsewhere handlers cannot change).
+    back (main thread only; elsewhere handlers cannot change). A second signal acts at once:
+    a start can hang (a spawned worker that dies while its parent still writes its arguments,
+    as one of a script without ``if __name__ == "__main__":`` does), and Ctrl-C again ends it.
     """
     if not active or threading.current_thread() is not threading.main_thread():
         yield
         return
     got: list[int] = []
     signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda signum, frame: got.append(signum)) for sig in signals}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def record(signum: int, frame) -> None:
+        got.append(signum)
+        if len(got) == 1:
+            sys.stderr.write(f"{signal.Signals(signum).name}: stopping once the loader's workers have started "
+                             "(again to stop now)\n")
+        else:                                   # the second: the previous handler, now
+            got.clear()
+            restore()
+            signal.raise_signal(signum)
+
+    previous = {sig: signal.signal(sig, record) for sig in signals}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore()
         for sig in dict.fromkeys(got):
             signal.raise_signal(sig)
 
