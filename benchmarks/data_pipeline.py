@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from harness.pipeline import epochs, time_batches
+from harness.pipeline import epochs, hsv_step_seconds, time_batches
 from harness.timing import header
 
 
@@ -33,28 +33,6 @@ def yolokit_loader(yaml, args, *, uint8: bool = False, hsv_on_device: bool = Fal
     ds = DetectionDataset(yaml, "train", imgsz=args.imgsz, augment=True, cache_images=args.cache or False)
     return build_dataloader(ds, args.batch, workers=args.workers, seed=0, uint8_images=uint8 or hsv_on_device,
                             hsv_on_device=hsv_on_device)
-
-
-def device_hsv_ms(args, device: str) -> float:
-    """Milliseconds per image of `to_device`'s HSV step on a batch of `args.batch` images at imgsz."""
-    import time
-
-    import torch
-
-    from yolokit.data.color import apply_hsv_lut_batch
-    from yolokit.data.transforms import hsv_lut
-
-    rng = np.random.default_rng(0)
-    images = torch.from_numpy(rng.integers(0, 256, (args.batch, 3, args.imgsz, args.imgsz), np.uint8)).to(device)
-    luts = torch.from_numpy(np.stack([hsv_lut(rng) for _ in range(args.batch)])).to(device)
-    times = []
-    for _ in range(4):
-        start = time.perf_counter()
-        apply_hsv_lut_batch(images, luts)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times[1:])) / args.batch * 1000
 
 
 def main() -> None:
@@ -120,7 +98,7 @@ def main() -> None:
               "so it is not in its figures.")
     if args.device_hsv_cost:
         print(f"to_device's HSV step on {args.device_hsv_cost}, batch {args.batch} at {args.imgsz}: "
-              f"{device_hsv_ms(args, args.device_hsv_cost):.2f} ms per image")
+              f"{hsv_step_seconds(args.batch, args.imgsz, args.device_hsv_cost) / args.batch * 1000:.2f} ms per image")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from harness.pipeline import epochs, yolokit_loader
+from harness.pipeline import epochs, hsv_step_seconds, yolokit_loader
 from harness.timing import synchronize
 
 from gpu.common import Clock, Row, Settings, TrainStep, attempt, images_per_second, shapes_yaml
@@ -110,7 +110,7 @@ def starvation(s: Settings, clock: Clock, yaml, batch: int, fed: float | None) -
           f"training eats {note or f'{eats:.1f}'} img/s from batches on the device"
           f"{'' if needed is None else f': {needed:.1f} cores to keep up'}", flush=True)
     verdict = None if needed is None else ("starves it" if needed > s.workers else "keeps up")
-    hsv_ms = device_hsv_ms(s, batch)
+    hsv_ms = hsv_step_seconds(batch, s.imgsz, s.device) * 1000
     print(f"  the HSV step on the device (to_device), batch {batch}: {hsv_ms:.2f} ms", flush=True)
     return [Row("loader", f"HSV step on the device, ms per batch of {batch}", hsv_ms, "ms",
                 note="to_device applies it; the workers only draw the gains"),
@@ -122,23 +122,3 @@ def starvation(s: Settings, clock: Clock, yaml, batch: int, fed: float | None) -
                 note=f"{s.workers} worker processes here: the loader {verdict}" if verdict else note,
                 data={"loader_images_per_s": rate, "per_core": per_core, "gpu_images_per_s": eats})]
 
-
-def device_hsv_ms(s: Settings, batch: int) -> float:
-    """Milliseconds of ``apply_hsv_lut_batch`` on a uint8 batch at imgsz on the device (median of 5)."""
-    import numpy as np
-    import torch
-
-    from yolokit.data.color import apply_hsv_lut_batch
-    from yolokit.data.transforms import hsv_lut
-
-    rng = np.random.default_rng(0)
-    images = torch.randint(0, 256, (batch, 3, s.imgsz, s.imgsz), dtype=torch.uint8, device=s.device)
-    luts = torch.from_numpy(np.stack([hsv_lut(rng) for _ in range(batch)])).to(s.device)
-    times = []
-    for _ in range(6):
-        synchronize(s.device)
-        start = time.perf_counter()
-        apply_hsv_lut_batch(images, luts)
-        synchronize(s.device)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times[1:])) * 1000

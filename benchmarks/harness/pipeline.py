@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from harness.timing import Timed, cpu_seconds
+from harness.timing import Timed, cpu_seconds, synchronize
 from yolokit.data import DetectionDataset, build_dataloader, make_shapes
 
 IMAGE_KEYS = ("images", "images_uint8", "img")
@@ -58,3 +58,25 @@ def yolokit_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, uint8: b
             del batches  # a non-persistent iterator shuts its workers down when dropped
 
     return run, loader
+
+
+def hsv_step_seconds(batch: int, imgsz: int, device, rounds: int = 5) -> float:
+    """Seconds of `to_device`'s HSV step (``apply_hsv_lut_batch``) on a uint8 batch at imgsz on
+    ``device``: the median of ``rounds`` after one untimed round."""
+    import numpy as np
+    import torch
+
+    from yolokit.data.color import apply_hsv_lut_batch
+    from yolokit.data.transforms import hsv_lut
+
+    rng = np.random.default_rng(0)
+    images = torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, device=device)
+    luts = torch.from_numpy(np.stack([hsv_lut(rng) for _ in range(batch)])).to(device)
+    times = []
+    for _ in range(rounds + 1):
+        synchronize(images.device)
+        start = time.perf_counter()
+        apply_hsv_lut_batch(images, luts)
+        synchronize(images.device)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[1:]))

@@ -23,12 +23,7 @@ from yolokit.data import make_shapes
 from yolokit.train import TrainConfig
 from yolokit.train.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.slow
-
-@pytest.fixture(autouse=True)
-def _single_process_env(clean_env):
-    """No torchrun variables: launch() spawns, the trainer runs one process unless told."""
-
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]   # no torchrun variables: one process unless told
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):

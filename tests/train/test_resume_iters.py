@@ -25,10 +25,7 @@ from yolokit.train import TrainConfig, Trainer
 from yolokit.train.checkpoint import load_checkpoint
 from yolokit.train.ema import ModelEMA
 
-
-@pytest.fixture(autouse=True)
-def _single_process_env(clean_env):
-    """No torchrun variables: launch() spawns, the trainer runs one process unless told."""
+pytestmark = pytest.mark.usefixtures("clean_env")   # no torchrun variables: one process unless told
 
 
 @pytest.fixture(scope="module")

@@ -38,15 +38,15 @@ _kept: dict[int, dict[int, torch.UntypedStorage]] = {}    # this worker's buffer
 _serials = itertools.count(1)
 
 
+def _in(storage: torch.UntypedStorage, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
 def fresh_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An empty tensor, in new shared memory inside a DataLoader worker (what default_collate does)."""
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-    if new_shared is None:
-        return torch.empty(shape, dtype=dtype).share_memory_()
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.empty(0, dtype=dtype).set_(new_shared(nbytes), 0, shape)
+    return _in(torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize), shape, dtype)
 
 
 class BatchBuffers:
@@ -79,7 +79,7 @@ class BatchBuffers:
         info = get_worker_info()
         if info is None or self.table is None:
             return fresh_shared(shape, dtype), None
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         kept = _kept.setdefault(id(self.table), {})
         for slot in range(info.id * self.slots, (info.id + 1) * self.slots):
             storage = kept.get(slot)
@@ -89,7 +89,7 @@ class BatchBuffers:
                 storage = kept[slot] = torch.UntypedStorage._new_shared(nbytes)
             serial = (os.getpid() << 40) | next(_serials)
             self.table[slot] = serial
-            return torch.empty(0, dtype=dtype).set_(storage, 0, shape), (slot, serial)
+            return _in(storage, shape, dtype), (slot, serial)
         return fresh_shared(shape, dtype), None
 
     def received(self, batch: dict) -> dict:

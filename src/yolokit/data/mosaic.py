@@ -46,37 +46,33 @@ class MosaicCanvas:
     so after a zoom-in most of the canvas is never painted.
     """
 
-    def __init__(self, side: int, tiles: list[tuple[np.ndarray, int, int, int, int, int, int]], pad_value: int,
-                 centre: tuple[int, int] | None = None):
+    def __init__(self, side: int, tiles: list[tuple[np.ndarray, int, int, int, int, int, int]], pad_value: int):
         self.shape = (side, side, 3)
         self.dtype = np.dtype(np.uint8)
         self.ndim = 3
-        self._tiles, self._pad, self._centre = tiles, pad_value, centre
+        self._tiles, self._pad = tiles, pad_value
 
     def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
         rows, cols = key
         y0, y1, _ = rows.indices(self.shape[0])
         x0, x1, _ = cols.indices(self.shape[1])
         y1, x1 = max(y1, y0), max(x1, x0)
-        if self._centre is None:                     # tiles anywhere: grey first, then paint
-            out = np.full((y1 - y0, x1 - x0, 3), self._pad, np.uint8)
-        else:                                        # each pixel written once: a tile's, or grey
-            out = np.empty((y1 - y0, x1 - x0, 3), np.uint8)
-            xc, yc = self._centre
-            for k, tile in enumerate(self._tiles):   # tile k fills the corner of quadrant k at the centre
-                qx0, qx1 = (x0, min(x1, xc)) if k in (0, 2) else (max(x0, xc), x1)
-                qy0, qy1 = (y0, min(y1, yc)) if k in (0, 1) else (max(y0, yc), y1)
-                if qx0 < qx1 and qy0 < qy1:
-                    _, x1t, y1t, x2t, y2t, _, _ = tile
-                    tx0, tx1 = min(max(x1t, qx0), qx1), max(min(x2t, qx1), qx0)
-                    ty0, ty1 = min(max(y1t, qy0), qy1), max(min(y2t, qy1), qy0)
-                    if tx0 >= tx1 or ty0 >= ty1:
-                        tx0 = tx1 = qx0
-                        ty0 = ty1 = qy0
-                    for r0, r1, c0, c1 in ((qy0, ty0, qx0, qx1), (ty1, qy1, qx0, qx1),
-                                           (ty0, ty1, qx0, tx0), (ty0, ty1, tx1, qx1)):
-                        if r0 < r1 and c0 < c1:
-                            out[r0 - y0:r1 - y0, c0 - x0:c1 - x0] = self._pad
+        out = np.empty((y1 - y0, x1 - x0, 3), np.uint8)    # each pixel written once: a tile's, or grey
+        xc, yc = self._tiles[0][3], self._tiles[0][4]    # the centre: tile 0 ends there
+        for k, (_, x1t, y1t, x2t, y2t, _, _) in enumerate(self._tiles):   # tile k: the centre's corner of quadrant k
+            qx0, qx1 = (x0, min(x1, xc)) if k in (0, 2) else (max(x0, xc), x1)
+            qy0, qy1 = (y0, min(y1, yc)) if k in (0, 1) else (max(y0, yc), y1)
+            if qx0 >= qx1 or qy0 >= qy1:
+                continue
+            tx0, tx1 = min(max(x1t, qx0), qx1), max(min(x2t, qx1), qx0)   # the tile's part of it
+            ty0, ty1 = min(max(y1t, qy0), qy1), max(min(y2t, qy1), qy0)
+            if tx0 >= tx1 or ty0 >= ty1:
+                tx0 = tx1 = qx0
+                ty0 = ty1 = qy0
+            for r0, r1, c0, c1 in ((qy0, ty0, qx0, qx1), (ty1, qy1, qx0, qx1),    # grey around it
+                                   (ty0, ty1, qx0, tx0), (ty0, ty1, tx1, qx1)):
+                if r0 < r1 and c0 < c1:
+                    out[r0 - y0:r1 - y0, c0 - x0:c1 - x0] = self._pad
         for image, x1t, y1t, x2t, y2t, sx, sy in self._tiles:  # tile placed at [y1t:y2t, x1t:x2t]
             a, b = max(x0, x1t), min(x1, x2t)
             c, d = max(y0, y1t), min(y1, y2t)
@@ -117,7 +113,7 @@ def mosaic4_canvas(samples: list[Sample], size: int, rng: np.random.Generator, *
             all_classes.append(np.asarray(classes)[keep])
     boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4), np.float32)
     classes = np.concatenate(all_classes) if all_classes else np.zeros(0, np.int64)
-    return MosaicCanvas(s2, tiles, pad_value, (xc, yc)), boxes.astype(np.float32), classes.astype(np.int64)
+    return MosaicCanvas(s2, tiles, pad_value), boxes.astype(np.float32), classes.astype(np.int64)
 
 
 def mixup(a: Sample, b: Sample, rng: np.random.Generator) -> Sample:

@@ -240,10 +240,12 @@ def apply_hsv_lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
         a new image [H, W, 3]. `yolokit.data.color.apply_hsv_lut_batch` does the same to a
         batch of tensors on any device.
     """
-    row = np.ascontiguousarray(image).reshape(1, -1, 3)   # one row: OpenCV's vector code takes all of it
-    hsv = cv2.cvtColor(row, cv2.COLOR_BGR2HSV)           # (a row's last width % 32 pixels would get its
+    # one row: OpenCV's vector code converts all of it (the last width % 32 pixels of each row would
+    # go to its scalar code, which rounds where the vector code truncates; see data/color.py)
+    row = np.ascontiguousarray(image).reshape(1, -1, 3)
+    hsv = cv2.cvtColor(row, cv2.COLOR_BGR2HSV)
     out = cv2.cvtColor(cv2.LUT(hsv, np.ascontiguousarray(lut.T).reshape(1, 256, 3)), cv2.COLOR_HSV2BGR)
-    return out.reshape(image.shape)                      # scalar code, which rounds where the vectors truncate)
+    return out.reshape(image.shape)
 
 
 def augment_hsv(image: np.ndarray, rng: np.random.Generator, *, h: float = 0.015,
