@@ -14,7 +14,7 @@ Cases (``harness.inputs``: maps N(0, 1), boxes 16 to 320 px unless --max-wh):
 ``normal`` is batch 16 with 10 boxes per image, ``dense`` batch 16 with 1,000.
 Rows: ``loss`` = ``YOLOv8Loss`` forward + backward (assignment included, from the
 per-level maps to their gradients); ``loss-G`` the same with ``max_boxes`` given (the most
-boxes in one image: padded targets); ``assigner`` = ``TaskAlignedAssigner.point_targets``
+boxes in one image: padded targets); ``assigner`` = ``TaskAlignedAssigner.assign_rows``
 on the decoded predictions and class logits the loss hands it, targets padded.
 """
 
@@ -68,7 +68,7 @@ def _child(args: argparse.Namespace) -> dict:
         gt = pad_targets(targets, b)
 
         def fn() -> None:
-            loss.assigner.point_targets(logits, boxes, points, *gt, logits=True)
+            loss.assigner.assign_rows(logits, boxes, points, *gt.rows(), per_image=gt.labels.shape[1], logits=True)
 
     fn()  # warm-up (one-time allocations: thread pools, kernels)
     peak = peak_memory(fn)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from yolokit.accel.launch import launch
+from yolokit.accel.launcher import launch
 from yolokit.data import make_shapes
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.checkpoint import load_checkpoint

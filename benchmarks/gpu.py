@@ -40,7 +40,7 @@ the section's remaining rows say "skipped". Every section's elapsed time is prin
 All steps are the trainer's (forward and loss under autocast, ``loss * batch`` backward,
 unscale / clip 10 / SGD step without a read-back, zero grad), on synthetic batches held on
 the device except in the loader and OOM sections, with the trainer's defaults on CUDA
-(``yolokit.train.plan.speed_settings``: cuDNN benchmark, TF32, non-deterministic kernels,
+(``yolokit.train.plan.device_settings``: cuDNN benchmark, TF32, non-deterministic kernels,
 a loader worker for every core but one). The reference runs where ultralytics
 imports, or in ``--reference-python``'s environment (the plan makes one from the carried
 wheels); otherwise its row says "skipped: ultralytics not importable". NVML
@@ -69,7 +69,7 @@ from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
 from yolokit.train import TrainConfig
-from yolokit.train.plan import speed_settings
+from yolokit.train.plan import Processes, device_settings
 
 SECTIONS = {
     "tests": suite.gpu_tests,
@@ -92,7 +92,8 @@ WHEELS = ".whl"   # benchmarks/gpu_wheels.py fetches the reference's wheels here
 def settings(smoke: bool) -> Settings:
     if smoke:
         return Settings(torch.device("cpu"), 64, True, warmup=0, repeats=1, iters=2, workers=1)
-    speed = speed_settings(TrainConfig(), torch.device("cuda"))   # the trainer's own defaults on CUDA
+    procs = Processes(torch.device("cuda"), rank=0, local_rank=0, world=1, local_world=1)
+    speed = device_settings(TrainConfig(), procs)   # the trainer's own defaults on CUDA
     print(f"trainer defaults on CUDA: {speed.apply()}, {speed.workers} loader workers", flush=True)
     return Settings(torch.device("cuda"), 640, False, warmup=5, repeats=3, iters=10, workers=speed.workers)
 

@@ -56,8 +56,9 @@ def main() -> None:
     scores = flat[..., 64:].sigmoid()
     assigner = TaskAlignedAssigner()
 
-    def assign() -> None:
-        assigner(scores, boxes, points, *pad_targets(targets, b))
+    def assign() -> None:   # what the loss runs: the padded rows, predictions read in place
+        padded = pad_targets(targets, b)
+        assigner.assign_rows(scores, boxes, points, *padded.rows(), per_image=padded.labels.shape[1])
 
     def v8_step() -> None:
         maps = [m.detach().requires_grad_() for m in v8_maps]
@@ -74,7 +75,7 @@ def main() -> None:
         total.backward()
 
     cases = [
-        (f"TaskAlignedAssigner forward (P={len(points)})", assign),
+        (f"TaskAlignedAssigner assign_rows (P={len(points)})", assign),
         ("YOLOv8Loss forward + backward (incl. assignment)", v8_step),
         (f"YOLOv3Loss forward + backward (ciou, Q={sum(3 * h * w for h, w in shapes)})", v3_step),
     ]

@@ -1,9 +1,12 @@
 """A plain PyTorch training loop built from yolokit pieces and the accel toolbox.
 
 Every accel piece is visible at the line where it acts: process setup, activation
-checkpointing, mixed precision, and the Accumulator (accumulation, gradients summed over
-processes, the split on out-of-memory). The loop is the one yolokit's Trainer runs. Trains YOLOv8n on the
-generated "shapes" dataset (nothing is downloaded); about a minute on a 2-core CPU.
+checkpointing, mixed precision, the Accumulator (accumulation, the explicit gradient sync
+over processes), out of memory survived (``run_batch``, ``retry_step``), unscale / clip /
+step. ``step()`` below is, line for line, the update of ``yolokit.train.step.train_step``,
+which the Trainer runs (it adds the learning-rate schedule, the EMA and its bookkeeping).
+Trains YOLOv8n on the generated "shapes" dataset (nothing is downloaded); about a minute
+on a 2-core CPU.
 
     python examples/custom_loop.py                      # one process (CPU, or one GPU)
     python examples/custom_loop.py --nprocs 2           # DDP over 2 local processes
@@ -22,7 +25,17 @@ from pathlib import Path
 import torch
 
 import yolokit
-from yolokit.accel import Accumulator, Precision, distributed, enable_activation_checkpointing, launch, perf
+from yolokit.accel import (
+    Accumulator,
+    Precision,
+    accumulation_steps,
+    distributed,
+    enable_activation_checkpointing,
+    launch,
+    perf,
+    retry_step,
+    run_batch,
+)
 from yolokit.data import DetectionDataset, build_dataloader, make_shapes
 from yolokit.losses import YOLOv8Loss
 
@@ -42,22 +55,26 @@ def train(args: argparse.Namespace, data_yaml: Path) -> float:
     precision = Precision(args.precision, device)
     print(f"rank {distributed.rank()}: {device}, {precision}, {perf.configure(cudnn_benchmark=True)}")
 
-    # one owner of micro-batching: accumulation, the sum over processes, the split on OOM, loss weights
-    acc = Accumulator(model, nominal_batch=args.nominal_batch, batch_size=args.batch // world)
+    # accumulation: loader batches per process per step, towards nominal_batch images over all processes
+    accumulate = accumulation_steps(args.nominal_batch, args.batch // world, world)
+    acc = Accumulator(model, accumulate=accumulate)
     dataset = DetectionDataset(data_yaml, "train", imgsz=args.imgsz, augment=True)
     loader = build_dataloader(dataset, args.batch // world, workers=args.workers, seed=args.seed,
-                              accumulate=acc.steps)  # any number of processes sees the same steps
+                              accumulate=accumulate)  # any number of processes sees the same steps
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
 
-    def forward_backward(micro: dict, weight: float) -> torch.Tensor:
+    def forward_backward(micro: dict) -> torch.Tensor:
         images, targets = micro["images"].to(device), micro["targets"].to(device)
         with precision.autocast():
             loss, parts = criterion(model(images), targets)
-        precision.backward(loss * weight)  # weight: this micro-batch's share of the step
+        precision.backward(loss * len(images) / args.nominal_batch)  # this micro-batch's share of the step
         return loss.detach()
 
     def step() -> None:
-        acc.step(optimizer, lambda: precision.step(optimizer, clip_grad_norm=10.0))  # skips inf/NaN steps
+        acc.sync()                                        # gradients summed over the processes
+        precision.unscale_(optimizer)                     # fp16: gradients in true units
+        norm = precision.clip_grad_norm_(optimizer, 10.0)
+        retry_step(acc, precision.step, optimizer, norm)  # inf/NaN: skipped; out of memory: once more
         optimizer.zero_grad(set_to_none=True)
 
     epoch_loss = float("nan")
@@ -67,11 +84,11 @@ def train(args: argparse.Namespace, data_yaml: Path) -> float:
         acc.start_epoch(len(loader))
         start, total, batches = time.perf_counter(), torch.zeros((), device=device), 0
         for batch in loader:
-            total += sum(acc.run(forward_backward, batch))  # micro-batches (split and replayed on OOM)
+            total += sum(run_batch(acc, batch, forward_backward))  # micro-batches; OOM: split, step replayed
             batches += 1
-            if acc.should_step():  # gradients summed over the processes
+            if acc.step_due():  # this process's batches of the step have run
                 step()
-        while acc.should_step():  # uneven shards: the other processes' last steps
+        while acc.step_due():  # uneven shards: the other processes' last steps
             step()
         epoch_loss = float(distributed.all_reduce_mean(total / max(batches, 1)))
         if distributed.is_main():

@@ -58,7 +58,7 @@ def test_the_library_validates_without_pycocotools_or_albumentations(image_env, 
         import numpy as np, torch
         import yolokit, yolokit.cli, yolokit.train, yolokit.data, yolokit.predict  # noqa: F401
         from yolokit.ops import Detections
-        from yolokit.train import coco_evaluate
+        from yolokit.val import coco_evaluate
         targets = [(np.array([[10.0, 10.0, 50.0, 50.0]]), np.array([0]))]
         preds = [Detections(torch.tensor([[10.0, 10.0, 50.0, 50.0]]), torch.tensor([0.9]), torch.tensor([0]))]
         print(coco_evaluate(preds, targets, shapes=[(64, 64)], num_classes=1).map50)

@@ -174,8 +174,8 @@ class TrainStep:
         import yolokit
         from yolokit.accel import Precision, enable_activation_checkpointing, perf
         from yolokit.train import TrainConfig
+        from yolokit.train.build import build_loss
         from yolokit.train.optim import build_optimizer
-        from yolokit.train.trainer import build_loss
 
         self.batch = batch
         self.channels_last = default_channels_last(s) if channels_last is None else channels_last

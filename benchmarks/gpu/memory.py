@@ -139,31 +139,34 @@ def _true_largest(probe: Callable[[int], None], limit: int | None, start: int, m
 
 
 def oom_mid_run(s: Settings, name: str, batch: int) -> list[Row]:
-    """Four accumulated steps of ``batch`` images (yolov8s, bf16) through ``accel.Accumulator``;
-    before the third, memory is taken away (CUDA: a ballast tensor leaving 55% of the
-    activation peak of step 1 free; CPU: micro-batches above half the batch fail), so
-    step 3 really runs out mid-run. The Accumulator must split and replay it with the
-    same images per optimizer step, and step 4 must run at the new split."""
-    from yolokit.accel import Accumulator
+    """Four steps of ``batch`` images (yolov8s, bf16) through the trainer's ``run_batch`` and an
+    ``accel.Accumulator``; before the third, memory is taken away (CUDA: a ballast tensor leaving
+    55% of the activation peak of step 1 free; CPU: micro-batches above half the batch fail), so
+    step 3 really runs out mid-run. It must be split and replayed with the same images per
+    optimizer step, and step 4 must run at the new split."""
+    from yolokit.accel import Accumulator, retry_step
     from yolokit.data import to_device
+    from yolokit.train.step import run_batch
 
     parts = TrainStep(s, name, 1, "bf16")
-    acc = Accumulator(parts.net, nominal_batch=batch, batch_size=batch, reduction="sum")
+    acc = Accumulator(parts.net, accumulate=1)
     gen = torch.Generator().manual_seed(0)
     host = {"images_uint8": torch.randint(0, 256, (batch, 3, s.imgsz, s.imgsz), dtype=torch.uint8, generator=gen),
             "targets": inputs.random_targets(batch, BOXES, s.imgsz), "max_boxes": BOXES}
     limit: list[int | None] = [None]
 
-    def forward_backward(micro: dict, weight: float) -> tuple[int, torch.Tensor]:
+    def forward_backward(micro: dict) -> tuple[int, torch.Tensor]:
         if limit[0] is not None and len(micro["images_uint8"]) > limit[0]:
             raise torch.OutOfMemoryError("injected: the smoke run's memory is taken away")
         data = to_device(micro, s.device, non_blocking=True)
-        return len(data["images"]), parts.forward_backward(data["images"], data["targets"], micro["max_boxes"], weight)
+        n = len(data["images"])
+        return n, parts.forward_backward(data["images"], data["targets"], micro["max_boxes"], n)
 
     def step() -> tuple[int, float]:
-        outs = acc.run(forward_backward, host)
-        assert acc.should_step()
-        acc.step(parts.optimizer, lambda: parts.amp.step(parts.optimizer, clip_grad_norm=10.0, blocking=False))
+        outs = run_batch(acc, host, forward_backward)
+        assert acc.step_due()
+        acc.sync()
+        retry_step(acc, parts.amp.step, parts.optimizer, clip_grad_norm=10.0, blocking=False)
         parts.optimizer.zero_grad(set_to_none=True)
         return sum(n for n, _ in outs), float(sum(loss for _, loss in outs))
 
@@ -192,11 +195,11 @@ def oom_mid_run(s: Settings, name: str, batch: int) -> list[Row]:
     finite = math.isfinite(loss3) and math.isfinite(loss4)
     data = {"batch": batch, "activation_peak_gib": (activations or 0) / 2**30, "splits": splits,
             "recoveries_step3": recovered, "recoveries_total": acc.recoveries, "images_step3": images3,
-            "images_step4": images4, "effective_batch": acc.effective_batch, "losses": [loss3, loss4],
+            "images_step4": images4, "effective_batch": batch, "losses": [loss3, loss4],
             "warnings": said}
     return [Row("batch", "OOM mid-run: recoveries at step 3", float(recovered), target=(">=", 1),
                 note=f"{splits} micro-batches per loader batch after it", data=data),
-            Row("batch", f"OOM mid-run: images in step 3 (effective batch {acc.effective_batch})", float(images3),
+            Row("batch", f"OOM mid-run: images in step 3 (effective batch {batch})", float(images3),
                 target=("==", batch), note="losses finite" if finite else "loss NOT finite"),
             Row("batch", "OOM mid-run: new recoveries at step 4", float(acc.recoveries - recovered),
                 target=("<=", 0), note=f"{images4} images")]

@@ -22,9 +22,9 @@ from yolokit.losses import TaskAlignedAssigner, YOLOv3Loss, YOLOv8Loss, pad_targ
 from yolokit.ops import Detections, non_max_suppression
 from yolokit.ops.anchors import dist_to_box, grid_points
 from yolokit.train import TrainConfig
-from yolokit.train.evaluate import coco_evaluate
+from yolokit.train.build import build_loss
 from yolokit.train.optim import build_optimizer
-from yolokit.train.trainer import build_loss
+from yolokit.val.metrics import coco_evaluate
 
 
 @dataclass
@@ -233,7 +233,8 @@ def loss(s: Settings) -> list[Row]:
         Row("YOLOv8 loss forward + backward", ours, theirs, notes=[
             setting + "; from the same per-level maps to their gradients (the reference's level "
             "concatenation, done in its head, is included)"]),
-        Row("TaskAlignedAssigner forward", lambda: assigner(scores, boxes, points, *gt), theirs_tal),
+        Row("TaskAlignedAssigner (our assign_rows, their forward)",
+            lambda: assigner.assign_rows(scores, boxes, points, *gt.rows(), per_image=gt.labels.shape[1]), theirs_tal),
         Row("YOLOv3 loss forward + backward (no reference)", ours_v3, None),
     ]
 
@@ -286,7 +287,7 @@ def evaluation(s: Settings) -> list[Row]:
 
     notes = [f"{n} images, {sum(len(d['gt_labels']) for d in data)} GT boxes, "
              f"{sum(len(d['labels']) for d in data)} detections, 80 classes; predictions to mAP50-95",
-             f"yolokit: COCOeval's algorithm on arrays (yolokit.train.cocoeval; all 12 COCO numbers, equal to "
+             f"yolokit: COCOeval's algorithm on arrays (yolokit.val.cocoeval; all 12 COCO numbers, equal to "
              f"pycocotools'), mAP50-95 {ours():.4f} (pycocotools {pycocotools():.4f})"]
     theirs = None
     if s.reference:

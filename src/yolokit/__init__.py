@@ -7,7 +7,8 @@ Example:
     >>> results = predict(model, "path/to/images", conf=0.25)  # files, folders, videos, arrays
     >>> model = yolokit.load("yolov8n.pt")  # Ultralytics, Darknet (model=...) or yolokit files
 
-The public names below are imported on first use, so ``import yolokit.accel`` (in a
+The public names below, and every subpackage (``yolokit.train``, ``yolokit.data``,
+``yolokit.accel``, ...), are imported on first use, so ``import yolokit.accel`` (in a
 freshly spawned DDP worker, say) costs only torch.
 """
 
@@ -27,16 +28,21 @@ _PUBLIC = {
     "save": "yolokit.interop",
 }
 
-__all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save"]
+SUBPACKAGES = ("accel", "data", "interop", "losses", "models", "ops", "predict", "train", "val", "viz")
+
+__all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save", *SUBPACKAGES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'yolokit' has no attribute {name!r}")
+    elif name in SUBPACKAGES:
+        value = importlib.import_module(f"yolokit.{name}")
+    else:
+        raise AttributeError(f"module 'yolokit' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+    return sorted(set(globals()) | set(_PUBLIC) | set(SUBPACKAGES))

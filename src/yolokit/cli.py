@@ -22,16 +22,19 @@ import torch
 import yolokit
 from yolokit.accel import distributed
 from yolokit.accel.devices import resolve_device
+from yolokit.accel.launcher import LaunchError
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.data.shapes import draw_shapes_image
 from yolokit.interop import export_onnx, load
 from yolokit.models import Detector
 from yolokit.predict import ResultWriter, next_run_dir, predict_iter
-from yolokit.train import compare_runs, train, validate
+from yolokit.train import compare_runs, train
 from yolokit.train.config import add_config_flags, config_from_args
+from yolokit.train.files import SaveError
 from yolokit.train.plots import validation_plots
 from yolokit.train.trackers import TrackerError
+from yolokit.val import validate
 
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
 # these values, so the default run finishes in minutes on a laptop CPU.
@@ -274,6 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ImportError, TrackerError) as exc:   # what the user can mend
         print(f"yolokit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (SaveError, LaunchError) as exc:   # a file could not be written (a full disk): one line
+        saved = exc if isinstance(exc, SaveError) else next(
+            (e for e in exc.errors.values() if isinstance(e, SaveError)), None)
+        if saved is None:
+            raise
+        print(f"yolokit {args.command}: error: {saved}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:      # one line, no traceback
         interrupted = Interrupted.of(exc)
         if not interrupted.reported and distributed.is_main():

@@ -13,6 +13,7 @@ from torch import nn
 
 from yolokit.accel import distributed
 from yolokit.accel.accumulation import Accumulator
+from yolokit.accel.oom import resync, run_batch
 
 TIMEOUT_S = 30.0
 
@@ -40,6 +41,7 @@ def ddp_suite() -> dict:
     out = {"env": report_env("suite")}
     distributed.setup(timeout=TIMEOUT_S)
     out["ddp"] = ddp_matches_single_process()
+    out["ddp_no_sync"] = ddp_accumulation_matches_the_accumulator()
     out["uneven"] = accumulation_over_uneven_shards()
     out["oom_replay"] = oom_replay_on_one_rank()
     out["gather"] = gather_and_broadcast()
@@ -83,6 +85,32 @@ def ddp_matches_single_process() -> dict:
     return out
 
 
+def ddp_accumulation_matches_the_accumulator() -> dict:
+    """The two ways of training on several processes take the same steps: PyTorch's DDP (``wrap_ddp``,
+    ``no_sync`` on every backward but a step's last; it averages over ranks) and the Accumulator (it sums)."""
+    r, w = distributed.rank(), distributed.world_size()
+    x, y = _batch(8 * w)
+    shards = [(x[8 * r + 4 * k:8 * r + 4 * k + 4], y[8 * r + 4 * k:8 * r + 4 * k + 4]) for k in range(2)]
+    ddp = distributed.wrap_ddp(_model())
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for k, (xb, yb) in enumerate(shards):
+        with distributed.no_sync(ddp, enabled=k == 0):            # the step's last backward syncs
+            (_loss(ddp, xb, yb) * len(xb) * w).backward()         # * w: DDP averages, the Accumulator sums
+    ddp_opt.step()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = Accumulator(model, accumulate=2)
+    acc.start_epoch(2)
+    for xb, yb in shards:
+        (_loss(model, xb, yb) * len(xb)).backward()
+        acc.ran((xb, yb))
+    assert acc.step_due()
+    acc.sync()
+    opt.step()
+    scale = max(float(p.abs().max()) for p in model.parameters())
+    return {"relative_diff": _max_diff(list(distributed.unwrap(ddp).parameters()), list(model.parameters())) / scale}
+
+
 def _bn_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=0.1), nn.SiLU(),
@@ -119,27 +147,27 @@ def accumulation_over_uneven_shards() -> dict:
 
     model = _bn_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    acc = Accumulator(model, nominal_batch=8, batch_size=2, reduction="sum")
-    out = {"steps": acc.steps, "stepped_after": [], "grad_diff": []}
+    acc = Accumulator(model, accumulate=2)
+    out = {"steps": acc.accumulate, "stepped_after": [], "grad_diff": []}
     acc.start_epoch(len(shards[r]))
-    out["epoch_steps"] = acc.epoch_steps
-
-    def forward_backward(mb, weight):
-        (_loss(model, *mb) * weight).backward()
+    out["epoch_steps"] = acc.steps_left
 
     def step():
+        acc.sync()
         out["grad_diff"].append(_max_diff([p.grad for p in model.parameters()], ref_grads[len(out["grad_diff"])]))
-        acc.step(opt)
+        opt.step()
         opt.zero_grad(set_to_none=True)
 
     for k, i in enumerate(shards[r]):
-        acc.run(forward_backward, micro[i])
+        for x, y in acc.micro_batches(micro[i]):
+            (_loss(model, x, y) * len(x)).backward()
+        acc.ran(micro[i])
         if k == 0:
             out["local_grad"] = float(model[0].weight.grad.abs().sum())  # before any all-reduce
-        if acc.should_step():
+        if acc.step_due():
             out["stepped_after"].append(k)
             step()
-    while acc.should_step():
+    while acc.step_due():
         out["stepped_after"].append("empty")
         step()
     out["weight_diff"] = _max_diff(list(model.parameters()), ref_params)
@@ -160,12 +188,12 @@ def oom_replay_on_one_rank() -> dict:
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    acc = Accumulator(model, nominal_batch=8, batch_size=2, reduction="sum")
+    acc = Accumulator(model, accumulate=2)
     acc.start_epoch(2)
     seen, failed = [], []
 
-    def forward_backward(mb, weight):
-        (_loss(model, *mb) * weight).backward()
+    def forward_backward(mb):
+        (_loss(model, *mb) * len(mb[0])).backward()
         seen.append(len(mb[0]))
         if r == 0 and len(mb[0]) > 1 and mb[0] is micro[1][0] and not failed:
             failed.append(1)
@@ -174,24 +202,33 @@ def oom_replay_on_one_rank() -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for i in (2 * r, 2 * r + 1):
-            acc.run(forward_backward, micro[i])
-    stepped = acc.should_step()
+            run_batch(acc, micro[i], forward_backward)
+    stepped = acc.step_due()
+    acc.sync()
     grads = [p.grad for p in model.parameters()]
     out = {"splits": acc.splits, "seen": seen, "stepped": stepped, "grad_diff": _max_diff(grads, ref_grads[0])}
-    acc.step(opt)
+    opt.step()
     out["weight_diff"] = _max_diff(list(model.parameters()), ref_params)
     return out
 
 
 def ranks_agree_on_stops_and_ooms() -> dict:
-    """Decisions one rank's trouble forces on all: the per-step vote, the bucket all-reduce
+    """Decisions one rank's trouble forces on all: the per-step exchange, the bucket all-reduce
     after one rank could not allocate its buffers, and the resync after a retried step."""
+    from dataclasses import dataclass
+
     from yolokit.accel import reduce
-    from yolokit.accel.stop import GracefulStop
+    from yolokit.accel.agreement import RankExchange
+
+    @dataclass(frozen=True)
+    class Votes:
+        signal: int = 0
+        retries: int = 0
 
     r, out = distributed.rank(), {}
-    with GracefulStop() as stop:   # rank 1 proposes 7 at boundary 1; all decide it at boundary 2
-        out["votes"] = [(stop.requested(7 if r == 1 and k == 1 else r, 0), stop.agreed) for k in range(4)]
+    with RankExchange(Votes, world_size=2) as exchange:   # rank 1 proposes 7 at boundary 1; all decide it at 2
+        out["votes"] = [(lambda v: (v.signal, v.retries))(exchange(Votes(signal=7 if r == 1 and k == 1 else r)))
+                        for k in range(4)]
 
     model = _model()
     for i, p in enumerate(model.parameters()):
@@ -213,8 +250,8 @@ def ranks_agree_on_stops_and_ooms() -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
-    acc = Accumulator(model, nominal_batch=2, batch_size=1, world_size=2)
-    acc.resync(opt)
+    acc = Accumulator(model, accumulate=1, world_size=2)
+    resync(acc, opt)
     flat = torch.cat([t.flatten() for t in [*model.parameters(), *(opt.state[p]["momentum_buffer"]
                                                                   for p in model.parameters())]])
     out["resynced"] = distributed.all_gather_object(flat.tolist())

@@ -13,7 +13,7 @@ from _torchrun_env import TORCHRUN_VARS  # noqa: E402
 @pytest.fixture(scope="session")
 def gloo_suite():
     """Results of ``workers.ddp_suite`` on 2 spawned gloo processes (spawning costs seconds)."""
-    from yolokit.accel.launch import launch
+    from yolokit.accel.launcher import launch
 
     saved = {k: os.environ.pop(k) for k in TORCHRUN_VARS if k in os.environ}
     try:

@@ -1,6 +1,7 @@
-"""Accumulator in one process: steps, weights, epochs, splits on OOM (with replay), step OOM, no copies.
+"""Accumulator in one process: when a step is due, uneven epochs, the sync, no copies.
 
-The multi-process cases (uneven shards, BatchNorm statistics, OOM on one rank) run in
+Out of memory (split and replay, step retry) is tests/accel/test_oom.py; the multi-process
+cases (uneven shards, BatchNorm statistics, OOM on one rank) run in
 tests/accel/test_distributed.py over 2 gloo processes.
 """
 
@@ -9,18 +10,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from yolokit.accel import batch_size as bs
-from yolokit.accel.accumulation import Accumulator, split_batch
-from yolokit.accel.amp import Precision
-
-
-@pytest.fixture(autouse=True)
-def no_gc(monkeypatch):
-    """free_memory() runs gc.collect(), slow in a test process; count the calls instead."""
-    calls = []
-    monkeypatch.setattr(bs, "free_memory", lambda: calls.append(1))
-    monkeypatch.setattr("yolokit.accel.accumulation.free_memory", lambda: calls.append(1))
-    return calls
+from yolokit.accel.accumulation import Accumulator, accumulation_steps
+from yolokit.accel.distributed import wrap_ddp
+from yolokit.accel.split import split_batch
 
 
 def _net(seed=0):
@@ -33,50 +25,53 @@ def _data(n=32, seed=1):
     return torch.randn(n, 3, 6, 6, generator=g), torch.randn(n, 2, generator=g)
 
 
-def test_steps_weights_and_errors():
-    model = nn.Linear(1, 1)
-    acc = Accumulator(model, nominal_batch=64, batch_size=16)
-    assert (acc.steps, acc.effective_batch, acc.loss_weight(16), acc.loss_weight(8)) == (4, 64, 0.25, 0.125)
-    assert Accumulator(model, nominal_batch=64, batch_size=24).steps == 3  # round(2.67)
-    assert Accumulator(model, nominal_batch=64, batch_size=16, world_size=2).steps == 2
-    summed = Accumulator(model, nominal_batch=8, batch_size=16, reduction="sum")
-    assert summed.steps == 1 and summed.loss_weight(16) == 16.0 and summed.loss_weight(3) == 3.0
+def test_accumulation_steps_and_errors():
+    assert [accumulation_steps(64, 16), accumulation_steps(64, 24), accumulation_steps(64, 16, 2)] == [4, 3, 2]
+    assert accumulation_steps(8, 16) == 1                    # never below one batch
     with pytest.raises(ValueError, match="must be >= 1"):
-        Accumulator(model, nominal_batch=64, batch_size=0)
-    with pytest.raises(ValueError, match="reduction"):
-        Accumulator(model, nominal_batch=64, batch_size=8, reduction="max")
+        accumulation_steps(64, 0)
+    with pytest.raises(ValueError, match="accumulate must be >= 1"):
+        Accumulator(nn.Linear(1, 1), accumulate=0)
+    acc = Accumulator(nn.Linear(1, 1), accumulate=3)
+    assert (acc.rank, acc.world_size, acc.steps_left) == (0, 1, 0)
 
 
-def _train(acc_kwargs, batches, *, fail=None, epoch=True, step_fail=None):
-    """SGD over loader batches of (x, y); returns the model, the step boundaries and fn's calls."""
+def test_a_ddp_wrapped_model_is_refused():
+    class FakeDDP(torch.nn.parallel.DistributedDataParallel):   # isinstance is all the check reads
+        def __init__(self, module):
+            nn.Module.__init__(self)
+            self.module = module
+
+    with pytest.raises(TypeError, match="not a DDP-wrapped one"):
+        Accumulator(FakeDDP(nn.Linear(1, 1)), accumulate=2)
+    assert wrap_ddp(nn.Linear(1, 1)).__class__ is nn.Linear     # no process group: the model itself
+
+
+def _train(batches, accumulate, *, epoch=True):
+    """SGD over loader batches of (x, y) with losses weighted by images / 32; returns model, acc, step points."""
     model = _net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    acc = Accumulator(model, **acc_kwargs)
-    calls, stepped = [], []
-
-    def forward_backward(micro, weight):
-        x, y = micro
-        (nn.functional.mse_loss(model(x), y) * weight).backward()   # gradients partly accumulated ...
-        calls.append(len(x))
-        if fail is not None and fail(x, len(calls)):
-            raise torch.OutOfMemoryError("injected")                # ... when the "OOM" hits
-        return len(x)
-
+    acc = Accumulator(model, accumulate=accumulate)
+    stepped = []
     if epoch:
         acc.start_epoch(len(batches))
     for i, batch in enumerate(batches):
-        acc.run(forward_backward, batch)
-        if acc.should_step():
-            stepped.append(i)
-            acc.step(opt)
+        for x, y in acc.micro_batches(batch):
+            (nn.functional.mse_loss(model(x), y) * len(x) / 32).backward()
+        acc.ran(batch)
+        assert acc.step_due() == acc.step_due()                # a question: asking twice changes nothing
+        if acc.step_due():
+            acc.sync()
+            opt.step()
             opt.zero_grad(set_to_none=True)
-    while acc.should_step():
+            stepped.append(i)
+    while acc.step_due():
+        acc.sync()
         stepped.append("after")
-        acc.step(opt)
-    return model, acc, stepped, calls
+    return model, acc, stepped
 
 
-def test_accumulated_micro_batches_equal_one_big_batch_and_the_epoch_ends_with_a_step():
+def test_accumulated_batches_equal_one_big_batch_and_the_epoch_ends_with_a_step():
     x, y = _data(40)
     big = _net()
     opt = torch.optim.SGD(big.parameters(), lr=0.1, momentum=0.9)
@@ -85,55 +80,40 @@ def test_accumulated_micro_batches_equal_one_big_batch_and_the_epoch_ends_with_a
         opt.step()
         opt.zero_grad(set_to_none=True)
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 40, 8)]
-    model, acc, stepped, _ = _train(dict(nominal_batch=32, batch_size=8), batches)
-    assert acc.steps == 4 and stepped == [3, 4] and acc.pending == 0   # 5 batches: a step of 4, then of 1
+    model, acc, stepped = _train(batches, 4)
+    assert stepped == [3, 4] and not acc.held and acc.steps_left == 0   # 5 batches: a step of 4, then of 1
     for a, b in zip(big.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
 
 
-def test_without_start_epoch_a_partial_step_stays_pending():
+def test_resuming_mid_epoch_counts_only_the_steps_left():
+    acc = Accumulator(nn.Linear(1, 1), accumulate=2)
+    acc.start_epoch(3, epoch_steps=4, first_step=2)           # 2 steps done; 3 batches for the last 2 steps
+    assert acc.steps_left == 2
+    with pytest.raises(ValueError, match="need more than the epoch's 3 optimizer steps"):
+        acc.start_epoch(3, epoch_steps=3, first_step=2)
+
+
+def test_without_start_epoch_a_partial_step_stays_held():
     x, y = _data(40)
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 40, 8)]
-    _, acc, stepped, _ = _train(dict(nominal_batch=32, batch_size=8), batches, epoch=False)
-    assert stepped == [3] and acc.pending == 1
+    _, acc, stepped = _train(batches, 4, epoch=False)
+    assert stepped == [3] and len(acc.held) == 1
     with pytest.raises(RuntimeError, match="still waiting"):
         acc.start_epoch(5)
 
 
-def test_oom_mid_step_replays_the_step_at_a_finer_split():
-    x, y = _data(32)
-    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
-    ref, _, _, _ = _train(dict(nominal_batch=16, batch_size=8), batches)
-
-    # the second batch of the first step fails after its backward; the first batch is run again
-    def fail(xb, n):
-        return n == 2 and len(xb) > 4
-
-    with pytest.warns(RuntimeWarning, match="running the step's 2 loader batch"):
-        model, acc, stepped, calls = _train(dict(nominal_batch=16, batch_size=8), batches, fail=fail)
-    assert acc.splits == 2 and acc.recoveries == 1 and stepped == [1, 3]
-    assert calls == [8, 8, 4, 4, 4, 4, 4, 4, 4, 4]     # fail; replay batch 0 and 1 as halves; batches 2, 3
-    for a, b in zip(ref.parameters(), model.parameters(), strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
-    assert acc.state_dict() == {"splits": 2, "recoveries": 1}
-
-
-def test_gives_up_below_the_minimum_and_treats_cublas_failures_as_oom():
-    model = nn.Linear(2, 1)
-    acc = Accumulator(model, nominal_batch=8, batch_size=8, min_micro_batch=2)
-
-    def always(micro, weight):
-        raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)")
-
-    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="CUBLAS_STATUS_ALLOC_FAILED"):
-        acc.run(always, torch.randn(8, 2))
-    assert acc.splits == 4  # 8 -> 4 -> 2 images, then it stops
-
-    def other(micro, weight):
-        raise RuntimeError("shape mismatch")
-
-    with pytest.raises(RuntimeError, match="shape mismatch"):
-        Accumulator(model, nominal_batch=8, batch_size=8).run(other, torch.randn(8, 2))
+def test_rewind_drops_the_step_in_progress_and_its_batchnorm_updates():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    acc = Accumulator(model, accumulate=2)
+    acc.start_epoch(4)
+    before = [t.clone() for t in model[1].buffers()]
+    model(torch.randn(2, 3, 4, 4)).sum().backward()
+    acc.ran(torch.zeros(2))
+    assert not all(torch.equal(a, b) for a, b in zip(before, model[1].buffers(), strict=True))
+    acc.rewind()
+    assert all(torch.equal(a, b) for a, b in zip(before, model[1].buffers(), strict=True))
+    assert not acc.held and all(p.grad is None for p in model.parameters())
 
 
 class AllocationCounter(TorchDispatchMode):
@@ -157,75 +137,24 @@ class AllocationCounter(TorchDispatchMode):
 def test_no_copy_of_the_gradients_while_nothing_fails():
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    acc = Accumulator(model, nominal_batch=32, batch_size=8)
+    acc = Accumulator(model, accumulate=4)
     x = torch.randn(32, 64)
     counter = AllocationCounter()
-
-    def forward_backward(micro, weight):
-        counter.counting = False            # the model's own work is not the accumulator's
-        (model(micro).square().mean() * weight).backward()
-        counter.counting = True
-
     with counter:
         acc.start_epoch(4)
         for i in range(4):
-            acc.run(forward_backward, x[8 * i:8 * i + 8])
-        assert acc.should_step()
+            batch = x[8 * i:8 * i + 8]
+            counter.counting = False            # the model's own work is not the accumulator's
+            for micro in acc.micro_batches(batch):
+                model(micro).square().mean().backward()
+            counter.counting = True
+            acc.ran(batch)
+        assert acc.step_due()
+        acc.sync()                              # one process: nothing to sum
     assert counter.bytes == 0, counter.bytes
     with counter:                           # the counter does see a copy of the gradients
         [p.grad.clone() for p in model.parameters()]
     assert counter.bytes >= grad_bytes
-
-
-def _stepped_params(inject, optimizer="adamw", precision="fp32"):
-    model = _net()
-    opt = (torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True) if optimizer == "adamw"
-           else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01, foreach=True))
-    prec = Precision(precision, "cpu")
-    acc = Accumulator(model, nominal_batch=8, batch_size=8)
-    x, y = _data(16)
-    hook = opt.register_step_pre_hook(inject) if inject == "pre" or callable(inject) else None
-    for i in (0, 8):
-        acc.run(lambda m, w: prec.backward(nn.functional.mse_loss(model(m[0]), m[1]) * w), (x[i:i + 8], y[i:i + 8]))
-        assert acc.should_step()
-        acc.step(opt, lambda: prec.step(opt, clip_grad_norm=10.0))
-        opt.zero_grad(set_to_none=True)
-    if hook is not None:
-        hook.remove()
-    return [p.detach().clone() for p in model.parameters()], opt, acc
-
-
-@pytest.mark.parametrize("optimizer,precision", [("adamw", "fp32"), ("sgd", "fp32"), ("sgd", "fp16")])
-def test_oom_in_optimizer_step_before_it_changes_anything_is_retried_exactly(optimizer, precision):
-    ref, _, _ = _stepped_params(None, optimizer, precision)
-    failed = []
-
-    def oom_once(opt, args, kwargs):
-        if not failed:
-            failed.append(1)
-            raise torch.OutOfMemoryError("injected at the start of optimizer.step")
-
-    with pytest.warns(RuntimeWarning, match="foreach off"):
-        params, opt, acc = _stepped_params(oom_once, optimizer, precision)
-    assert failed and acc.recoveries == 1 and all(g["foreach"] is False for g in opt.param_groups)
-    for a, b in zip(ref, params, strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-7)
-
-
-def test_oom_after_an_adam_step_began_is_not_retried():
-    model = _net()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    acc = Accumulator(model, nominal_batch=8, batch_size=8)
-    x, y = _data(8)
-    acc.run(lambda m, w: (nn.functional.mse_loss(model(m[0]), m[1]) * w).backward(), (x, y))
-    assert acc.should_step()
-
-    def step_then_oom():
-        opt.step()                                   # counters and moments updated ...
-        raise torch.OutOfMemoryError("injected")     # ... then the allocation fails
-
-    with pytest.raises(RuntimeError, match="cannot be retried exactly"):
-        acc.step(opt, step_then_oom)
 
 
 def test_split_batch_follows_the_batch_contract():

@@ -193,7 +193,7 @@ def test_gpu_wheels_fetches_cp312_manylinux_wheels_of_the_reference_without_depe
 
 SCRIPTS = {
     "losses.py": (["--batch", "2", "--imgsz", "64", "--repeats", "1", "--warmup", "0"],
-                  [rf"TaskAlignedAssigner forward \(P=84\) +{NUMBER} ms", rf"YOLOv8Loss .* {NUMBER} ms",
+                  [rf"TaskAlignedAssigner assign_rows \(P=84\) +{NUMBER} ms", rf"YOLOv8Loss .* {NUMBER} ms",
                    rf"YOLOv3Loss .*Q=252\) +{NUMBER} ms"]),
     "step_overhead.py": (["--imgsz", "64", "--repeats", "1", "--warmup", "0"],
                          [rf"^{row} +before +{NUMBER} ms +after +{NUMBER} ms"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolokit.accel.launch import launch
+from yolokit.accel.launcher import launch
 from yolokit.data import DetectionDataset, make_shapes
 from yolokit.data.cache import DiskCache, RamCache, resized_shape
 

@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+from _dense_assignment import dense_assignment, point_targets  # tests/ is on sys.path (tests/conftest.py)
 
-from yolokit.losses import AnchorMatcher, TaskAlignedAssigner, pad_targets, wh_iou
+from yolokit.losses import AnchorMatcher, TaskAlignedAssigner, pad_targets
+from yolokit.losses.anchor_matcher import wh_iou
 from yolokit.ops.anchors import grid_points
 from yolokit.ops.boxes import ciou
 
@@ -29,7 +31,8 @@ def _assign(scores, boxes, gt_boxes, gt_labels, topk=10, num_classes=2, fill=0.0
         pred_boxes[0, p] = torch.tensor(box)
     gt = torch.tensor([gt_boxes], dtype=torch.float32)
     labels = torch.tensor([gt_labels])
-    return TaskAlignedAssigner(topk=topk)(pred_scores, pred_boxes, points, labels, gt, torch.ones_like(labels).bool())
+    return dense_assignment(TaskAlignedAssigner(topk=topk), pred_scores, pred_boxes, points, labels, gt,
+                            torch.ones_like(labels).bool())
 
 
 # ----------------------------------------------------------------------------- pad_targets
@@ -144,7 +147,7 @@ def test_tal_matches_loop_reference_on_random_batches():
     gts = torch.cat([xy, xy + 10 + torch.rand(b, g, 2, generator=gen) * 30], -1)
     labels = torch.randint(0, c, (b, g), generator=gen)
     mask = torch.tensor([[True, True, True, False], [True, False, False, False], [True] * 4])
-    out = TaskAlignedAssigner(topk=5)(scores, boxes, points, labels, gts, mask)
+    out = dense_assignment(TaskAlignedAssigner(topk=5), scores, boxes, points, labels, gts, mask)
     fg, gt_index, target = _reference_tal(scores, boxes, points, labels, gts, mask, topk=5)
     assert fg.sum() > 10
     assert torch.equal(out.foreground, fg)
@@ -162,9 +165,9 @@ def test_tal_is_invariant_to_gt_order():
     labels = torch.tensor([[0, 1, 1]] * 2)
     mask = torch.ones(2, 3, dtype=torch.bool)
     tal = TaskAlignedAssigner()
-    a = tal(scores, boxes, points, labels, gts, mask)
+    a = dense_assignment(tal, scores, boxes, points, labels, gts, mask)
     perm = torch.tensor([2, 0, 1])
-    bb = tal(scores, boxes, points, labels[:, perm], gts[:, perm], mask)
+    bb = dense_assignment(tal, scores, boxes, points, labels[:, perm], gts[:, perm], mask)
     assert torch.equal(a.foreground, bb.foreground)
     torch.testing.assert_close(a.scores, bb.scores)
     torch.testing.assert_close(a.boxes[a.foreground], bb.boxes[bb.foreground])
@@ -176,11 +179,12 @@ def test_tal_padding_and_no_gt():
     tal = TaskAlignedAssigner()
     scores, boxes = torch.rand(2, 16, 2), torch.rand(2, 16, 4) * 8
     boxes[..., 2:] += 8
-    out = tal(scores, boxes, points, torch.zeros(2, 0).long(), torch.zeros(2, 0, 4), torch.zeros(2, 0).bool())
+    none = torch.zeros(2, 0).long(), torch.zeros(2, 0, 4), torch.zeros(2, 0).bool()
+    out = dense_assignment(tal, scores, boxes, points, *none)
     assert out.scores.shape == (2, 16, 2) and not out.foreground.any() and out.scores.sum() == 0
     # a padding row covering everything must not be assigned
     gts = torch.tensor([[[0, 0, 32, 32.0]], [[0, 0, 32, 32.0]]])
-    out = tal(scores, boxes, points, torch.zeros(2, 1).long(), gts, torch.tensor([[False], [True]]))
+    out = dense_assignment(tal, scores, boxes, points, torch.zeros(2, 1).long(), gts, torch.tensor([[False], [True]]))
     assert not out.foreground[0].any() and out.foreground[1].any()
 
 
@@ -216,7 +220,7 @@ def test_anchor_matcher_clamps_border_centres():
     assert m.cell_x.tolist() == [15, 0] and m.cell_y.tolist() == [15, 0]
 
 
-def test_point_targets_is_the_sparse_form_of_forward():
+def test_point_targets_is_the_sparse_form_of_the_dense_assignment():
     gen = torch.Generator().manual_seed(7)
     b, p, c, g = 3, 64, 4, 5
     points = torch.stack(torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="xy"), -1).reshape(-1, 2) * 4 + 2
@@ -228,9 +232,9 @@ def test_point_targets_is_the_sparse_form_of_forward():
     labels = torch.randint(0, c, (b, g), generator=gen)
     mask = torch.rand(b, g, generator=gen) > 0.3
     tal = TaskAlignedAssigner(topk=4)
-    dense = tal(logits.sigmoid(), boxes, points, labels, gts, mask)
-    for sparse in (tal.point_targets(logits.sigmoid(), boxes, points, labels, gts, mask),
-                   tal.point_targets(logits.transpose(1, 2).contiguous().transpose(1, 2), boxes, points, labels, gts,
+    dense = dense_assignment(tal, logits.sigmoid(), boxes, points, labels, gts, mask)
+    for sparse in (point_targets(tal, logits.sigmoid(), boxes, points, labels, gts, mask),
+                   point_targets(tal, logits.transpose(1, 2).contiguous().transpose(1, 2), boxes, points, labels, gts,
                                      mask, logits=True)):
         assert dense.foreground.any()
         assert torch.equal(sparse.foreground, dense.foreground) and torch.equal(sparse.gt_index, dense.gt_index)
@@ -267,9 +271,9 @@ def test_chunked_assignment_equals_unchunked(chunk_pairs):
     """One GT per chunk, several GTs of one image with an uneven last chunk, and whole
     images per chunk (uneven again): bit for bit the assignment of a single chunk."""
     logits, boxes, points, labels, gts, mask = _dense_case()
-    whole = TaskAlignedAssigner(topk=7, chunk_pairs=10**9).point_targets(logits, boxes, points, labels, gts, mask,
+    whole = point_targets(TaskAlignedAssigner(topk=7, chunk_pairs=10**9), logits, boxes, points, labels, gts, mask,
                                                                          logits=True)
-    parts = TaskAlignedAssigner(topk=7, chunk_pairs=chunk_pairs).point_targets(logits, boxes, points, labels, gts,
+    parts = point_targets(TaskAlignedAssigner(topk=7, chunk_pairs=chunk_pairs), logits, boxes, points, labels, gts,
                                                                                 mask, logits=True)
     assert whole.foreground.sum() > 40 and not whole.foreground[1].any()
     for name in whole._fields:
@@ -278,10 +282,10 @@ def test_chunked_assignment_equals_unchunked(chunk_pairs):
 
 def test_flat_rows_in_any_order_equal_padded_rows():
     """``assign_rows`` on shuffled flat targets (copied predictions per GT, in chunks) gives
-    the assignment of ``point_targets`` on the padded ones."""
+    the assignment of the padded ones."""
     logits, boxes, points, labels, gts, mask = _dense_case()
     tal = TaskAlignedAssigner(topk=7, chunk_pairs=700)
-    padded = tal.point_targets(logits, boxes, points, labels, gts, mask, logits=True)
+    padded = point_targets(tal, logits, boxes, points, labels, gts, mask, logits=True)
     image, slot = mask.nonzero(as_tuple=True)
     perm = torch.randperm(len(image), generator=torch.Generator().manual_seed(0))
     image, slot = image[perm], slot[perm]
@@ -318,7 +322,7 @@ def test_chunks_bound_the_largest_tensor():
     b, p, _ = logits.shape
     for chunk_pairs, bound in ((2000, 2000), (10**9, None)):
         with LargestOutput() as mode:
-            TaskAlignedAssigner(chunk_pairs=chunk_pairs).point_targets(logits, boxes, points, labels, gts, mask)
+            point_targets(TaskAlignedAssigner(chunk_pairs=chunk_pairs), logits, boxes, points, labels, gts, mask)
         if bound:
             assert mode.largest <= max(bound, 6 * b * p), mode.largest
         else:
@@ -332,8 +336,8 @@ def test_assigner_reads_nothing_back():
     tal = TaskAlignedAssigner(chunk_pairs=1000)
     targets = torch.cat([torch.tensor([[0.0, 1, 10, 10, 60, 50], [2, 3, 0, 0, 128, 128]])])
     with count_host_syncs() as syncs:
-        tal(logits.sigmoid(), boxes, points, labels, gts, mask)
-        tal.point_targets(logits, boxes, points, labels, gts, mask, logits=True)
+        dense_assignment(tal, logits.sigmoid(), boxes, points, labels, gts, mask)
+        point_targets(tal, logits, boxes, points, labels, gts, mask, logits=True)
         pad_targets(targets, 3, max_boxes=2)
     assert not syncs, dict(syncs)
 

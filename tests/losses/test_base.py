@@ -5,7 +5,7 @@ import torch
 
 import yolokit
 from yolokit.train import TrainConfig
-from yolokit.train.trainer import build_loss
+from yolokit.train.build import build_loss
 
 
 @pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny"])

@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+from _dense_assignment import dense_assignment, point_targets  # tests/ is on sys.path (tests/conftest.py)
 
-from yolokit.losses import YOLOv8Loss, distribution_focal_loss
+from yolokit.losses import YOLOv8Loss
+from yolokit.losses.yolov8 import distribution_focal_loss
 from yolokit.ops.anchors import dist_to_box, grid_points
 
 C, R = 2, 4  # classes, bins in the small hand cases
@@ -133,7 +135,7 @@ def test_gradients_reach_box_channels_only_at_positive_points():
         boxes = dist_to_box(dist * strides[:, None], points)
         gt = (torch.tensor([[0], [2]]), torch.tensor([[[0.0] * 4], [[10.0, 14.0, 50.0, 44.0]]]),
               torch.tensor([[False], [True]]))
-        fg = loss.assigner(flat[..., 64:].sigmoid(), boxes, points, *gt).foreground
+        fg = dense_assignment(loss.assigner, flat[..., 64:].sigmoid(), boxes, points, *gt).foreground
     grads = torch.cat([m.grad.flatten(2) for m in maps], 2).transpose(1, 2)  # [B, P, 67]
     box_grad = grads[..., :64].abs().sum(-1) > 0
     assert fg.sum() >= 3 and not fg[0].any()
@@ -181,7 +183,7 @@ def test_channels_last_maps_give_the_same_loss():
 
 def test_class_term_is_dense_bce_against_the_assigners_soft_targets():
     """The class term (summed softplus minus the sparse target term) equals BCE-with-logits
-    summed against the dense targets of TaskAlignedAssigner.forward."""
+    summed against the targets of the assignment per point (tests/_dense_assignment.py)."""
     import torch.nn.functional as F
 
     from yolokit.losses import pad_targets
@@ -196,7 +198,7 @@ def test_class_term_is_dense_bce_against_the_assigners_soft_targets():
         points, strides = grid_points([m.shape[-2:] for m in maps], STRIDES)
         dist = flat[..., :64].reshape(2, -1, 4, 16).softmax(-1) @ torch.arange(16.0)
         boxes = dist_to_box(dist * strides[:, None], points)
-        assigned = loss.assigner(flat[..., 64:].sigmoid(), boxes, points, *pad_targets(targets, 2))
+        assigned = dense_assignment(loss.assigner, flat[..., 64:].sigmoid(), boxes, points, *pad_targets(targets, 2))
     bce = F.binary_cross_entropy_with_logits(flat[..., 64:], assigned.scores, reduction="sum")
     expected = bce / assigned.scores.sum().clamp(min=1) * loss.gains["cls"]
     torch.testing.assert_close(parts["cls"], expected, rtol=1e-5, atol=1e-6)
@@ -224,8 +226,8 @@ def _foreground_form(loss, maps, targets):
     with torch.no_grad():
         dist = torch.matmul(bins, box_logits.softmax(2)).transpose(1, 2)
         boxes = dist_to_box(dist * strides[:, None], points)
-        assigned = loss.assigner.point_targets(cls_logits.transpose(1, 2), boxes, points, *pad_targets(targets, b),
-                                               logits=True)
+        assigned = point_targets(loss.assigner, cls_logits.transpose(1, 2), boxes, points,
+                                 *pad_targets(targets, b), logits=True)
     s = assigned.weights.sum().clamp(min=1.0)
     fi, fp = assigned.foreground.nonzero(as_tuple=True)
     w = assigned.weights[fi, fp]

@@ -166,9 +166,11 @@ def test_train_mode_is_restored_after_predict():
 def test_one_channels_last_rule_for_inference_and_training():
     from yolokit.models import prefers_channels_last
     from yolokit.train import TrainConfig
+    from yolokit.train.plan import Processes, device_settings
 
-    for device in ("cpu", "cuda", "mps"):
-        assert TrainConfig().uses_channels_last(device) == prefers_channels_last(device)
+    for device in ("cpu", "cuda"):
+        procs = Processes(torch.device(device), rank=0, local_rank=0, world=1, local_world=1)
+        assert device_settings(TrainConfig(), procs).channels_last == prefers_channels_last(device)
     fused = yolokit.create_model("yolov8n", num_classes=2).fuse()   # on the CPU
     weights = [p for p in fused.parameters() if p.ndim == 4]
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in weights) == prefers_channels_last("cpu")

@@ -199,7 +199,7 @@ def test_one_family_table_serves_builders_state_dicts_and_losses():
     from yolokit.interop.state import config_from_state_dict
     from yolokit.models.zoo import FAMILIES, MODELS, family_of
     from yolokit.train import TrainConfig
-    from yolokit.train.trainer import build_loss
+    from yolokit.train.build import build_loss
 
     assert set(FAMILIES) == {c.family for c in MODELS.values()} == {"yolov8", "yolov3"}
     for name in ("yolov8n", "yolov3-tiny"):

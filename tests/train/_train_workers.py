@@ -16,9 +16,10 @@ import torch
 
 from yolokit.accel import distributed
 from yolokit.data import DetectionDataset, build_dataloader
-from yolokit.train import TrainConfig, Trainer, autobatch, validate
+from yolokit.train import TrainConfig, Trainer, autobatch
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import load_checkpoint
+from yolokit.val import validate
 
 TIMEOUT_S = 60.0
 
@@ -34,48 +35,48 @@ def _digest(model: torch.nn.Module) -> str:
 def fit_recording(config: TrainConfig) -> dict:
     """``Trainer(config).fit()``, recording a digest of the weights after every optimizer step."""
     digests: list[str] = []
-    original = Trainer._optimizer_step
+    original = Trainer.after_step
 
-    def recording(self, run, epoch):
-        original(self, run, epoch)
-        digests.append(_digest(run.model))
+    def recording(self, epoch):
+        original(self, epoch)
+        digests.append(_digest(self.parts.model))
 
-    Trainer._optimizer_step = recording
+    Trainer.after_step = recording
     try:
         result = Trainer(config).fit()
     finally:
-        Trainer._optimizer_step = original
+        Trainer.after_step = original
     return {"result": result, "digests": digests, "rank": distributed.rank()}
 
 
 def fit_recording_sizes(config: TrainConfig) -> dict:
     """``Trainer(config).fit()``, recording the (H, W) of every micro-batch the network gets, step by step
     (a step in which this rank had no micro-batch is an empty list)."""
-    import yolokit.train.trainer as trainer_module
+    import yolokit.train.step as step_module
 
     steps: list[list[tuple[int, int]]] = [[]]
-    forward_backward, optimizer_step = trainer_module.forward_backward, Trainer._optimizer_step
+    forward_backward, after_step = step_module.forward_backward, Trainer.after_step
 
     def fed(net, criterion, precision, images, targets, **kw):
         steps[-1].append(tuple(images.shape[-2:]))
         return forward_backward(net, criterion, precision, images, targets, **kw)
 
-    def stepped(self, run, epoch):
-        optimizer_step(self, run, epoch)
+    def stepped(self, epoch):
+        after_step(self, epoch)
         steps.append([])
 
-    trainer_module.forward_backward, Trainer._optimizer_step = fed, stepped
+    step_module.forward_backward, Trainer.after_step = fed, stepped
     try:
         Trainer(config).fit()
     finally:
-        trainer_module.forward_backward, Trainer._optimizer_step = forward_backward, optimizer_step
+        step_module.forward_backward, Trainer.after_step = forward_backward, after_step
     return {"rank": distributed.rank(), "steps": steps[:-1]}
 
 
 def fit_where_one_rank_diverges(config: TrainConfig) -> dict:
     """Rank 1's loss is NaN from its first batch on, rank 0's never: both must stop, at the same step."""
+    from yolokit.accel import TrainingDiverged
     from yolokit.losses import YOLOv8Loss
-    from yolokit.train import TrainingDiverged
 
     original = YOLOv8Loss.forward
     if distributed.rank() == 1:
@@ -84,22 +85,22 @@ def fit_where_one_rank_diverges(config: TrainConfig) -> dict:
             return total * float("nan"), {k: v * float("nan") for k, v in parts.items()}
         YOLOv8Loss.forward = nan
     stopped_at = []
-    check = Trainer._check_finite
+    agree = Trainer.agree
 
-    def recording(run, bad, epoch):
+    def recording(self, epoch):
         try:
-            check(run, bad, epoch)
+            agree(self, epoch)
         except TrainingDiverged:
-            stopped_at.append(run.steps)
+            stopped_at.append(self.progress.steps)
             raise
 
-    Trainer._check_finite = staticmethod(recording)
+    Trainer.agree = recording
     try:
         Trainer(config).fit()
     except TrainingDiverged as exc:
         return {"rank": distributed.rank(), "steps": stopped_at, "message": str(exc)}
     finally:
-        Trainer._check_finite = staticmethod(check)
+        Trainer.agree = agree
         YOLOv8Loss.forward = original
     return {"rank": distributed.rank(), "steps": stopped_at, "message": None}
 

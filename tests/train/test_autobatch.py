@@ -161,12 +161,13 @@ def test_a_prediction_that_does_not_fit_is_searched_below(capsys):
 
 def test_resolve_batch(tmp_path):
     cpu = torch.device("cpu")
-    assert resolve_batch(TrainConfig(batch=12), None, cpu) == 12
+    assert resolve_batch(TrainConfig(batch=12), None, cpu, world=1, main=True) == 12
     lines = []
-    assert resolve_batch(TrainConfig(batch="auto"), None, cpu, report=lines.append) == 16  # nothing to measure
+    assert resolve_batch(TrainConfig(batch="auto"), None, cpu, world=1, main=True,
+                         report=lines.append) == 16  # nothing to measure
     assert lines == ["batch auto: no CUDA device to measure, using 16 per process",
                      "batch auto: 16 images per process (16 in all)"]
-    assert resolve_batch(TrainConfig(batch="auto"), None, cpu, resumed={"batch": 40}) == 40
+    assert resolve_batch(TrainConfig(batch="auto"), None, cpu, world=1, main=True, resumed={"batch": 40}) == 40
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import torch
 
 from yolokit.ops.nms import Detections
 from yolokit.train.callbacks import CSVLogger, Plotter, ProgressBar
-from yolokit.train.evaluate import EvalResult
 from yolokit.train.plots import results_plot, smooth, validation_plots
+from yolokit.val.metrics import EvalResult
 from yolokit.viz import class_colour
 
 

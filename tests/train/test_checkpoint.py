@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from yolokit.train import checkpoint
-from yolokit.train.checkpoint import atomic_save, load_checkpoint, rng_states, set_rng_states
+from yolokit.train import files
+from yolokit.train.checkpoint import load_checkpoint, rng_states, set_rng_states
+from yolokit.train.files import atomic_save
 
 
 def test_rng_states_round_trip_through_a_weights_only_file(tmp_path):
@@ -24,7 +25,7 @@ def test_a_save_killed_half_way_leaves_the_previous_file(tmp_path, monkeypatch):
         f.write(b"PK\x03\x04 half a zip")
         raise KeyboardInterrupt  # the process is stopped mid-write
 
-    monkeypatch.setattr(checkpoint.torch, "save", dying_save)
+    monkeypatch.setattr(files.torch, "save", dying_save)
     with pytest.raises(KeyboardInterrupt):
         atomic_save({"epoch": 2}, path)
     monkeypatch.undo()

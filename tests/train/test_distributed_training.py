@@ -18,7 +18,7 @@ import _train_workers as workers
 import pytest
 import torch
 
-from yolokit.accel.launch import launch
+from yolokit.accel.launcher import launch
 from yolokit.data import make_shapes
 from yolokit.train import TrainConfig
 from yolokit.train.checkpoint import load_checkpoint
@@ -156,7 +156,7 @@ def test_a_loss_that_diverges_on_one_rank_stops_every_rank_at_the_same_step(shap
 
 
 def test_batch_must_divide_among_the_processes(shapes, tmp_path):
-    from yolokit.accel.launch import LaunchError
+    from yolokit.accel.launcher import LaunchError
 
     with pytest.raises(LaunchError, match="batch 5 is the total over all processes"):
         launch(workers.fit_recording, 2, config(shapes, tmp_path / "odd", batch=5), timeout=120)

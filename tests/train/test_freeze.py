@@ -72,14 +72,15 @@ def test_datasets_are_built_without_a_collective_and_the_timeout_reaches_the_gro
     """Every rank scans its datasets itself (a rank waiting for rank 0's scan in a barrier would trip
     the collective timeout), and dist_timeout (minutes) is the process group's timeout."""
     from yolokit.accel import distributed
-    from yolokit.train import parts, plan
+    from yolokit.train import build, plan
 
     def no_collective(*args, **kwargs):
         raise AssertionError("a collective while building the datasets")
 
     monkeypatch.setattr(distributed, "barrier", no_collective)
     monkeypatch.setattr(distributed, "broadcast_object", no_collective)
-    train_set, val_set = parts.build_datasets(TrainConfig(data=shapes, imgsz=64))
+    procs = plan.Processes(torch.device("cpu"), rank=0, local_rank=0, world=1, local_world=1)
+    train_set, val_set = build.build_datasets(TrainConfig(data=shapes, imgsz=64), procs)
     assert (len(train_set), len(val_set)) == (16, 4)
     seen = {}
     monkeypatch.setattr(plan.distributed, "setup", lambda **kw: seen.update(kw) or torch.device("cpu"))

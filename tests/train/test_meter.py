@@ -4,7 +4,7 @@ import _train_workers as workers
 import pytest
 import torch
 
-from yolokit.accel.launch import launch
+from yolokit.accel.launcher import launch
 from yolokit.train.meter import LossMeter
 
 

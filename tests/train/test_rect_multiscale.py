@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import yolokit.train.trainer as trainer_module
-from yolokit.accel.launch import launch
+import yolokit.train.step as step_module
+from yolokit.accel.launcher import launch
 from yolokit.data import make_shapes
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.scales import step_size
@@ -46,8 +46,8 @@ class Spy:
     def __init__(self, monkeypatch):
         self.steps: list[list[tuple]] = [[]]
         self.hsv_tables: list[bool] = []          # per loaded batch: did it leave the HSV step to to_device
-        to_device, forward_backward, optimizer_step = (
-            trainer_module.to_device, trainer_module.forward_backward, Trainer._optimizer_step)
+        to_device, forward_backward = step_module.to_device, step_module.forward_backward
+        after_step = Trainer.after_step
 
         def loaded(batch, device, **kw):
             out = to_device(batch, device, **kw)
@@ -59,13 +59,13 @@ class Spy:
             self.steps[-1].append((*self.loaded, images.detach().clone(), targets.clone()))
             return forward_backward(net, criterion, precision, images, targets, **kw)
 
-        def stepped(trainer, run, epoch):
-            optimizer_step(trainer, run, epoch)
+        def stepped(trainer, epoch):
+            after_step(trainer, epoch)
             self.steps.append([])
 
-        monkeypatch.setattr(trainer_module, "to_device", loaded)
-        monkeypatch.setattr(trainer_module, "forward_backward", fed)
-        monkeypatch.setattr(Trainer, "_optimizer_step", stepped)
+        monkeypatch.setattr(step_module, "to_device", loaded)
+        monkeypatch.setattr(step_module, "forward_backward", fed)
+        monkeypatch.setattr(Trainer, "after_step", stepped)
 
     def taken(self) -> list[list[tuple]]:
         return [s for s in self.steps if s]

@@ -19,7 +19,7 @@ import _train_workers as workers
 import pytest
 import torch
 
-from yolokit.accel.launch import LaunchError, launch
+from yolokit.accel.launcher import LaunchError, launch
 from yolokit.data import DetectionDataset, ShardedBatchSampler, make_shapes
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.checkpoint import load_checkpoint

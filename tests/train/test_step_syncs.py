@@ -1,9 +1,9 @@
 """The trainer's steady-state step reads nothing back from the device.
 
-Every call that makes up a training step (micro-batches through the Accumulator, the loss
-meter, the optimizer step with its learning rate, clipping, skip-on-inf and EMA update) runs
-under ``count_host_syncs``; the reads the trainer makes on purpose (every 16 batches and at
-the end of the epoch) are outside those calls.
+Every call that makes up a training step (``train_step``: the micro-batches, the loss meter,
+the gradient sync, the optimizer step with its learning rate, clipping, skip-on-inf and EMA
+update; ``after_step``: the ranks' exchange) runs under ``count_host_syncs``; the reads the
+trainer makes on purpose (every 16 batches and at the end of the epoch) are outside those calls.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import pytest
 import torch
 from _host_sync import count_host_syncs
 
-from yolokit.accel.accumulation import Accumulator
+import yolokit.train.trainer as trainer_module
 from yolokit.data import make_shapes
 from yolokit.train import TrainConfig, Trainer
-from yolokit.train.meter import LossMeter
 
 pytestmark = pytest.mark.slow
 
@@ -43,31 +42,30 @@ def _counted(monkeypatch, owner, name, counts: Counter, calls: Counter):
 @pytest.mark.parametrize("model,precision", [("yolov8n", "fp32"), ("yolov3-tiny", "fp32"), ("yolov8n", "fp16")])
 def test_a_training_step_reads_nothing_back(shapes, tmp_path, monkeypatch, model, precision):
     counts, calls = Counter(), Counter()
-    for owner, name in ((Accumulator, "run"), (Accumulator, "should_step"), (Trainer, "_optimizer_step"),
-                        (LossMeter, "add")):
+    for owner, name in ((trainer_module, "train_step"), (Trainer, "after_step")):
         _counted(monkeypatch, owner, name, counts, calls)
     cfg = TrainConfig(model=model, data=shapes, imgsz=64, batch=2, nbs=4, epochs=1, workers=0, plots=False,
                       out=str(tmp_path / "run"), warmup_epochs=1.0, precision=precision)
     Trainer(cfg).fit()
-    assert calls["run"] == 6 and calls["_optimizer_step"] == 3 and calls["add"] == 6
+    assert calls["train_step"] == 6 + 1 and calls["after_step"] == 3   # 6 batches, 3 steps (+ the epoch's end)
     assert not counts, dict(counts)
 
 
 def test_the_counter_sees_a_read_in_the_step(shapes, tmp_path, monkeypatch):
     """The same harness catches a read put back into the optimizer step."""
     counts, calls = Counter(), Counter()
-    original = Trainer._optimizer_step
+    original = Trainer.after_step
 
-    def reading(self, run, epoch):
-        original(self, run, epoch)
-        float(next(run.model.parameters()).detach().sum())   # a host read of the device
+    def reading(self, epoch):
+        original(self, epoch)
+        float(next(self.parts.model.parameters()).detach().sum())   # a host read of the device
 
-    monkeypatch.setattr(Trainer, "_optimizer_step", reading)
-    _counted(monkeypatch, Trainer, "_optimizer_step", counts, calls)
+    monkeypatch.setattr(Trainer, "after_step", reading)
+    _counted(monkeypatch, Trainer, "after_step", counts, calls)
     cfg = TrainConfig(data=shapes, imgsz=64, batch=4, nbs=4, epochs=1, workers=0, plots=False,
                       out=str(tmp_path / "run"))
     Trainer(cfg).fit()
-    assert counts["_local_scalar_dense"] == calls["_optimizer_step"] == 3
+    assert counts["_local_scalar_dense"] == calls["after_step"] == 3
 
 
 @pytest.mark.slow
@@ -110,9 +108,9 @@ def test_a_cuda_training_step_never_waits_for_the_device(name, precision):
     builds the caches (grids, anchors, the assigner's chunk size) and cuDNN's plans."""
     from yolokit.accel.amp import Precision
     from yolokit.models import create_model
+    from yolokit.train.build import build_loss
     from yolokit.train.optim import build_optimizer
     from yolokit.train.step import forward_backward
-    from yolokit.train.trainer import build_loss
 
     device, g = torch.device("cuda"), 60
     model = create_model(name, num_classes=80).to(device).train()

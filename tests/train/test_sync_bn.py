@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from torch import nn
@@ -12,19 +10,6 @@ import yolokit
 from yolokit.accel.reduce import BatchNormSync
 from yolokit.data import ShardedBatchSampler
 from yolokit.train import TrainConfig
-
-
-def test_sync_bn_is_off_by_default_and_only_acts_on_several_cuda_processes():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert TrainConfig().sync_bn is False
-        assert TrainConfig().uses_sync_bn(8, "cuda") is False      # off unless asked for, silently
-    cfg = TrainConfig(sync_bn=True)
-    assert cfg.uses_sync_bn(2, "cuda") is True
-    with pytest.warns(RuntimeWarning, match="sync_bn needs CUDA devices"):
-        assert cfg.uses_sync_bn(2, "cpu") is False
-    with pytest.warns(RuntimeWarning, match="no effect in one process"):
-        assert cfg.uses_sync_bn(1, "cuda") is False
 
 
 def test_a_converted_models_checkpoint_loads_into_a_plain_model():
@@ -66,7 +51,7 @@ def test_whole_steps_give_every_rank_as_many_micro_batches(size, world, accumula
 def test_two_cuda_processes_train_with_syncbatchnorm(tmp_path):
     import _train_workers as workers
 
-    from yolokit.accel.launch import launch
+    from yolokit.accel.launcher import launch
     from yolokit.data import make_shapes
 
     data = str(make_shapes(tmp_path / "set", n_train=21, n_val=4, imgsz=64))

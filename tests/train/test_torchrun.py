@@ -13,7 +13,7 @@ import pytest
 import torch
 from _torchrun_env import output, start
 
-from yolokit.accel.launch import free_port
+from yolokit.accel.launcher import free_port
 from yolokit.data import make_shapes
 from yolokit.train.checkpoint import load_checkpoint
 

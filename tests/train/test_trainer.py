@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import yolokit
+from yolokit.accel import TrainingDiverged
 from yolokit.data import make_shapes
-from yolokit.train import TrainConfig, Trainer, TrainingDiverged, train
+from yolokit.train import TrainConfig, Trainer, train
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import load_checkpoint
 

@@ -42,7 +42,7 @@ def test_a_yolov8s_file_trains_a_yolov8s_and_only_the_class_scores_start_fresh(s
     yolokit.save(source, path)
     notes = []
     run = setup_run(shapes, tmp_path / "run", notes, weights=str(path))
-    assert run.model.name == "yolov8s" and run.cfg.model == "yolov8s" and run.model.num_classes == 4
+    assert run.model.name == "yolov8s" and run.config.model == "yolov8s" and run.model.num_classes == 4
     assert TrainConfig.from_yaml(tmp_path / "run" / "config.yaml").model == "yolov8s"   # the resolved variant
     theirs, ours = source.state_dict(), run.model.state_dict()
     fresh = sorted(k for k in ours if not torch.equal(ours[k].cpu(), theirs[k]) if ours[k].shape == theirs[k].shape)

@@ -6,20 +6,22 @@ The user's loop stays visible::
     with precision.autocast():
         loss = criterion(model(images), targets)
     precision.backward(loss)
-    stepped = precision.step(optimizer, clip_grad_norm=10.0)
+    precision.unscale_(optimizer)                        # fp16: gradients in true units
+    norm = precision.clip_grad_norm_(optimizer, 10.0)    # their total norm, clipped to 10
+    precision.step(optimizer, norm)                      # skipped when the norm is inf/NaN
     optimizer.zero_grad(set_to_none=True)
 
-``fp16`` uses :class:`torch.amp.GradScaler`; ``bf16`` and ``fp32`` have no scaler.
-:meth:`Precision.step` skips the optimizer step whenever a gradient is inf/NaN, in every
-mode, and a watchdog warns when that keeps happening and raises
-:class:`TrainingDiverged` after ``max_nonfinite_steps`` skips in a row.
+(``precision.step(optimizer, clip_grad_norm=10.0)`` does the three in one call.) ``fp16``
+uses :class:`torch.amp.GradScaler`; ``bf16`` and ``fp32`` have no scaler. A step is skipped
+whenever a gradient is inf/NaN, in every mode; the skips are counted on the device, and
+:meth:`Precision.check` reads the count (warning when it keeps happening). Deciding that
+training diverged is the watchdog's job (:mod:`yolokit.accel.divergence`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,11 +31,6 @@ from yolokit.accel.devices import resolve_device
 
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-class TrainingDiverged(RuntimeError):
-    """Training produced inf/NaN for too long: optimizer steps skipped for inf/NaN gradients
-    (:meth:`Precision.check`), or a non-finite loss (the trainer's ``max_bad_steps``)."""
 
 
 def resolve_precision(precision: str, device: torch.device | str | None = None) -> str:
@@ -75,9 +72,7 @@ class Precision:
         device: Device the model runs on; ``None`` means CUDA when available.
         init_scale: Initial loss scale for fp16.
         growth_interval: Finite steps between scale doublings for fp16.
-        warn_after: Consecutive skipped steps after which a warning is issued.
-        max_nonfinite_steps: Consecutive skipped steps after which
-            :class:`TrainingDiverged` is raised (``0`` disables the error).
+        warn_after: Consecutive skipped steps after which :meth:`check` warns.
 
     Example:
         >>> precision = Precision("bf16", "cpu")
@@ -93,7 +88,6 @@ class Precision:
         init_scale: float = 2.0**16,
         growth_interval: int = 2000,
         warn_after: int = 8,
-        max_nonfinite_steps: int = 25,
     ) -> None:
         self.device = _device(device)
         self.precision = resolve_precision(precision, self.device)
@@ -102,8 +96,7 @@ class Precision:
         if self.precision == "fp16":
             self.scaler = torch.amp.GradScaler(self.device.type, init_scale=init_scale, growth_interval=growth_interval)
         self.warn_after = warn_after
-        self.max_nonfinite_steps = max_nonfinite_steps
-        self.nonfinite_steps = 0  # consecutive skipped steps
+        self.nonfinite_steps = 0  # consecutive skipped steps, as last read
         self._warned_low_scale = False
         self._unscaled: set[int] = set()  # optimizers unscaled since the last scaler update
         self._runs: torch.Tensor | None = None  # skipped steps on the device: current run, longest since check
@@ -137,47 +130,58 @@ class Precision:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
-    def step(self, optimizer: torch.optim.Optimizer, clip_grad_norm: float | None = None, *,
-             blocking: bool = True) -> bool | torch.Tensor:
-        """Unscale, optionally clip, and step ``optimizer`` unless a gradient is inf/NaN.
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """fp16: divide the gradients by the loss scale (true units for clipping); otherwise nothing.
 
-        Gradients are unscaled before clipping, so ``clip_grad_norm`` is in true units. The
-        loss scale is updated afterwards (halved after a skipped step). Gradients are not
-        zeroed: call ``optimizer.zero_grad()`` yourself. A call that raised inside
-        ``optimizer.step`` (out of memory) may be repeated: gradients are not unscaled twice.
+        Once per step: a step repeated after out of memory does not unscale twice.
+        """
+        if self.scaler is not None and id(optimizer) not in self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+
+    def clip_grad_norm_(self, optimizer: torch.optim.Optimizer, max_norm: float | None) -> torch.Tensor:
+        """The total L2 norm of the gradients (a 0-dim tensor on their device, nothing read), after
+        clipping them to ``max_norm`` when it is given. Call it after :meth:`unscale_`."""
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        return _total_norm(params, max_norm or None)
+
+    def step(self, optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor | None = None, *,
+             clip_grad_norm: float | None = None, blocking: bool = True) -> bool | torch.Tensor:
+        """``optimizer.step()`` unless a gradient is inf/NaN; fp16: then the loss scale is updated.
+
+        Gradients are not zeroed: call ``optimizer.zero_grad()`` yourself. A call that raised
+        inside ``optimizer.step`` (out of memory) may be repeated.
 
         Args:
             optimizer: Optimizer whose parameters hold the accumulated gradients.
-            clip_grad_norm: Maximum total L2 norm of the gradients, or ``None``.
-
+            grad_norm: Their total norm from :meth:`clip_grad_norm_`. None: :meth:`unscale_` and
+                :meth:`clip_grad_norm_` (with ``clip_grad_norm``) run here first.
+            clip_grad_norm: With ``grad_norm=None``, the maximum total norm (None: no clipping).
             blocking: ``False``: nothing is read back from the device. The step is skipped on
                 the device (fused optimizers and the fp16 scaler; other optimizers still read
-                the norm), the watchdog counts there, and :meth:`check` reads it when you call it.
+                the norm), the skips are counted there, and :meth:`check` reads them when you
+                call it. ``True``: :meth:`check` runs after the step.
 
         Returns:
             True when the optimizer stepped, False when the step was skipped (with
             ``blocking=False``: the same as a 0-dim bool tensor on the device).
         """
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grad_norm is None:
+            self.unscale_(optimizer)
+            grad_norm = self.clip_grad_norm_(optimizer, clip_grad_norm)
         if self.scaler is not None:
-            if id(optimizer) not in self._unscaled:  # a retried step (after OOM) is unscaled already
-                self.scaler.unscale_(optimizer)
-                self._unscaled.add(id(optimizer))
-            norm = _total_norm(params, clip_grad_norm)
             self.scaler.step(optimizer)  # skips when unscale_ found inf/NaN (on the device for fused optimizers)
             self.scaler.update()
             self._unscaled.clear()
-        else:
-            norm = _total_norm(params, clip_grad_norm)
-            if getattr(optimizer, "_step_supports_amp_scaling", False):   # fused: skips on the device
-                optimizer.grad_scale, optimizer.found_inf = None, (~torch.isfinite(norm)).float()
-                try:
-                    optimizer.step()
-                finally:
-                    del optimizer.grad_scale, optimizer.found_inf
-            elif bool(torch.isfinite(norm)):   # other optimizers: the host decides
+        elif getattr(optimizer, "_step_supports_amp_scaling", False):   # fused: skips on the device
+            optimizer.grad_scale, optimizer.found_inf = None, (~torch.isfinite(grad_norm)).float()
+            try:
                 optimizer.step()
-        stepped = torch.isfinite(norm)
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf
+        elif bool(torch.isfinite(grad_norm)):   # other optimizers: the host decides
+            optimizer.step()
+        stepped = torch.isfinite(grad_norm)
         self._count(stepped)
         if not blocking:
             return stepped
@@ -191,14 +195,17 @@ class Precision:
         run = (self._runs[0] + 1) * (~stepped)
         self._runs = torch.stack([run, torch.maximum(self._runs[1], run)])
 
-    def check(self) -> None:
-        """Read the skipped-step counters (one device read): warn, or raise :class:`TrainingDiverged`.
+    def check(self) -> int:
+        """Read the skipped-step counters (one device read) and warn when steps keep being skipped.
 
-        ``step()`` calls it after every step; with ``step(blocking=False)`` call it yourself
-        every few steps.
+        Returns:
+            The longest run of consecutive steps skipped since the last call that loss scaling
+            does not explain (what a divergence watchdog compares with its limit): with fp16
+            only while the loss scale is below 1 (until then the scaler is still settling:
+            each skip halves it), otherwise every skip.
         """
         if self._runs is None:
-            return
+            return 0
         run, longest = (int(v) for v in self._runs.tolist())
         self._runs[1] = run
         self.nonfinite_steps = run
@@ -220,11 +227,7 @@ class Precision:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if self.max_nonfinite_steps and longest >= self.max_nonfinite_steps:
-            raise TrainingDiverged(
-                f"{longest} consecutive optimizer steps had inf/NaN gradients "
-                f"(precision={self.precision}, loss scale={self.scale:g}); training has diverged"
-            )
+        return longest if self.scaler is None or self.scale < 1.0 else 0
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in a checkpoint: precision name, scaler state, watchdog counter."""
@@ -243,122 +246,6 @@ class Precision:
         self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         if self.nonfinite_steps:
             self._runs = torch.tensor([self.nonfinite_steps] * 2, device=self.device)
-
-
-def _tensors(out: Any) -> Iterator[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, dict):
-        for v in out.values():
-            yield from _tensors(v)
-    elif isinstance(out, (list, tuple)):
-        for v in out:
-            yield from _tensors(v)
-
-
-@torch.no_grad()
-def prediction_error(
-    model: nn.Module,
-    precision: str | Precision,
-    *,
-    imgsz: int | tuple[int, int] = 64,
-    batch: int = 2,
-    channels: int = 3,
-    inputs: torch.Tensor | None = None,
-    forward: Callable[[nn.Module, torch.Tensor], Any] | None = None,
-    seed: int = 0,
-) -> float:
-    """Relative error of the model's outputs under ``precision`` against fp32.
-
-    The model runs in eval mode on a generated input (uniform in [0, 1], seeded) and
-    its train/eval flags are restored afterwards.
-
-    Args:
-        model: Module to test, already on its device.
-        precision: A precision name or a :class:`Precision`.
-        imgsz: Input size ``S`` or ``(H, W)`` of the generated Tensor[B, channels, H, W].
-        batch: Batch size ``B`` of the generated input.
-        channels: Channels of the generated input.
-        inputs: Use this input instead of generating one.
-        forward: ``forward(model, x)`` returning a tensor or nested list/dict of tensors;
-            defaults to ``model(x)``.
-        seed: Seed for the generated input.
-
-    Returns:
-        The largest ``||y_lp - y_fp32|| / ||y_fp32||`` over output tensors; ``inf`` when
-        the low-precision output holds inf/NaN.
-    """
-    device = next(model.parameters()).device
-    prec = precision if isinstance(precision, Precision) else Precision(precision, device)
-    if inputs is None:
-        h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
-        gen = torch.Generator().manual_seed(seed)
-        inputs = torch.rand(batch, channels, h, w, generator=gen)
-    inputs = inputs.to(device)
-    run = forward or (lambda m, x: m(x))
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        with torch.autocast(device.type, enabled=False):
-            ref = [t.float() for t in _tensors(run(model, inputs))]
-        with prec.autocast():
-            low = [t.float() for t in _tensors(run(model, inputs))]
-    finally:
-        for m, mode in modes:
-            m.training = mode
-    err = 0.0
-    for a, b in zip(low, ref, strict=True):
-        if not torch.isfinite(a).all():
-            return float("inf")
-        err = max(err, float((a - b).norm() / b.norm().clamp_min(1e-12)))
-    return err
-
-
-def check_precision(
-    model: nn.Module,
-    precision: str = "auto",
-    *,
-    imgsz: int | tuple[int, int] = 64,
-    batch: int = 2,
-    tol: float = 0.05,
-    inputs: torch.Tensor | None = None,
-    forward: Callable[[nn.Module, torch.Tensor], Any] | None = None,
-    seed: int = 0,
-    **precision_kwargs: Any,
-) -> Precision:
-    """Build a :class:`Precision` for ``model`` and fall back to fp32 if it misbehaves.
-
-    Compares the model's outputs under the resolved precision with fp32 on a generated
-    input (see :func:`prediction_error`); nothing is downloaded.
-
-    Args:
-        model: Module to check, already on its device.
-        precision: Requested precision (``"auto"`` resolves per device).
-        imgsz: Generated input size.
-        batch: Generated input batch size.
-        tol: Largest acceptable relative output error.
-        inputs: Use this input instead of a generated one.
-        forward: ``forward(model, x)``; defaults to ``model(x)``.
-        seed: Seed for the generated input.
-        **precision_kwargs: Passed to :class:`Precision`.
-
-    Returns:
-        The requested Precision, or an fp32 one (with a RuntimeWarning) when the error
-        exceeds ``tol``.
-    """
-    device = next(model.parameters()).device
-    prec = Precision(precision, device, **precision_kwargs)
-    if prec.precision == "fp32":
-        return prec
-    err = prediction_error(model, prec, imgsz=imgsz, batch=batch, inputs=inputs, forward=forward, seed=seed)
-    if err <= tol:
-        return prec
-    warnings.warn(
-        f"{prec.precision} outputs differ from fp32 by {err:.3g} (tolerance {tol:g}); falling back to fp32",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-    return Precision("fp32", device, **precision_kwargs)
 
 
 def _total_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:

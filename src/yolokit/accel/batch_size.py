@@ -12,53 +12,19 @@ Both tools treat as out-of-memory what :func:`is_oom_error` says is one
   that step does not fit, by a search below the prediction.
 
 Surviving an out-of-memory error mid-run (same effective batch, smaller micro-batches)
-is :class:`yolokit.accel.accumulation.Accumulator`'s job.
+is :mod:`yolokit.accel.oom`'s job.
 """
 
 from __future__ import annotations
 
-import gc
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-# How cuDNN, cuBLAS, the CUDA runtime and NCCL report a failed allocation: a RuntimeError (NCCL's
-# DistBackendError is one), not torch.OutOfMemoryError. "CUDA error: out of memory" comes from a
-# kernel launch or a library's own cudaMalloc; NCCL says "Cuda failure 'out of memory'".
-_ALLOC_FAILURES = re.compile(
-    r"CUDNN_STATUS_ALLOC_FAILED|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_ENOUGH_WORKSPACE"
-    r"|cudaErrorMemoryAllocation|(?i:cuda)[^\n]*out of memory")
-
-
-def free_memory() -> None:
-    """Collect garbage and return cached CUDA blocks to the driver."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def is_oom_error(exc: BaseException) -> bool:
-    """Whether ``exc`` means the device ran out of memory.
-
-    True for ``torch.OutOfMemoryError`` and for the ``RuntimeError`` others raise when their
-    own allocation fails: cuDNN and cuBLAS (``CUDNN_STATUS_ALLOC_FAILED``,
-    ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDNN_STATUS_NOT_ENOUGH_WORKSPACE``), the CUDA runtime
-    (``CUDA error: out of memory``, ``cudaErrorMemoryAllocation``) and NCCL (a
-    ``DistBackendError`` saying ``Cuda failure 'out of memory'``).
-
-    Example:
-        >>> is_oom_error(RuntimeError("CUDA error: out of memory"))
-        True
-        >>> is_oom_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
-        False
-    """
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and _ALLOC_FAILURES.search(str(exc)) is not None
+from yolokit.accel.oom import free_memory, is_oom_error
 
 
 def _fits(step_fn: Callable[[int], Any], size: int) -> bool:

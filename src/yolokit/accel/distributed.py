@@ -1,20 +1,27 @@
-"""Process-group setup, DDP wrap/unwrap, rank helpers and reductions.
+"""Process-group setup, rank helpers, reductions, and PyTorch's DDP wrapper as the alternative.
 
 Every helper works with or without an initialised process group, so the same loop runs
-as one plain process, under :func:`yolokit.accel.launch.launch`, or under ``torchrun``::
+as one plain process, under :func:`yolokit.accel.launcher.launch`, or under ``torchrun``.
+yolokit trains several processes by summing gradients itself (what the trainer does)::
 
     device = setup()                       # reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
-    model = wrap_ddp(model.to(device))     # returns the model unchanged when world_size()==1
-    ...
-    loss_mean = all_reduce_mean(loss.detach())
+    broadcast_module(model.to(device))     # every rank starts from rank 0's weights
+    acc = Accumulator(model, accumulate=2) # backward locally; acc.sync() sums the gradients
+    ...                                    # (bucketed all-reduces, BatchNorm statistics combined)
     if is_main():
-        torch.save(unwrap(model).state_dict(), "last.pt")
+        torch.save(model.state_dict(), "last.pt")
     teardown()
+
+Summing at the step rather than during the backward keeps every out-of-memory error
+recoverable, needs no padding of uneven shards, and makes N processes take bit for bit the
+step one process takes. PyTorch's ``DistributedDataParallel`` (:func:`wrap_ddp`, with
+:func:`no_sync` while accumulating and :func:`unwrap` to save) overlaps the all-reduce with
+the backward instead; it works with every other accel piece, but not with the Accumulator.
 
 Failure handling: the launcher (``launch`` or torchrun) terminates the other ranks when
 one raises or dies, and ``setup`` gives every collective a timeout, so no rank waits
-forever. :class:`yolokit.accel.stop.GracefulStop` turns Ctrl-C and torchrun's SIGTERM into a stop
-that every rank makes at the same optimizer step.
+forever. :class:`yolokit.accel.stop.GracefulStop` turns Ctrl-C and torchrun's SIGTERM into a
+stop that every rank makes at the same optimizer step.
 """
 
 from __future__ import annotations
@@ -186,6 +193,20 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def convert_sync_batchnorm(model: nn.Module, device: torch.device | str | None = None) -> nn.Module:
+    """``model`` with its BatchNorm layers as SyncBatchNorm (batch statistics over all ranks), in place.
+
+    CUDA only: on another device a warning is issued and BatchNorm is kept. SyncBatchNorm
+    runs collectives in every forward and backward, so every rank must run the same number
+    of micro-batches.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if device.type != "cuda":
+        warnings.warn("SyncBatchNorm needs CUDA devices; keeping per-process BatchNorm", RuntimeWarning, stacklevel=2)
+        return model
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 def wrap_ddp(
     model: nn.Module,
     *,
@@ -196,10 +217,14 @@ def wrap_ddp(
 ) -> nn.Module:
     """Wrap ``model`` in DistributedDataParallel; a no-op without a process group.
 
+    PyTorch's own way of training on several processes: DDP all-reduces the gradients
+    during the backward (averaged over the ranks). Accumulate with :func:`no_sync` on every
+    backward but a step's last. yolokit's trainer sums gradients with
+    :class:`yolokit.accel.Accumulator` instead (see :mod:`yolokit.accel.accumulation`).
+
     Args:
         model: Model already on this rank's device.
-        sync_bn: Convert BatchNorm layers to SyncBatchNorm first (batch statistics over
-            all ranks). CUDA only: on CPU a warning is issued and BatchNorm is kept.
+        sync_bn: Convert BatchNorm layers to SyncBatchNorm first (:func:`convert_sync_batchnorm`).
         device: This rank's device; defaults to the device of the model's parameters.
         find_unused_parameters: Passed to DDP.
         **ddp_kwargs: Other DDP arguments (``static_graph``, ``bucket_cap_mb``, ...).
@@ -210,10 +235,8 @@ def wrap_ddp(
     if not is_initialized() or dist.get_world_size() == 1:
         return model
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    if sync_bn and device.type != "cuda":
-        warnings.warn("SyncBatchNorm needs CUDA devices; keeping per-process BatchNorm", RuntimeWarning, stacklevel=2)
-    elif sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if sync_bn:
+        model = convert_sync_batchnorm(model, device)
     device_ids = [device] if device.type == "cuda" else None
     return DistributedDataParallel(
         model, device_ids=device_ids, find_unused_parameters=find_unused_parameters, **ddp_kwargs
@@ -239,10 +262,11 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
         enabled: When False (the last micro-step) gradients are synchronised as usual.
 
     Returns:
-        ``model.no_sync()`` for an enabled DDP model, else a null context.
+        ``model.no_sync()`` for an enabled DDP model (also under ``torch.compile``), else a null context.
     """
-    if enabled and isinstance(model, DistributedDataParallel):
-        return model.no_sync()
+    inner = getattr(model, "_orig_mod", model)   # torch.compile around DDP, or the model itself
+    if enabled and isinstance(inner, DistributedDataParallel):
+        return inner.no_sync()
     return contextlib.nullcontext()
 
 

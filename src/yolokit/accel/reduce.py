@@ -27,20 +27,24 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from yolokit.accel.batch_size import free_memory, is_oom_error
 from yolokit.accel.distributed import all_ranks_agree
+from yolokit.accel.oom import free_memory, is_oom_error
 
 DEFAULT_BUCKET_MB = 32.0
 
 
-def _group() -> tuple[int, int] | None:
-    """(rank, world) of an initialised group of more than one process, else None."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    return dist.get_rank(), dist.get_world_size()
+def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world) as given, else the process group's ((0, 1) without one)."""
+    grouped = dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if grouped else 0
+    if world_size is None:
+        world_size = dist.get_world_size() if grouped else 1
+    return rank, world_size
 
 
-def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+def all_reduce_gradients(params: list[nn.Parameter], *, world_size: int | None = None,
+                         bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
     """Replace every gradient by its sum over all processes (a no-op in one process).
 
     Parameters whose gradient is ``None`` take part with zeros (and keep the summed
@@ -53,9 +57,10 @@ def all_reduce_gradients(params: list[nn.Parameter], *, bucket_mb: float = DEFAU
 
     Args:
         params: The parameters, in the same order on every rank.
+        world_size: Number of processes; default: the process group's.
         bucket_mb: Size of one flat buffer (the only extra memory used).
     """
-    if _group() is None:
+    if _place(0, world_size)[1] == 1:
         return
     for p in params:
         if p.grad is None:
@@ -107,15 +112,18 @@ class BatchNormSync:
     then holds the statistics that one process would hold after running rank 0's
     micro-batches, then rank 1's, and so on (see the module docstring). Costs one copy
     of the running statistics per step and two small all-reduces (none in one process).
-    Until :meth:`release` (the step is complete), :meth:`restore` puts back the values
-    of :meth:`mark`, in one process too: a step run again after out-of-memory, or
-    dropped when training is interrupted, leaves no trace in the statistics.
+    :meth:`restore` puts back the values of :meth:`mark`, in one process too: a step run
+    again after out-of-memory, or dropped when training is interrupted, leaves no trace in
+    the statistics.
 
     Args:
-        model: The model (plain, DDP-wrapped or compiled: its modules are searched).
+        model: The model (plain or compiled: its modules are searched).
+        rank: This process's rank; default: the process group's.
+        world_size: Number of processes; default: the process group's.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, rank: int | None = None, world_size: int | None = None) -> None:
+        self.rank, self.world_size = _place(rank, world_size)
         self.layers = _batchnorms(model)
         self.stats = [t for m in self.layers for t in (m.running_mean, m.running_var)]
         self.counters = [m.num_batches_tracked for m in self.layers]
@@ -136,13 +144,8 @@ class BatchNormSync:
             self._start = torch.cat([t.reshape(-1) for t in self.stats])
             self._start_counts = torch.stack(self.counters)
 
-    def release(self) -> None:
-        """Forget the values of :meth:`mark` (the step is complete)."""
-        self._start = self._start_counts = None
-
     def restore(self) -> None:
-        """Put back the statistics of :meth:`mark` (before micro-batches are run again); a no-op
-        after :meth:`release`."""
+        """Put back the statistics of :meth:`mark` (before micro-batches are run again)."""
         if self._start is None:
             return
         with torch.no_grad():
@@ -153,12 +156,11 @@ class BatchNormSync:
     @torch.no_grad()
     def combine(self) -> None:
         """Set every rank's statistics to the one-process sequence of all ranks' updates."""
-        group = _group()
-        if group is None or not self.layers:
+        if self.world_size == 1 or not self.layers:
             return
         if self._start is None:
             raise RuntimeError("BatchNormSync.combine() without mark() at the start of the step")
-        rank, world = group
+        rank, world = self.rank, self.world_size
         start, dtype = self._start, self._start.dtype
         counts = torch.zeros(world, len(self.layers), dtype=torch.float64, device=start.device)
         counts[rank] = (torch.stack(self.counters) - self._start_counts).to(torch.float64)

@@ -256,8 +256,8 @@ def build_dataloader(
             similar aspect, their order shuffled per epoch, shared out like the
             `ShardedBatchSampler`: the same steps, `accumulate`, `whole_steps`, resume), and
             the dataset letterboxes each image to its batch's shape (`set_rect_batches`).
-        stride: rect training: the model's largest stride, which batch shapes are multiples
-            of; default the dataset's `stride`.
+        stride: with `rect`: the model's largest stride, which batch shapes (rect training) and
+            each image's shape (rect evaluation) are multiples of; default the dataset's `stride`.
         hsv_on_device: with `uint8_images`, the workers draw each image's HSV gains but leave
             the HSV step to `to_device`, on the training device (a third of a cached Mosaic
             sample's worker time; see `yolokit.data.color`). Sets the dataset's `hsv_in_batch`.
@@ -308,6 +308,7 @@ def build_dataloader(
         dataset.set_rect_batches(batches.batches, stride)   # before any worker starts
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     elif rect:
+        dataset.stride = int(stride or dataset.stride)
         batches = AspectRatioBatchSampler(dataset.shapes, batch_size, rank=rank,
                                           world_size=world_size)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)

@@ -59,11 +59,15 @@ def epoch_steps(size: int, batch_size: int, *, world_size: int = 1, accumulate: 
         >>> epoch_steps(100, 8, world_size=2, accumulate=2)   # 13 micro-batches, 4 per step
         4
     """
-    chunks = size // batch_size if drop_last else -(-size // batch_size)
     group = world_size * accumulate
-    if whole_steps:
-        chunks = chunks // group * group
-    return -(-chunks // group)
+    return -(-_micro_batches(size, batch_size, group, drop_last, whole_steps) // group)
+
+
+def _micro_batches(size: int, batch_size: int, group: int, drop_last: bool, whole_steps: bool) -> int:
+    """Micro-batches of an epoch: ``size`` items in batches of ``batch_size``; with ``whole_steps`` only
+    those of complete steps (``group`` micro-batches each)."""
+    chunks = size // batch_size if drop_last else -(-size // batch_size)
+    return chunks // group * group if whole_steps else chunks
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
@@ -116,11 +120,6 @@ class ShardedBatchSampler(Sampler[list[int]]):
             raise ValueError(f"start_step must be >= 0, got {start_step}")
         self.epoch, self.start_step = int(epoch), int(start_step)
 
-    def _chunks(self) -> int:
-        chunks = self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
-        group = self.world_size * self.accumulate
-        return chunks // group * group if self.whole_steps else chunks
-
     @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps in an epoch (the same on every rank; :func:`epoch_steps`)."""
@@ -130,7 +129,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def _mine(self) -> list[int]:
         """Indices of this rank's micro-batches among all the epoch's micro-batches."""
         group, first = self.world_size * self.accumulate, self.rank * self.accumulate
-        chunks = range(self.start_step * group, self._chunks())   # resuming: the first steps' chunks left out
+        total = _micro_batches(self.size, self.batch_size, group, self.drop_last, self.whole_steps)
+        chunks = range(self.start_step * group, total)   # resuming: the first steps' chunks left out
         return [c for c in chunks if first <= c % group < first + self.accumulate]
 
     def __iter__(self) -> Iterator[list[int]]:

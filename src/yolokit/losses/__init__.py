@@ -5,24 +5,18 @@ rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels, and returns
 ``(total, parts)`` with ``parts`` a dict of detached named components.
 """
 
-from yolokit.losses.anchor_matcher import AnchorMatch, AnchorMatcher, wh_iou
-from yolokit.losses.assigners import PointTargets, RowAssignment, TaskAlignedAssigner, TaskAlignment
+from yolokit.losses.anchor_matcher import AnchorMatcher
+from yolokit.losses.assigners import TaskAlignedAssigner
 from yolokit.losses.base import DetectionLoss, PaddedTargets, pad_targets
 from yolokit.losses.yolov3 import YOLOv3Loss
-from yolokit.losses.yolov8 import YOLOv8Loss, distribution_focal_loss
+from yolokit.losses.yolov8 import YOLOv8Loss
 
 __all__ = [
-    "AnchorMatch",
     "AnchorMatcher",
     "DetectionLoss",
     "PaddedTargets",
-    "PointTargets",
-    "RowAssignment",
     "TaskAlignedAssigner",
-    "TaskAlignment",
     "YOLOv3Loss",
     "YOLOv8Loss",
-    "distribution_focal_loss",
     "pad_targets",
-    "wh_iou",
 ]

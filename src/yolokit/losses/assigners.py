@@ -15,42 +15,6 @@ from torch import Tensor, nn
 from yolokit.losses.pairwise import box_terms, pairwise_ciou
 
 
-class TaskAlignment(NamedTuple):
-    """What ``TaskAlignedAssigner`` decided for every point.
-
-    Attributes:
-        boxes: Tensor[B, P, 4] xyxy box of the point's GT (meaningful where ``foreground``).
-        scores: Tensor[B, P, C] soft class targets: the normalized alignment on the GT's
-            class at foreground points, 0 everywhere else.
-        foreground: Tensor[B, P] bool, True at points assigned to a GT.
-        gt_index: Tensor[B, P] int64 index of the point's GT in [0, G) (0 at background).
-    """
-
-    boxes: Tensor
-    scores: Tensor
-    foreground: Tensor
-    gt_index: Tensor
-
-
-class PointTargets(NamedTuple):
-    """``TaskAlignment`` without the dense Tensor[B, P, C] of soft class targets.
-
-    Attributes:
-        boxes: Tensor[B, P, 4] xyxy box of the point's GT (meaningful where ``foreground``).
-        labels: Tensor[B, P] int64 class of the point's GT (meaningful where ``foreground``).
-        weights: Tensor[B, P] the soft class target on that class: the normalized alignment
-            at foreground points, 0 elsewhere (``TaskAlignment.scores`` summed over classes).
-        foreground: Tensor[B, P] bool, True at points assigned to a GT.
-        gt_index: Tensor[B, P] int64 index of the point's GT in [0, G) (0 at background).
-    """
-
-    boxes: Tensor
-    labels: Tensor
-    weights: Tensor
-    foreground: Tensor
-    gt_index: Tensor
-
-
 class RowAssignment(NamedTuple):
     """The assignment of N GT rows flat over the batch, seen from the GTs and from the points.
 
@@ -141,74 +105,6 @@ class TaskAlignedAssigner(nn.Module):
         return self._sized[device]
 
     @torch.no_grad()
-    def forward(
-        self,
-        pred_scores: Tensor,
-        pred_boxes: Tensor,
-        points: Tensor,
-        gt_labels: Tensor,
-        gt_boxes: Tensor,
-        gt_mask: Tensor,
-    ) -> TaskAlignment:
-        """Assigns points to GT boxes.
-
-        Args:
-            pred_scores: Tensor[B, P, C] predicted class probabilities (after sigmoid).
-            pred_boxes: Tensor[B, P, 4] decoded predicted boxes, xyxy pixels.
-            points: Tensor[P, 2] (x, y) of each point in pixels.
-            gt_labels: Tensor[B, G] int64 classes.
-            gt_boxes: Tensor[B, G, 4] xyxy pixels.
-            gt_mask: Tensor[B, G] bool, True for real (not padding) boxes.
-
-        Returns:
-            ``TaskAlignment`` (float32 boxes and scores).
-        """
-        t = self.point_targets(pred_scores, pred_boxes, points, gt_labels, gt_boxes, gt_mask)
-        b, p, c = pred_scores.shape
-        scores = t.weights.new_zeros(b, p, c).scatter_(-1, t.labels[..., None], t.weights[..., None])
-        return TaskAlignment(t.boxes, scores, t.foreground, t.gt_index)
-
-    @torch.no_grad()
-    def point_targets(
-        self,
-        pred_scores: Tensor,
-        pred_boxes: Tensor,
-        points: Tensor,
-        gt_labels: Tensor,
-        gt_boxes: Tensor,
-        gt_mask: Tensor,
-        *,
-        logits: bool = False,
-    ) -> PointTargets:
-        """The assignment of ``forward`` in sparse form, without the dense class targets.
-
-        Args:
-            pred_scores: Tensor[B, P, C] class probabilities, or class logits with
-                ``logits=True`` (any strides: only the scores of each GT's class are read,
-                and with logits only they go through the sigmoid).
-            pred_boxes, points, gt_labels, gt_boxes, gt_mask: as in ``forward``.
-            logits: ``pred_scores`` holds logits.
-
-        Returns:
-            ``PointTargets`` (float32 boxes and weights).
-        """
-        b, p, _ = pred_scores.shape
-        g, device = gt_boxes.shape[1], pred_scores.device
-        if g == 0:
-            zeros = torch.zeros(b, p, dtype=torch.long, device=device)
-            return PointTargets(pred_boxes.new_zeros(b, p, 4, dtype=torch.float32), zeros,
-                                pred_boxes.new_zeros(b, p, dtype=torch.float32), zeros.bool(), zeros)
-        image = torch.arange(b, device=device)[:, None]
-        gt_boxes, gt_labels = gt_boxes.float(), gt_labels.long()
-        rows = self.assign_rows(pred_scores, pred_boxes, points, image.expand(b, g).reshape(-1), gt_labels.reshape(-1),
-                                gt_boxes.reshape(-1, 4), gt_mask.reshape(-1), per_image=g, logits=logits)
-        foreground = rows.point_row < b * g
-        gt_index = torch.where(foreground, rows.point_row - image * g, 0)  # row = image * G + index
-        labels = gt_labels.gather(1, gt_index)
-        boxes = gt_boxes.gather(1, gt_index[..., None].expand(b, p, 4))
-        return PointTargets(boxes, labels, rows.point_weights, foreground, gt_index)
-
-    @torch.no_grad()
     def assign_rows(
         self,
         pred_scores: Tensor,
@@ -225,15 +121,20 @@ class TaskAlignedAssigner(nn.Module):
         """The assignment of GT rows flat over the batch (``targets`` as they come, or padded).
 
         Args:
-            pred_scores, pred_boxes, points, logits: as in ``point_targets``.
+            pred_scores: Tensor[B, P, C] class probabilities, or class logits with
+                ``logits=True`` (any strides: only the scores of each GT's class are read,
+                and with logits only they go through the sigmoid).
+            pred_boxes: Tensor[B, P, 4] decoded predicted boxes, xyxy pixels.
+            points: Tensor[P, 2] (x, y) of each point in pixels.
             image: Tensor[N] int64 image of each GT, in [0, B) (not checked: that would
                 read the device).
             labels: Tensor[N] int64 classes.
             boxes: Tensor[N, 4] xyxy pixels.
             valid: Tensor[N] bool, False for rows never to assign (padding); None: all valid.
             per_image: G when the rows are padded per image, image-major (row = image * G +
-                slot, as ``pad_targets`` lays them out; ``image`` must match): the predictions
-                are then read in place instead of copied per GT, which is faster.
+                slot, as ``pad_targets(...).rows()`` lays them out; ``image`` must match): the
+                predictions are then read in place instead of copied per GT, which is faster.
+            logits: ``pred_scores`` holds logits.
 
         Returns:
             ``RowAssignment``; ties between GTs of one image go to the earlier row.

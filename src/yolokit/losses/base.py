@@ -82,6 +82,18 @@ class PaddedTargets(NamedTuple):
     boxes: Tensor
     mask: Tensor
 
+    def rows(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The padded boxes as flat rows, image-major (row = image * G + slot), as
+        ``TaskAlignedAssigner.assign_rows(..., per_image=G)`` takes them.
+
+        Returns:
+            ``(image, labels, boxes, valid)``: Tensor[B * G] int64, Tensor[B * G] int64,
+            Tensor[B * G, 4], Tensor[B * G] bool (False at padding).
+        """
+        b, g = self.labels.shape
+        image = torch.arange(b, device=self.labels.device)[:, None].expand(b, g).reshape(-1)
+        return image, self.labels.reshape(-1), self.boxes.reshape(-1, 4), self.mask.reshape(-1)
+
 
 def pad_targets(targets: Tensor, batch_size: int, *, max_boxes: int | None = None) -> PaddedTargets:
     """Splits flat batch targets into per-image padded tensors, without a loop.

@@ -105,9 +105,7 @@ class YOLOv8Loss(DetectionLoss):
             if max_boxes is None:  # the targets' rows as they come: nothing to read back
                 gt = (targets[:, 0].long(), targets[:, 1].long(), targets[:, 2:6], None)
             else:
-                padded = pad_targets(targets, b, max_boxes=max_boxes)
-                image = torch.arange(b, device=device).repeat_interleave(max_boxes)
-                gt = (image, padded.labels.view(-1), padded.boxes.view(-1, 4), padded.mask.view(-1))
+                gt = pad_targets(targets, b, max_boxes=max_boxes).rows()
             assigned = self.assigner.assign_rows(cls_logits.transpose(1, 2), pred_boxes, points, *gt,
                                                  per_image=max_boxes, logits=True)
             fg_image, fg_point, fg_label, target, weight = _training_points(assigned, *gt[:3])

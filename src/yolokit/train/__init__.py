@@ -1,9 +1,14 @@
-"""Training: config, loop, evaluation, checkpoints, callbacks."""
+"""Training: the config, the trainer and its step, callbacks, checkpoints, comparisons of runs.
 
+Example:
+    >>> from yolokit.train import TrainConfig, train
+    >>> metrics = train(TrainConfig(model="yolov8n", data="shapes", epochs=3, imgsz=128))
+"""
+
+from yolokit.train.callbacks import Callback
 from yolokit.train.compare import Comparison, compare_runs
 from yolokit.train.config import TrainConfig
-from yolokit.train.evaluate import EvalResult, coco_evaluate, validate
-from yolokit.train.trainer import Trainer, TrainingDiverged, train
+from yolokit.train.state import Parts, Progress
+from yolokit.train.trainer import Trainer, train
 
-__all__ = ["Comparison", "EvalResult", "TrainConfig", "Trainer", "TrainingDiverged", "coco_evaluate", "compare_runs",
-           "train", "validate"]
+__all__ = ["Callback", "Comparison", "Parts", "Progress", "TrainConfig", "Trainer", "compare_runs", "train"]

@@ -46,13 +46,12 @@ CPU_AUTO_BATCH = 16
 PROBE_SIZES = (1, 2, 4, 8)
 
 
-def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device: torch.device, *,
-                  resumed: dict[str, Any] | None = None,
+def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device: torch.device, *, world: int,
+                  main: bool, resumed: dict[str, Any] | None = None,
                   memory: tuple[float, Callable[[int], float]] | None = None,
-                  report: Callable[[str], None] = print, world: int | None = None) -> int:
-    """Total images per loader batch over all processes.
+                  report: Callable[[str], None] = print) -> int:
+    """Total images per loader batch over all processes (the runtime plan checks that it divides).
 
-    A number must divide by the number of processes (each runs ``batch / world``).
     ``"auto"`` is measured on every process, the smallest fit is taken by all, and the
     result is stored in the run's checkpoints: a resumed run reuses it without measuring.
 
@@ -62,43 +61,40 @@ def resolve_batch(cfg: TrainConfig, probe: Callable[[int], None] | None, device:
             :func:`training_probe`); needed for ``"auto"``.
         device: This process's device; without CUDA (and without ``memory``) nothing is
             measured and ``CPU_AUTO_BATCH`` images are shared among the processes.
+        world: Number of processes (the run's :class:`~yolokit.train.plan.Processes`).
+        main: Whether this process reports (rank 0).
         resumed: The checkpoint being resumed, if any.
         memory: ``(budget_bytes, peak_bytes(b))`` instead of CUDA's own readings (tests).
         report: receives the finder's lines (print by default; the trainer routes them to
             its callbacks' ``on_setup_end``).
-        world: Number of processes (the trainer's runtime plan); default: the process group's.
 
     Returns:
-        The total batch, a multiple of the world size.
+        The total batch.
     """
-    world = distributed.world_size() if world is None else world
     if cfg.batch != "auto":
-        batch = int(cfg.batch)
-        if batch % world:
-            raise ValueError(f"batch {batch} is the total over all processes and must divide by their number "
-                             f"({world}); try batch {max(world, batch // world * world)}")
-        return batch
+        return int(cfg.batch)
     if resumed is not None and resumed.get("batch"):
         return int(resumed["batch"])
-    per_rank = measure_batch(probe, device, memory=memory, report=report)
+    per_rank = measure_batch(probe, device, world=world, main=main, memory=memory, report=report)
     smallest = min(distributed.all_gather_object(per_rank))
-    if distributed.is_main():
+    if main:
         report(f"batch auto: {smallest} images per process ({smallest * world} in all)")
     return smallest * world
 
 
-def measure_batch(probe: Callable[[int], None], device: torch.device, *, fraction: float = AUTO_FRACTION,
-                  max_size: int = 1024, memory: tuple[float, Callable[[int], float]] | None = None,
+def measure_batch(probe: Callable[[int], None], device: torch.device, *, world: int = 1, main: bool = True,
+                  fraction: float = AUTO_FRACTION, max_size: int = 1024,
+                  memory: tuple[float, Callable[[int], float]] | None = None,
                   report: Callable[[str], None] = print) -> int:
     """Images per step whose peak memory is ``fraction`` of the budget (see the module docstring).
 
     Without CUDA and without ``memory`` nothing is measured: ``CPU_AUTO_BATCH`` images
-    shared among the processes. ``report`` receives what was tried (the main process's
-    line when nothing is measured).
+    shared among the ``world`` processes. ``report`` receives what was tried (the main
+    process's line when nothing is measured).
     """
     if memory is None and device.type != "cuda":
-        per_rank = max(1, CPU_AUTO_BATCH // distributed.world_size())
-        if distributed.is_main():
+        per_rank = max(1, CPU_AUTO_BATCH // world)
+        if main:
             report(f"batch auto: no CUDA device to measure, using {per_rank} per process")
         return per_rank
     if memory is None:

@@ -17,6 +17,7 @@ rank (each sees its own rank's batches; ``on_epoch_end`` rows are the same every
 from __future__ import annotations
 
 import csv
+import io
 import time
 import warnings
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from yolokit.train.files import write_text
 from yolokit.train.plots import results_plot, validation_plots
 
 
@@ -174,11 +176,12 @@ class CSVLogger(Callback):
             else:
                 with self.path.open(newline="") as f:
                     self.fields = next(csv.reader(f), None) or list(row)
-        with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.fields, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        write_text(self.path, text.getvalue(), append=True)
 
     def on_epoch_end(self, row: dict[str, float]) -> None:
         self.write(row)

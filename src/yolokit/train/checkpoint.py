@@ -1,8 +1,7 @@
 """Atomic checkpoints that load with ``weights_only=True``, and what exact resume needs.
 
-A checkpoint is written to a temporary file in the target folder, flushed and fsynced,
-then renamed over the target: a crash at any point leaves either the old file or the
-new one, never half of one.
+A checkpoint is written atomically (:func:`yolokit.train.files.atomic_save`): a crash or a
+full disk at any point leaves either the old file or the new one, never half of one.
 
 A training checkpoint (``weights/last.pt``) is written at the end of every epoch, every
 ``save_period_iters`` optimizer steps, and when training is interrupted (at the last
@@ -15,9 +14,7 @@ loss sums (:class:`yolokit.train.meter.LossMeter`), gathered when the checkpoint
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,33 +24,9 @@ import torch
 
 from yolokit.accel import distributed
 from yolokit.train.config import TrainConfig
-from yolokit.train.evaluate import EvalResult
+from yolokit.train.meter import LossMeter
 from yolokit.train.optim import load_optimizer_state
-
-
-def atomic_save(obj: Any, path: str | Path) -> Path:
-    """``torch.save`` to ``path`` atomically (temporary file, fsync, rename, fsync folder)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # some platforms cannot open folders
-        return path
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+from yolokit.train.state import Parts, Progress
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -90,6 +63,17 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def resume_advice(run_dir: Path, saved: tuple[int, int] | None) -> str:
+    """After a failed save: which checkpoint is intact (``saved``: its epoch and step), and the command
+    that resumes from it."""
+    if saved is None:
+        return "no checkpoint was written yet: free some space and start again"
+    epoch, step = saved
+    where = f"after epoch {epoch}" if not step else f"at step {step} of epoch {epoch + 1}"
+    return (f"{run_dir / 'weights' / 'last.pt'} is intact ({where}); free some space and resume with: "
+            f"yolokit train --resume {run_dir}")
+
+
 def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None, Path]:
     """(config, resume state, run folder) of a training run.
 
@@ -116,7 +100,7 @@ def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None
     return config, None, run
 
 
-def rank_states(meter: Any = None) -> list[dict[str, Any]]:
+def rank_states(meter: LossMeter | None = None) -> list[dict[str, Any]]:
     """Every process's RNG states and loss sums (``meter.state_dict()``), in rank order.
 
     A collective: every rank calls it at the same point (the checkpoint's position).
@@ -125,13 +109,12 @@ def rank_states(meter: Any = None) -> list[dict[str, Any]]:
                                           "meter": meter.state_dict() if meter is not None else None})
 
 
-def restore_rank_state(ranks: list[dict[str, Any]]) -> dict | None:
+def restore_rank_state(ranks: list[dict[str, Any]], *, rank: int, world: int) -> dict | None:
     """Restores this rank's RNG states from ``rank_states``'s list and returns its loss sums.
 
     With another number of processes than the checkpoint's, RNG states stay as seeded and
     rank 0 continues from the sums of all saved ranks (the epoch's means are over all ranks).
     """
-    rank, world = distributed.rank(), distributed.world_size()
     if len(ranks) == world:
         set_rng_states(ranks[rank]["rng"])
         return ranks[rank]["meter"]
@@ -143,50 +126,32 @@ def restore_rank_state(ranks: list[dict[str, Any]]) -> dict | None:
             "counts": torch.cat([counts[:, :1].sum(0), counts[:, 1:].amax(0)])}
 
 
-def run_state(run: Any, epoch: int, metrics: dict, ranks: list[dict], step_in_epoch: int = 0) -> dict[str, Any]:
-    """Everything exact resume needs, in weights_only-loadable types.
+def run_state(parts: Parts, progress: Progress, metrics: dict, ranks: list[dict]) -> dict[str, Any]:
+    """Everything exact resume needs at ``progress``'s position, in weights_only-loadable types.
 
     Args:
-        run: The trainer's ``Run``.
-        epoch: Epochs completed.
+        parts: What the run built (model, EMA, optimizer, precision, accumulator, plan, config).
+        progress: Where the run is (epochs completed, steps of the next epoch, best fitness...).
         metrics: The last results row (empty mid-epoch).
         ranks: ``rank_states()`` gathered at this position.
-        step_in_epoch: Optimizer steps of epoch ``epoch`` (0-based) already taken.
     """
     return {
-        "epoch": epoch, "step_in_epoch": step_in_epoch, "model": run.model.state_dict(),
-        "model_config": asdict(run.model.config), "ema": run.ema.state_dict() if run.ema else None,
-        "optimizer": run.optimizer.state_dict(), "precision": run.precision.state_dict(),
-        "accumulator": run.accumulator.state_dict(), "batch": run.plan.batch, "plan": run.plan.as_dict(),
-        "steps": run.steps,
-        "best_fitness": run.best, "stale": run.stale, "train_config": run.cfg.to_dict(), "metrics": metrics,
-        "result": run.result.as_dict(), "ranks": ranks,
+        **progress.state_dict(), "model": parts.model.state_dict(), "model_config": asdict(parts.model.config),
+        "ema": parts.ema.state_dict() if parts.ema else None, "optimizer": parts.optimizer.state_dict(),
+        "precision": parts.precision.state_dict(), "accumulator": parts.accumulator.state_dict(),
+        "batch": parts.plan.batch, "plan": parts.plan.as_dict(), "train_config": parts.config.to_dict(),
+        "metrics": metrics, "ranks": ranks,
     }
 
 
-def restore_run(run: Any, state: dict[str, Any]) -> None:
-    """Loads ``run_state``'s checkpoint into the trainer's ``Run`` (this rank's part of ``ranks``)."""
-    run.model.load_state_dict(state["model"])
-    if run.ema is not None and state.get("ema"):
-        run.ema.load_state_dict(state["ema"])
-    load_optimizer_state(run.optimizer, state["optimizer"])  # keeps this run's fused/foreach choice
-    run.precision.load_state_dict(state["precision"])
-    run.accumulator.load_state_dict(state.get("accumulator", {}))
-    run.resume_meter = restore_rank_state(state["ranks"])
-    run.start_epoch, run.start_step = int(state["epoch"]), int(state["step_in_epoch"])
-    run.best, run.stale, run.steps = float(state["best_fitness"]), int(state["stale"]), int(state["steps"])
-    run.logged = run.steps          # trackers log the steps after these
-    last = state.get("result", {})  # the last validation's headline numbers: rows of epochs without one repeat them
-    run.result = EvalResult(precision=last.get("precision", 0.0), recall=last.get("recall", 0.0),
-                            map50=last.get("mAP50", 0.0), map50_95=last.get("mAP50-95", 0.0))
-
-
-def resume_note(run: Any) -> str:
-    """Where a resumed run continues, and what is not exact about it."""
-    if not run.start_step:
-        return f"resuming after epoch {run.start_epoch}"
-    note = f"resuming at optimizer step {run.start_step} of epoch {run.start_epoch + 1}"
-    if run.train_set.buffer_size:
-        note += (" (mosaic_buffer > 0: the rest of this epoch draws Mosaic partners from a buffer that starts "
-                 "empty here, so it differs from an uninterrupted run; later epochs do not)")
-    return note
+def restore_run(parts: Parts, progress: Progress, state: dict[str, Any]) -> dict | None:
+    """Loads ``run_state``'s checkpoint into ``parts`` and ``progress``; returns this rank's loss sums of the
+    completed steps of the epoch in progress (None at an epoch boundary)."""
+    parts.model.load_state_dict(state["model"])
+    if parts.ema is not None and state.get("ema"):
+        parts.ema.load_state_dict(state["ema"])
+    load_optimizer_state(parts.optimizer, state["optimizer"])  # keeps this run's fused/foreach choice
+    parts.precision.load_state_dict(state["precision"])
+    parts.accumulator.load_state_dict(state.get("accumulator", {}))
+    progress.load_state_dict(state)
+    return restore_rank_state(state["ranks"], rank=parts.plan.rank, world=parts.plan.world)

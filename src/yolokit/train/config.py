@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import types
-import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -18,7 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from yolokit.data import AugmentConfig
-from yolokit.models import MODELS, prefers_channels_last
+from yolokit.models import MODELS
 from yolokit.train.trackers import tracker_names
 
 
@@ -38,7 +37,7 @@ class TrainConfig:
     epochs: int = 100
     time: float = 0.0           # hours; the run stops at the first step boundary past it, validated and
     #                             saved (resume continues, with the budget again); 0: no limit
-    imgsz: int = 640
+    imgsz: int = 640            # a multiple of the model's largest stride (32; 64 with a P6 level)
     rect: bool = False          # aspect-ratio batches: each batch its images' stride-aligned shape, no Mosaic/MixUp
     multi_scale: bool = False   # each optimizer step a random size, 0.5x-1.5x imgsz in strides (the same on all ranks)
     batch: int | str = 16   # total over all processes (each runs batch / world), or "auto"
@@ -68,7 +67,7 @@ class TrainConfig:
     # speed
     precision: str = "auto"
     checkpointing: str | None = None
-    channels_last: bool | None = None  # None: models.prefers_channels_last(device)
+    channels_last: bool | None = None  # None: on the CPU, not on CUDA (train.plan.device_settings)
     compile: bool = False
     device: str = "auto"
     devices: int = 1
@@ -91,7 +90,9 @@ class TrainConfig:
     conf: float = 0.001
     iou: float = 0.7
     max_det: int = 300
-    max_bad_steps: int = 10
+    max_bad_steps: int = 10     # the watchdog: this many steps in a row with a non-finite loss, or skipped for
+    #                             inf/NaN gradients (fp16: once the loss scale fell below 1), stop the run; 0: never
+    clip_grad_norm: float = 10.0  # the gradients' total norm is clipped to this before each step; 0: no clipping
     plots: bool = True
     tracker: str | list[str] | None = None   # experiment trackers: wandb, mlflow, tensorboard, csv ("wandb,csv")
 
@@ -123,7 +124,7 @@ class TrainConfig:
             (self.model is None or self.model in MODELS,
              f"unknown model {self.model!r}; available: {', '.join(MODELS)}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
-            (self.imgsz >= 32 and self.imgsz % 32 == 0, f"imgsz must be a multiple of 32, got {self.imgsz}"),
+            (self.imgsz >= 1, f"imgsz must be a positive multiple of the model's stride, got {self.imgsz}"),
             (self.batch == "auto" or self.batch >= 1, f"batch must be >= 1 or 'auto', got {self.batch}"),
             (self.optimizer.lower() in ("auto", "sgd", "adamw"),
              f"optimizer must be SGD, AdamW or auto, got {self.optimizer}"),
@@ -141,28 +142,13 @@ class TrainConfig:
             (0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}"),
             (self.classes is None or len(self.classes) > 0, "classes must name at least one class id"),
             (self.dist_timeout > 0, f"dist_timeout must be > 0 minutes, got {self.dist_timeout}"),
+            (self.max_bad_steps >= 0, f"max_bad_steps must be >= 0, got {self.max_bad_steps}"),
+            (self.clip_grad_norm >= 0, f"clip_grad_norm must be >= 0, got {self.clip_grad_norm}"),
             (not isinstance(self.freeze, int) or self.freeze >= 0, f"freeze must be >= 0, got {self.freeze}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-
-    def uses_channels_last(self, device_type: str) -> bool:
-        """``channels_last`` resolved for a device type: when unset, ``models.prefers_channels_last``."""
-        return self.channels_last if self.channels_last is not None else prefers_channels_last(device_type)
-
-    def uses_sync_bn(self, world: int, device_type: str) -> bool:
-        """Whether BatchNorm becomes SyncBatchNorm: asked for, several processes, CUDA devices.
-
-        Off by default, as in Ultralytics; asked for where it cannot act, a warning says why.
-        """
-        if self.sync_bn and device_type != "cuda":
-            warnings.warn(f"sync_bn needs CUDA devices (SyncBatchNorm has no {device_type} kernels); training "
-                          "with per-process BatchNorm, whose running statistics the processes combine exactly",
-                          RuntimeWarning, stacklevel=2)
-        elif self.sync_bn and world == 1:
-            warnings.warn("sync_bn has no effect in one process", RuntimeWarning, stacklevel=2)
-        return self.sync_bn and device_type == "cuda" and world > 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,10 +23,12 @@ class LossMeter:
         device: Where the sums live.
         every: :meth:`due` is true every ``every`` batches (when the trainer reads). Default: 16 on
             an accelerator (a read waits for the device), every batch on the CPU (a read is free).
+        world_size: Processes whose sums :meth:`epoch_means` combines; default: the process group's.
     """
 
-    def __init__(self, device: torch.device, every: int | None = None) -> None:
+    def __init__(self, device: torch.device, every: int | None = None, *, world_size: int | None = None) -> None:
         self.device = torch.device(device)
+        self.world_size = world_size if world_size is not None else distributed.world_size()
         self.every = every if every is not None else (1 if self.device.type == "cpu" else 16)
         self.keys: list[str] = []
         self._sums: torch.Tensor | None = None       # [P] sums of finite batches' parts
@@ -101,7 +103,7 @@ class LossMeter:
         """Mean parts over the finite batches of every process (a collective: call it on every rank,
         also on one that had no batch this epoch)."""
         keys = self.keys
-        if distributed.is_initialized() and distributed.world_size() > 1:
+        if self.world_size > 1:
             keys = next((k for k in distributed.all_gather_object(self.keys) if k), [])
         if not keys:
             return {}

@@ -1,15 +1,19 @@
-"""The run's runtime plan, resolved once, and the speed settings that follow from it.
+"""The run's runtime plan and what follows from its device: decided once, here.
 
 ``start_processes`` joins the process group when torchrun (or ``train(config)`` with
 ``devices`` > 1) started several processes and returns :class:`Processes`: this process's
 device (made current), rank, local rank and the world. :func:`runtime_plan` adds the batch
 arithmetic once the batch is known: per-rank batch, accumulation, images per step and
 steps per epoch. The trainer hands the :class:`RuntimePlan` to the loader's sampler, the
-Accumulator, the learning-rate schedule and the checkpoint; none of them works it out
-again. ``speed_settings`` resolves the switches a config leaves unset for that device: on CUDA the
-fast ones (cuDNN benchmark, non-deterministic kernels, TF32, a loader worker for every core
-but the training process's, pinned memory), on the CPU the exact ones (deterministic
-kernels, so that resume is exact).
+Accumulator, the learning-rate schedule, the optimizer's choice and the checkpoint; none of
+them works it out again, and nothing on the trainer's path asks the process group for a
+rank or a world.
+
+:func:`device_settings` resolves everything a config leaves unset (None) for the device,
+in one place: precision, memory layout, kernels (cuDNN benchmark, TF32, determinism), the
+optimizer's fused kernels, SyncBatchNorm, loader workers and pinning, and where the HSV
+step runs. On CUDA the fast choices; on the CPU the exact ones (deterministic kernels, so
+that resume is exact).
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from yolokit.accel import distributed
+from yolokit.accel import distributed, perf
 from yolokit.accel.accumulation import accumulation_steps
+from yolokit.accel.amp import resolve_precision
 from yolokit.data.samplers import epoch_steps
+from yolokit.models import prefers_channels_last
 from yolokit.train.config import TrainConfig
 
 
@@ -75,7 +81,8 @@ def runtime_plan(procs: Processes, *, batch: int, nominal_batch: int, train_size
         (8, 4, 64, 2)
     """
     if batch < procs.world or batch % procs.world:
-        raise ValueError(f"batch {batch} must be a multiple of the {procs.world} processes")
+        raise ValueError(f"batch {batch} is the total over all processes and must be a multiple of their number "
+                         f"({procs.world}); try batch {max(procs.world, batch // procs.world * procs.world)}")
     per_rank = batch // procs.world
     accumulate = accumulation_steps(nominal_batch, per_rank, procs.world)
     steps = epoch_steps(train_size, per_rank, world_size=procs.world, accumulate=accumulate, whole_steps=whole_steps)
@@ -102,20 +109,22 @@ def start_processes(cfg: TrainConfig) -> Processes:
 
 
 @dataclass(frozen=True)
-class SpeedSettings:
-    """The switches a run trains with (see :func:`speed_settings`)."""
+class DeviceSettings:
+    """What a run's device decides (see :func:`device_settings`): every switch resolved."""
 
+    precision: str             # fp32, fp16 or bf16 (accel.amp.resolve_precision)
+    channels_last: bool        # model and images laid out NHWC (models.prefers_channels_last)
     deterministic: bool
     cudnn_benchmark: bool
     tf32: bool
+    fused_optimizer: bool      # torch's fused SGD / AdamW kernels (CPU and CUDA)
+    sync_bn: bool              # BatchNorm as SyncBatchNorm (several CUDA processes, when asked for)
     workers: int
     pin_memory: bool
     hsv_on_device: bool = False
 
     def apply(self) -> str:
         """Sets the global switches (``accel.perf.configure``); returns its one-line description."""
-        from yolokit.accel import perf
-
         return perf.configure(cudnn_benchmark=self.cudnn_benchmark, tf32=self.tf32, deterministic=self.deterministic)
 
 
@@ -128,21 +137,34 @@ def cores_per_process(world_on_this_machine: int = 1) -> int:
     return max(1, cores // max(1, world_on_this_machine))
 
 
-def speed_settings(cfg: TrainConfig, device: torch.device, local_world: int = 1) -> SpeedSettings:
-    """``cfg``'s speed switches for ``device``, its unset ones (None) resolved.
+def device_settings(cfg: TrainConfig, procs: Processes) -> DeviceSettings:
+    """``cfg``'s switches for ``procs.device``, its unset ones (None) resolved.
 
-    CUDA: non-deterministic kernels with cuDNN's benchmark (it picks the fastest convolution
-    per shape), TF32 in float32 matmuls and convolutions, ``cores per process - 1`` loader
-    workers (the training process keeps a core), pinned host memory. CPU: deterministic
-    kernels (an interrupted run resumes to the same bits), 2 workers, no pinning. The HSV
-    augmentation runs on CUDA devices (the loader's workers only draw its gains), in the
-    workers on the CPU.
-    ``deterministic=True`` on CUDA turns the benchmark off.
+    CUDA: bf16 where supported (else fp16), non-deterministic kernels with cuDNN's benchmark
+    (it picks the fastest convolution per shape), TF32 in float32 matmuls and convolutions,
+    ``cores per process - 1`` loader workers (the training process keeps a core), pinned
+    host memory, the HSV step on the device (the loader's workers only draw its gains).
+    CPU: fp32, channels_last (oneDNN's NHWC kernels), deterministic kernels (an interrupted
+    run resumes to the same bits), 2 workers, no pinning, HSV in the workers. Fused optimizer
+    kernels on both. ``deterministic=True`` on CUDA turns the benchmark off. SyncBatchNorm
+    only when asked for and possible (several CUDA processes); asked for where it cannot act,
+    a warning says why.
     """
+    device = procs.device
     cuda = device.type == "cuda"
     deterministic = cfg.deterministic if cfg.deterministic is not None else not cuda
     workers = cfg.workers if cfg.workers is not None else (
-        max(1, cores_per_process(local_world) - 1) if cuda else 2)
-    return SpeedSettings(deterministic=deterministic, cudnn_benchmark=cuda and not deterministic,
-                         tf32=cfg.tf32 if cfg.tf32 is not None else cuda, workers=workers, pin_memory=cuda,
-                         hsv_on_device=cfg.hsv_on_device if cfg.hsv_on_device is not None else cuda)
+        max(1, cores_per_process(procs.local_world) - 1) if cuda else 2)
+    if cfg.sync_bn and not cuda:
+        warnings.warn(f"sync_bn needs CUDA devices (SyncBatchNorm has no {device.type} kernels); training "
+                      "with per-process BatchNorm, whose running statistics the processes combine exactly",
+                      RuntimeWarning, stacklevel=2)
+    elif cfg.sync_bn and procs.world == 1:
+        warnings.warn("sync_bn has no effect in one process", RuntimeWarning, stacklevel=2)
+    return DeviceSettings(
+        precision=resolve_precision(cfg.precision, device),
+        channels_last=cfg.channels_last if cfg.channels_last is not None else prefers_channels_last(device.type),
+        deterministic=deterministic, cudnn_benchmark=cuda and not deterministic,
+        tf32=cfg.tf32 if cfg.tf32 is not None else cuda, fused_optimizer=device.type in ("cpu", "cuda"),
+        sync_bn=cfg.sync_bn and cuda and procs.world > 1, workers=workers, pin_memory=cuda,
+        hsv_on_device=cfg.hsv_on_device if cfg.hsv_on_device is not None else cuda)

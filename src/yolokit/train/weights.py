@@ -12,6 +12,7 @@ import torch
 from yolokit.interop import load, save
 from yolokit.interop.state import is_fused
 from yolokit.models import Detector
+from yolokit.train.files import SaveError
 
 DEFAULT_MODEL = "yolov8n"
 
@@ -110,4 +111,8 @@ def export_final(model: Detector, path: str | Path, names: list[str], train_conf
     """The inference file of a run: float16 weights, the model config, class names and the
     training config, written by ``yolokit.save`` (yolokit's own format; ``yolokit.load(path)``
     returns the ready model)."""
-    return save(model, path, names=names, half=True, extra={"train_config": train_config.to_dict()})
+    try:
+        return save(model, path, names=names, half=True, extra={"train_config": train_config.to_dict()})
+    except OSError as exc:   # a full disk: about the float16 weights' size was needed
+        needed = sum(t.numel() * min(t.element_size(), 2) for t in model.state_dict().values())
+        raise SaveError(path, needed, exc) from exc

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from yolokit.ops.nms import Detections
-from yolokit.train.cocoeval import evaluate_boxes
-from yolokit.train.evaluate import coco_evaluate
+from yolokit.val.cocoeval import evaluate_boxes
+from yolokit.val.metrics import coco_evaluate
 
 
 def random_case(seed: int, images: int = 12, classes: int = 4):

@@ -8,7 +8,7 @@ import time
 import _accel_workers as workers  # tests/accel is put on sys.path by conftest.py
 import pytest
 
-from yolokit.accel.launch import LaunchError, free_port, launch, under_torchrun
+from yolokit.accel.launcher import LaunchError, free_port, launch, under_torchrun
 
 
 def test_free_port():

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from yolokit.ops.nms import Detections
-from yolokit.train.matching import confusion_matrix, greedy_match, matches_at_iou, pairwise_iou
+from yolokit.val.matching import confusion_matrix, greedy_match, matches_at_iou, pairwise_iou
 
 
 def test_pairwise_iou_values_and_empty_boxes():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -49,12 +50,16 @@ class LaunchError(RuntimeError):
             (SIGKILL, the OOM killer...) before any rank that exited with an error (a rank
             whose peer vanished fails in its next collective, a moment later).
         ranks: Local ranks whose function raised (their tracebacks are in the message).
+        errors: What those ranks raised, by rank, where the exception could be sent back
+            (a caller can report a known failure in its own words).
     """
 
-    def __init__(self, message: str, rank: int, ranks: list[int]) -> None:
+    def __init__(self, message: str, rank: int, ranks: list[int],
+                 errors: dict[int, BaseException] | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.ranks = ranks
+        self.errors = errors or {}
 
 
 def under_torchrun() -> bool:
@@ -90,13 +95,13 @@ def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, po
     except KeyboardInterrupt as exc:     # a signal: the rank stopped where it could; no traceback
         failure = exc.__context__        # unless it cut short the handling of a failure: that is what counts
         if failure is not None and not isinstance(failure, KeyboardInterrupt):
-            results.put((local_rank, "error", "".join(traceback.format_exception(failure))))
+            results.put((local_rank, "error", ("".join(traceback.format_exception(failure)), _sendable(failure))))
             raise failure from None
         stop = Interrupted.of(exc)
         results.put((local_rank, "interrupted", (stop.signum, stop.reported)))
         return
-    except BaseException:
-        results.put((local_rank, "error", traceback.format_exc()))
+    except BaseException as exc:
+        results.put((local_rank, "error", (traceback.format_exc(), _sendable(exc))))
         raise  # exit at once; the parent terminates the other processes
     distributed.teardown()
     results.put((local_rank, "ok", result))
@@ -171,9 +176,10 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
             _terminate(ctx.processes)
             raise _interrupted(signals, stopped) from None
         lost = e.error_index if first is None else first
-        details = "".join(f"\n-- rank {r} raised:\n{errors[r]}" for r in sorted(errors))
+        details = "".join(f"\n-- rank {r} raised:\n{errors[r][0]}" for r in sorted(errors))
+        raised = {r: exc for r, (_, exc) in errors.items() if exc is not None}
         raise LaunchError(f"rank {lost} {_fate(ctx.processes[lost].exitcode)}; the other processes were "
-                          f"stopped{details}", lost, sorted(errors)) from e
+                          f"stopped{details}", lost, sorted(errors), raised) from e
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -181,6 +187,14 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
     if signals or stopped:
         raise _interrupted(signals, stopped)
     return [collected.get(r) for r in range(nprocs)]
+
+
+def _sendable(exc: BaseException) -> BaseException | None:
+    """``exc`` if it survives pickling (to cross to the launcher), else None."""
+    try:
+        return pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return None
 
 
 def _interrupted(signals: list[int], stopped: dict[int, tuple[int, bool]]) -> Interrupted:

@@ -1,14 +1,15 @@
-"""Box metrics of a validation split: COCO mAP, per-class table, P/R/F1 curves, confusion matrix.
+"""Box metrics over arrays: COCO mAP, per-class table, P/R/F1 curves, confusion matrix.
 
 Predictions and ground truth are given per image in the same (original image) pixel
-frame. mAP50 and mAP50-95 are COCO's: by default scored by ``yolokit.train.cocoeval``
+frame (:func:`yolokit.val.validate` gathers them from a model and a loader). mAP50 and
+mAP50-95 are COCO's: by default scored by ``yolokit.val.cocoeval``
 (pycocotools' ``COCOeval`` algorithm on whole arrays: the same numbers, tens of times
 faster); ``backend="pycocotools"`` runs ``COCOeval`` itself. Precision and recall are
 read as the usual YOLO validators read them: detections matched to ground truth of their
 class at IoU 0.5, precision and recall per class as functions of the confidence, both
 taken at the confidence where the class-mean F1 (lightly smoothed) is best. The
 confusion matrix counts detections above confidence 0.25 matched to any ground truth at
-IoU 0.45 (``yolokit.train.matching``).
+IoU 0.45 (``yolokit.val.matching``).
 """
 
 from __future__ import annotations
@@ -16,23 +17,17 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from tqdm import tqdm
 
-from yolokit.accel import distributed
-from yolokit.data import to_device
-from yolokit.data.images import ImageError, read_image
-from yolokit.ops.geometry import unletterbox_boxes
 from yolokit.ops.nms import Detections
-from yolokit.train.cocoeval import RECALL_THRESHOLDS, evaluate_boxes
-from yolokit.train.matching import confusion_matrix, matches_at_iou
+from yolokit.val.cocoeval import RECALL_THRESHOLDS, evaluate_boxes
+from yolokit.val.matching import confusion_matrix, matches_at_iou
 
 
 @dataclass
@@ -288,89 +283,3 @@ def _confidence_metrics(result: EvalResult, scores: np.ndarray, tp: np.ndarray, 
     result.per_class_precision[present], result.per_class_recall[present] = p_curve[present, best], \
         r_curve[present, best]
     result.precision, result.recall = float(p_curve[present, best].mean()), float(r_curve[present, best].mean())
-
-
-Sample = tuple[np.ndarray, Detections, Detections]  # (original RGB image, predictions, ground truth)
-ImageSink = Callable[[int, str, tuple[int, int], Detections], Any]  # (dataset index, path, (h, w), detections)
-
-
-@torch.inference_mode()
-def validate(
-    model: nn.Module,
-    loader: Iterable[dict[str, Any]],
-    *,
-    num_classes: int,
-    conf: float = 0.001,
-    iou: float = 0.7,
-    max_det: int = 300,
-    keep_samples: int = 0,
-    multi_label: bool = True,
-    progress: bool = False,
-    on_image: ImageSink | None = None,
-) -> tuple[EvalResult, list[Sample]]:
-    """Runs ``model`` over a validation loader and scores it in original image pixels.
-
-    The defaults are the usual YOLO validation protocol (the published YOLOv8 numbers):
-    multi-label NMS (a box kept once per class scoring above ``conf``), conf 0.001, IoU
-    0.7, at most 300 detections per image.
-
-    Under several processes each rank runs its shard of the split (``build_dataloader``
-    shards it); the per-image predictions and ground truth of all ranks are gathered and
-    every rank scores the whole split, in dataset-index order (as one process does), so
-    the result (metrics, per-class table, confusion matrix) equals a one-process
-    validation of the same weights.
-
-    Args:
-        model: a ``Detector`` (not DDP-wrapped), put in eval mode for the pass; inputs are
-            cast to its parameters' dtype (a ``.half()`` model on CUDA runs in float16).
-        loader: batches of the batch contract (``images``, ``targets``, ``orig_shapes``,
-            ``ratio_pad``, ``paths``, ``indices``).
-        num_classes: number of classes.
-        conf: score threshold (low, as for mAP).
-        iou: NMS IoU threshold.
-        max_det: detections kept per image.
-        keep_samples: also return this many (original RGB image, predictions, ground
-            truth) triples of this rank, for plots; ground truth scores are 1.
-        multi_label: multi-label NMS (the protocol); False keeps each box's best class only.
-        progress: show a tqdm progress bar over the batches.
-        on_image: called as ``on_image(index, path, (height, width), detections)`` for each
-            image this rank runs, as its batch is predicted (loader order): its dataset
-            index, file and original shape, and the detections it is scored with (CPU,
-            original pixels). Under several processes each rank calls it for its own shard
-            only. ``ResultWriter.validation_sink`` writes them as COCO results and labels.
-
-    Returns:
-        ``(result, samples)``.
-    """
-    device = next(model.parameters()).device
-    records, samples = [], []  # per image: (dataset index, detections, (boxes, labels), shape)
-    batches = tqdm(loader, desc="val", disable=not progress, dynamic_ncols=True, leave=False)
-    for batch in batches:
-        batch = to_device(batch, device, non_blocking=True)
-        dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det, multi_label=multi_label,
-                             orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"])
-        rows = batch["targets"].cpu()
-        indices = batch.get("indices") or [len(records) + i for i in range(len(dets))]
-        for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"], strict=True)):
-            mine = rows[rows[:, 0] == i]
-            boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
-            det, labels = det.to("cpu"), mine[:, 1].long()
-            records.append((int(indices[i]), det, (boxes.numpy(), labels.numpy()), tuple(shape)))
-            if on_image is not None:
-                on_image(int(indices[i]), batch["paths"][i], tuple(shape), det)
-            if len(samples) < keep_samples:
-                truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
-                samples.append((_read_rgb(batch["paths"][i], shape), det, truth))
-    if distributed.world_size() > 1:
-        records = [r for part in distributed.all_gather_object(records) for r in part]
-    records.sort(key=lambda r: r[0])
-    predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
-    return coco_evaluate(predictions, targets, shapes, num_classes), samples
-
-
-def _read_rgb(path: str, shape: tuple[int, int]) -> np.ndarray:
-    """The original image as RGB (grey if it cannot be read)."""
-    try:
-        return np.ascontiguousarray(read_image(path)[..., ::-1])
-    except ImageError:
-        return np.full((*shape, 3), 114, np.uint8)

@@ -1,0 +1,16 @@
+"""Validation: the pass over a labelled split (:func:`validate`) and box metrics over arrays.
+
+Example:
+    >>> import yolokit
+    >>> from yolokit.data import DetectionDataset, build_dataloader
+    >>> from yolokit.val import validate
+    >>> model = yolokit.load("runs/train/weights/model.pt")
+    >>> loader = build_dataloader(DetectionDataset("data.yaml", "val", imgsz=640, rect=True), 16, shuffle=False)
+    >>> result, _ = validate(model, loader, num_classes=model.num_classes)
+    >>> print(result.format_table(model.names))
+"""
+
+from yolokit.val.metrics import EvalResult, coco_evaluate
+from yolokit.val.validate import validate
+
+__all__ = ["EvalResult", "coco_evaluate", "validate"]
