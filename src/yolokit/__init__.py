@@ -25,9 +25,10 @@ _PUBLIC = {
     "list_models": "yolokit.models",
     "load": "yolokit.interop",
     "save": "yolokit.interop",
+    "tune": "yolokit.train.tune",
 }
 
-__all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save"]
+__all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save", "tune"]
 
 
 def __getattr__(name: str) -> Any:
