@@ -215,6 +215,7 @@ def run_trial(made: Any, base: TrainConfig, out: Path, stop: GracefulStop) -> No
               + ", ".join(f"{k}={v}" for k, v in params.items()) + f" -> {run_dir}", flush=True)
         reporter = Reporter(trial, metric, made.direction.name == "MAXIMIZE", earlier)
         Trainer(config, callbacks=[reporter]).fit()
+        _tell(made, trial, stop, value=reporter.best)   # in the try: a signal just before it stops the trial
     except optuna.TrialPruned as exc:
         _tell(made, trial, stop, state=states.PRUNED)
         print(f"trial {trial.number}: {exc}", flush=True)
@@ -230,14 +231,14 @@ def run_trial(made: Any, base: TrainConfig, out: Path, stop: GracefulStop) -> No
             _tell(made, trial, stop, state=states.FAIL, error=one_line(exc))
         raise
     else:
-        _tell(made, trial, stop, value=reporter.best)
         print(f"trial {trial.number}: finished, best {metric} {reporter.best:.4f}", flush=True)
 
 
 def _tell(made: Any, trial: Any, stop: GracefulStop, *, value: float | None = None, state: Any = None,
           **attrs: str) -> None:
-    """The trial's end in the study, out of a signal's reach."""
-    with stop.deferred():
+    """The trial's end in the study, out of a signal's reach (a signal that came during it is raised after);
+    a trial told already stays as it was."""
+    with stop.deferred(), contextlib.suppress(require_optuna().exceptions.UpdateFinishedTrialError):
         for key, text in attrs.items():
             trial.set_user_attr(key, text)
-        made.tell(trial, value, state=state)
+        made.tell(trial, value, state=state, skip_if_finished=True)
