@@ -172,9 +172,9 @@ class Tracker(Callback):
         """``action(*args)``; any failure as one :class:`TrackerError` line naming ``where()`` and ``advice()``."""
         try:
             action(*args)
-        except (TrackerError, ImportError):
+        except TrackerError:
             raise
-        except Exception as exc:
+        except Exception as exc:                   # an ImportError here is a part the store needs (SQLAlchemy, ...)
             raise TrackerError(f"--tracker {self.name} could not start a run at {self.where()} ({one_line(exc)}); "
                                f"{self.advice(exc)}") from exc
 
