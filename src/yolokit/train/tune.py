@@ -13,8 +13,9 @@ share: a journal file (the default, ``<out>/study.journal``; on a shared filesys
 several machines) or any SQL database (``postgresql://``, ``mysql://``, ``sqlite:///``). A
 worker joins with the storage and the study's name; it reads the space and the base config
 from the study. Trials then run at once in several processes on one machine (``parallel``,
-started like :func:`yolokit.accel.launch.launch`: Ctrl-C reaches each once) and on other
-machines running the same command.
+started by :func:`yolokit.accel.launch.launch`: Ctrl-C reaches each once; with several GPUs
+and ``device`` auto, process i trains on GPU i mod their number) and on other machines
+running the same command.
 
 Ctrl-C stops every trial at an optimizer step (saved, as any run), and the study keeps every
 finished trial. Running the same command again resumes: each interrupted trial continues from
@@ -178,6 +179,9 @@ def _trials(settings: dict[str, Any], index: int) -> int:
     handle = open_storage(settings["storage"])
     known = len(optuna.load_study(study_name=settings["study"], storage=handle).trials)
     base = TrainConfig.from_dict(settings["base"])
+    gpus = torch.cuda.device_count() if settings["launched"] and base.device in ("auto", "cuda") else 0
+    if gpus > 1:                               # several GPUs here: worker i trains on GPU i mod their number
+        base = base.replace(device=f"cuda:{index % gpus}")
     seed = int(np.random.SeedSequence([base.seed, index, known]).generate_state(1)[0])   # apart per worker and run
     made = optuna.load_study(study_name=settings["study"], storage=handle, sampler=optuna.samplers.TPESampler(
         seed=seed), pruner=pruner_of(settings["pruner"], base.epochs))
