@@ -26,11 +26,12 @@ _PUBLIC = {
     "list_models": "yolokit.models",
     "load": "yolokit.interop",
     "save": "yolokit.interop",
+    "tune": "yolokit.train.tune",
 }
 
 SUBPACKAGES = ("accel", "data", "interop", "losses", "models", "ops", "predict", "train", "val", "viz")
 
-__all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save", *SUBPACKAGES]
+__all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save", "tune", *SUBPACKAGES]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""The ``yolokit`` command: ``train``, ``val``, ``predict``, ``compare``, ``export`` and ``demo``.
+"""The ``yolokit`` command: ``train``, ``tune``, ``val``, ``predict``, ``compare``, ``export`` and ``demo``.
 
 Each subcommand is a function ``run_<name>(args)``; ``main`` only parses and dispatches.
 ``train`` flags are the ``TrainConfig`` field names.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ from yolokit.interop import export_onnx, load
 from yolokit.models import Detector
 from yolokit.predict import ResultWriter, next_run_dir, predict_iter
 from yolokit.train import compare_runs, train
-from yolokit.train.config import add_config_flags, config_from_args
+from yolokit.train.config import AUGMENT_FIELDS, TrainConfig, add_config_flags, config_from_args
 from yolokit.train.files import SaveError
 from yolokit.train.plots import validation_plots
 from yolokit.train.trackers import TrackerError
@@ -68,6 +69,24 @@ def run_train(args: argparse.Namespace) -> int:
     metrics = train(config)
     if int(os.environ.get("RANK", "0") or 0) == 0:   # under torchrun, every rank returns the metrics
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}))
+    return 0
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """A hyperparameter study (``yolokit.tune``): the flags set the base config, ``--space`` what varies."""
+    from yolokit.train.tune import tune
+
+    fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("augment", "out")]
+    names = fields + sorted(AUGMENT_FIELDS)
+    given = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    if args.config:
+        given = {**TrainConfig.from_yaml(args.config).to_dict(), **given}
+    config = given or None
+    if args.space and not args.config and given.get("data", "shapes") == "shapes":   # as `yolokit train` does
+        config = {**SHAPES_PRESET, **given}
+    result = tune(args.space, config, trials=args.trials, parallel=args.parallel, storage=args.storage,
+                  study=args.study, metric=args.metric, pruner=args.pruner, out=args.out or "runs/tune")
+    print(result)
     return 0
 
 
@@ -197,6 +216,29 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"{SHAPES_PRESET}.")
     add_config_flags(tr)
     tr.set_defaults(func=run_train)
+
+    tune = sub.add_parser("tune", help="hyperparameter search: a study of training runs (Optuna), parallel, resumable",
+                          description="Each trial trains a run in <out>/trial_<n> (default out: runs/tune) from the "
+                                      "base config (TrainConfig flags or --config) with the fields of --space "
+                                      "sampled; a pruner stops trials whose per-epoch metric lags. Trials run "
+                                      "--parallel at once here, and on other machines that run this command with "
+                                      "the same --storage and --study. The same command again resumes a stopped "
+                                      "study. Ends with trials.csv, best.yaml and the trials side by side.")
+    tune.add_argument("--space", help="YAML of the search space (lr0: {low: 1.0e-4, high: 0.1, log: true}, "
+                                      "model: {choices: [yolov8n, yolov8s]}, ...); a study made elsewhere has its own")
+    tune.add_argument("--trials", type=int, default=10, help="finished trials the study should reach (default 10)")
+    tune.add_argument("--parallel", type=int, default=1, help="trials trained at once on this machine, one process "
+                                                              "each (default 1)")
+    tune.add_argument("--storage", help="the study's storage: a journal file (default <out>/study.journal; on a "
+                                        "shared filesystem for several machines) or a database URL "
+                                        "(postgresql://..., mysql://..., sqlite:///...)")
+    tune.add_argument("--study", help="the study's name (default: the name of --out)")
+    tune.add_argument("--metric", help="what the study maximizes, per epoch for the pruner (default mAP50-95; "
+                                       "mAP50, fitness, precision, recall; train/box, train/cls, train/dfl minimized)")
+    tune.add_argument("--pruner", choices=["median", "hyperband", "none"], help="stops lagging trials (default "
+                                                                                "median)")
+    add_config_flags(tune)
+    tune.set_defaults(func=run_tune)
 
     val = sub.add_parser("val", help="COCO mAP of a model on a dataset (multi-label NMS, conf 0.001, iou 0.7)",
                          description="Validates by the usual protocol of the published YOLOv8 numbers: "

@@ -16,14 +16,20 @@ when the run starts (a missing one is an error naming the extra to install). Eac
   finished, interrupted or failed.
 
 A resumed run continues the same tracker run: the ids are kept in ``trackers.json`` in the
-run folder. Where they write:
+run folder. A tracker that cannot start (its library missing or broken, a bad URI, a store
+it cannot open, a server that does not answer, a refused login) raises one
+:class:`TrackerError` line that names where it tried to write and what to install or set;
+the command line prints it and exits 2. Where they write:
 
 - ``wandb``: project ``$WANDB_PROJECT`` or "yolokit", run name = the run folder's name, files
   under ``<run>/wandb``; ``WANDB_MODE=offline`` works without an account.
-- ``mlflow``: ``$MLFLOW_TRACKING_URI``, else a file store ``<out's parent>/mlruns`` shared by
-  the runs next to this one (``mlflow ui --backend-store-uri runs/mlruns``); experiment
-  ``$MLFLOW_EXPERIMENT_NAME`` or "yolokit". MLflow 3 refuses a file store unless
-  ``MLFLOW_ALLOW_FILE_STORE`` is set; yolokit sets it for its own default store only.
+- ``mlflow``: ``$MLFLOW_TRACKING_URI`` (a server ``http://host:5000``, a SQL store
+  ``sqlite:///mlflow.db``, ``databricks``, ...), else, as MLflow itself defaults, a SQLite store
+  ``<out's parent>/mlflow.db`` shared by the runs next to this one, artifacts in
+  ``<out's parent>/mlartifacts`` (``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``); a
+  ``<out's parent>/mlruns`` file store that earlier runs filled is used on (MLflow 3 refuses file
+  stores unless ``MLFLOW_ALLOW_FILE_STORE`` is set; yolokit sets it for that folder only).
+  Experiment ``$MLFLOW_EXPERIMENT_ID``, else ``$MLFLOW_EXPERIMENT_NAME``, else "yolokit".
 - ``tensorboard``: ``<run>/tensorboard`` (``tensorboard --logdir runs``); charts as images.
 - ``csv``: ``<run>/steps.csv``, one row per logged step (``results.csv`` is always written).
 """
@@ -34,7 +40,7 @@ import importlib
 import json
 import math
 import os
-import time
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -68,14 +74,33 @@ def run_callbacks(run_dir: Path, *, main: bool, plots: bool, trackers: list[str]
     return built + build_trackers(tracker_names(trackers), run_dir) + list(user)
 
 
-def build_trackers(names: list[str], run_dir: Path) -> list[Callback]:
+def build_trackers(names: list[str], run_dir: Path) -> list[Tracker]:
     """The trackers ``names`` asks for, each importing its library now (errors name the extra)."""
+    from yolokit.train.mlflow_tracker import MLflowTracker
+
     kinds = {"wandb": WandbTracker, "mlflow": MLflowTracker, "tensorboard": TensorBoardTracker, "csv": CSVTracker}
     return [kinds[name](run_dir) for name in names]
 
 
+def check_trackers(names: list[str], run_dir: Path) -> None:
+    """Opens each tracker's store once, without starting a run: an error is the :class:`TrackerError`
+    (or ``ImportError``) a run's start would raise. Processes that then start runs at the same time
+    (the trials of a sweep) find MLflow's database and experiment made."""
+    for tracker in build_trackers(names, run_dir):
+        tracker.run_dir = Path(run_dir)
+        tracker.guarded(tracker.open)
+
+
 class TrackerError(RuntimeError):
-    """A tracker could not start its run (no login, an unreachable server, ...)."""
+    """A tracker could not start its run (no login, an unreachable server, ...): one line that says
+    where it tried to write and what to install or set."""
+
+
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """``"Type: message"`` on one line, cut at ``limit`` characters."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _require(name: str) -> Any:
@@ -84,7 +109,10 @@ def _require(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError as exc:
         raise ImportError(f"--tracker {name} needs the {name} package: pip install 'yolokit[{name}]' "
-                          f"(or pip install {name}); {exc}") from None
+                          f"(or pip install {name}); {one_line(exc)}") from None
+    except Exception as exc:                          # installed but broken
+        raise TrackerError(f"--tracker {name} could not import {name} ({one_line(exc)}); reinstall it: "
+                           f"pip install --force-reinstall 'yolokit[{name}]'") from None
 
 
 def metric_name(key: str) -> str:
@@ -113,7 +141,10 @@ class Tracker(Callback):
     """What every tracker shares: the run's ids across resume, the final files, how the run ended.
 
     Subclasses implement ``start(config)``, ``log(values, step)``, ``log_files(charts, weights)`` and
-    ``close(status)`` (status: "finished", "interrupted" or "failed").
+    ``close(status)`` (status: "finished", "interrupted" or "failed"), and may implement ``open()`` (reach
+    the store, no run yet), ``where()`` (the URI or folder it writes to) and ``advice(exc)`` (what to
+    install or set when starting failed). An exception that ends a run on purpose (a sweep's pruned
+    trial) may carry ``run_status = "interrupted"``: the run is then closed as interrupted, not failed.
     """
 
     name = "tracker"
@@ -135,7 +166,26 @@ class Tracker(Callback):
 
     def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None:
         self.run_dir = Path(run_dir)
-        self.start(config)
+        self.guarded(self.start, config)
+
+    def guarded(self, action: Any, *args: Any) -> None:
+        """``action(*args)``; any failure as one :class:`TrackerError` line naming ``where()`` and ``advice()``."""
+        try:
+            action(*args)
+        except TrackerError:
+            raise
+        except Exception as exc:                   # an ImportError here is a part the store needs (SQLAlchemy, ...)
+            raise TrackerError(f"--tracker {self.name} could not start a run at {self.where()} ({one_line(exc)}); "
+                               f"{self.advice(exc)}") from exc
+
+    def open(self) -> None:
+        """Reaches the store (no run yet); errors as :meth:`start`'s."""
+
+    def where(self) -> str:
+        return str(self.run_dir)
+
+    def advice(self, exc: Exception) -> str:
+        return "check that this folder can be written"
 
     def _safely(self, what: str, action: Any, *args: Any) -> None:
         """A tracker that fails mid-run (a server gone, a full disk) is warned about once and left
@@ -164,6 +214,8 @@ class Tracker(Callback):
         self.exported, self.status = Path(weights), "finished"
 
     def on_train_end(self) -> None:
+        if self.exported is None and self.status == "failed":   # called while the exception that ended the run
+            self.status = getattr(sys.exc_info()[1], "run_status", "failed")   # propagates
         if self.exported is not None:
             charts = sorted(p for p in [*self.run_dir.glob("*.png"), *self.run_dir.glob("*.jpg")] if p.is_file())
             weights = [p for p in (self.run_dir / "weights" / "best.pt", self.exported) if p.is_file()]
@@ -196,14 +248,18 @@ class WandbTracker(Tracker):
     def start(self, config: dict[str, Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         run_id = self.saved_id()
-        try:
-            self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "yolokit"), name=self.run_dir.name,
-                                       dir=str(self.run_dir), config=config, id=run_id,
-                                       resume="allow" if run_id else None)
-        except Exception as exc:
-            raise TrackerError(f"--tracker wandb could not start a run ({exc}); to log to files only, without "
-                               "an account, set WANDB_MODE=offline") from exc
+        self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "yolokit"), name=self.run_dir.name,
+                                   dir=str(self.run_dir), config=config, id=run_id, resume="allow" if run_id else None)
         self.save_id(self.run.id)
+
+    def where(self) -> str:
+        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled"):
+            return f"{self.run_dir / 'wandb'} (WANDB_MODE={os.environ['WANDB_MODE']})"
+        return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+
+    def advice(self, exc: Exception) -> str:
+        return ("log in with `wandb login` or set WANDB_API_KEY (WANDB_BASE_URL for a W&B server of your own); "
+                "to log to files only, without an account, set WANDB_MODE=offline")
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
@@ -223,54 +279,6 @@ class WandbTracker(Tracker):
             self.run = None
 
 
-class MLflowTracker(Tracker):
-    """MLflow: config as parameters, step and epoch metrics, charts and weights as artifacts."""
-
-    name = "mlflow"
-
-    def __init__(self, run_dir: Path):
-        super().__init__(run_dir)
-        self.mlflow, self.client, self.run_id = _require("mlflow"), None, None
-
-    def start(self, config: dict[str, Any]) -> None:
-        from mlflow.entities import Metric, Param
-
-        self.metric = Metric
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:                                  # the default: a file store next to the runs
-            uri = (self.run_dir.parent.resolve() / "mlruns").as_uri()
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = self.mlflow.MlflowClient(uri)
-        self.run_id = self.saved_id()
-        if self.run_id is None:
-            name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "yolokit")
-            experiment = self.client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-            self.run_id = self.client.create_run(experiment_id, run_name=self.run_dir.name).info.run_id
-            self.save_id(self.run_id)
-            params = [Param(k, str(v)) for k, v in flat_config(config).items()]
-            for i in range(0, len(params), 100):     # MLflow takes at most 100 parameters per call
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
-        else:
-            self.client.update_run(self.run_id, status="RUNNING")
-
-    def log(self, values: dict[str, float], step: int) -> None:
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[self.metric(k, v, now, step) for k, v in values.items()])
-
-    def log_files(self, charts: list[Path], weights: list[Path]) -> None:
-        for path in charts:
-            self.client.log_artifact(self.run_id, str(path), artifact_path="charts")
-        for path in weights:
-            self.client.log_artifact(self.run_id, str(path), artifact_path="weights")
-
-    def close(self, status: str) -> None:
-        if self.client is not None and self.run_id is not None:
-            self.client.set_terminated(self.run_id, {"finished": "FINISHED", "interrupted": "KILLED"}.get(
-                status, "FAILED"))
-            self.client = None
-
-
 class TensorBoardTracker(Tracker):
     """TensorBoard: config as text, step and epoch scalars, charts as images (weights stay in the run folder)."""
 
@@ -280,6 +288,9 @@ class TensorBoardTracker(Tracker):
         super().__init__(run_dir)
         _require("tensorboard")
         self.writer = None
+
+    def where(self) -> str:
+        return str(self.run_dir / "tensorboard")
 
     def start(self, config: dict[str, Any]) -> None:
         import yaml
@@ -313,7 +324,13 @@ class CSVTracker(Tracker):
 
     name = "csv"
 
+    def where(self) -> str:
+        return str(self.run_dir / "steps.csv")
+
     def start(self, config: dict[str, Any]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.run_dir, os.W_OK):      # fail here, at the start, not at the first step
+            raise PermissionError(f"{self.run_dir} cannot be written")
         self.steps = CSVLogger(self.run_dir / "steps.csv")
 
     def on_epoch_end(self, row: dict[str, float]) -> None:
