@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from _torchrun_env import subprocess_env
 
-from yolokit.accel.launch import free_port
+from yolokit.accel.launcher import free_port
 from yolokit.data import make_shapes
 from yolokit.train.trackers import TrackerError, build_trackers
 

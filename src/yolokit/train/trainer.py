@@ -251,7 +251,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     Under torchrun every process calls this and trains as one rank of the group (the world
     comes from the environment). Otherwise ``config.devices`` > 1 starts that many local
-    processes (:func:`yolokit.accel.launch`).
+    processes (:func:`yolokit.accel.launcher.launch`).
     """
     if config.devices > 1 and distributed.world_size() == 1:
         from yolokit.accel.launcher import launch

@@ -13,7 +13,7 @@ share: a journal file (the default, ``<out>/study.journal``; on a shared filesys
 several machines) or any SQL database (``postgresql://``, ``mysql://``, ``sqlite:///``). A
 worker joins with the storage and the study's name; it reads the space and the base config
 from the study. Trials then run at once in several processes on one machine (``parallel``,
-started by :func:`yolokit.accel.launch.launch`: Ctrl-C reaches each once; with several GPUs
+started by :func:`yolokit.accel.launcher.launch`: Ctrl-C reaches each once; with several GPUs
 and ``device`` auto, process i trains on GPU i mod their number) and on other machines
 running the same command.
 
@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolokit.accel.launch import launch
+from yolokit.accel import TrainingDiverged
+from yolokit.accel.launcher import launch
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.train.callbacks import Callback
 from yolokit.train.config import TrainConfig
@@ -58,7 +59,7 @@ from yolokit.train.study import (
     trial_of,
 )
 from yolokit.train.trackers import TrackerError, check_trackers, one_line
-from yolokit.train.trainer import Trainer, TrainingDiverged
+from yolokit.train.trainer import Trainer
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 MENDABLE = (FileNotFoundError, ValueError, ImportError, TrackerError)   # bad input: one line, not a traceback
