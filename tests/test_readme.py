@@ -13,7 +13,7 @@ placeholder paths name, so the README needs no edits to run:
 Runs are shortened by the substitutions in ``SHORTER`` (documented in the README), which
 change sizes, never what a block does: every epoch count becomes 1 (2 where a resume must
 add one), ``imgsz`` 64, ``devices`` 2 (without loader workers), a batch of 64 becomes 8,
-``save_period_iters`` 2.
+``save_period_iters`` 2, every ``trials`` count 2.
 
 The scripts in examples/ run in tests/test_examples.py; a test here checks that each has one.
 """
@@ -47,6 +47,7 @@ SHORTER = [  # (pattern, replacement), applied in order to every block
     (r"devices=\d+", "devices=2, workers=0"),   # loader workers in each of 2 processes: only slower here
     (r"batch=64", "batch=8"),
     (r"save_period_iters=\d+", "save_period_iters=2"),
+    (r"trials=\d+", "trials=2"),
 ]
 
 
