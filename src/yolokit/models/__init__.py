@@ -1,6 +1,9 @@
-"""Networks: layers, backbones, necks, heads, the Detector and the model zoo."""
+"""Networks: layers, backbones, necks, heads, the Detector, model YAMLs and the model zoo."""
 
 from yolokit.models.detector import Detector, ModelSummary, prefers_channels_last
+from yolokit.models.graph import LayerGraph
+from yolokit.models.spec_config import SpecConfig, SpecError, packaged_yamls
+from yolokit.models.spec_table import ModuleRule, register_module, registered_modules, unregister_module
 from yolokit.models.zoo import (
     MODELS,
     YOLOv3Config,
@@ -14,12 +17,20 @@ from yolokit.models.zoo import (
 __all__ = [
     "MODELS",
     "Detector",
+    "LayerGraph",
     "ModelSummary",
+    "ModuleRule",
+    "SpecConfig",
+    "SpecError",
     "YOLOv3Config",
     "YOLOv8Config",
     "build_model",
     "config_from_dict",
     "create_model",
     "list_models",
+    "packaged_yamls",
     "prefers_channels_last",
+    "register_module",
+    "registered_modules",
+    "unregister_module",
 ]
