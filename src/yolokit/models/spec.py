@@ -126,13 +126,16 @@ def _meta_run(layer: nn.Module, x: Tensor | list[Tensor]) -> Any:
         layer.train(training)
 
 
-def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, source: str | None = None) -> Detector:
+def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, source: str | None = None,
+                     weights: bool = True) -> Detector:
     """The Detector a ``SpecConfig`` describes, freshly initialised (layers built in row order).
 
     Args:
         config: the model file's content, scale and class count.
         modules: blocks for this build only (``{"MyBlock": MyBlock}``), besides the registered ones.
         source: how errors name the file (default: the config's name).
+        weights: read the weights files rows name (a timm backbone's); False rebuilds the
+            architecture only (a checkpoint then supplies every tensor).
 
     Raises:
         SpecError: an unknown module, a ``from`` that is not an earlier row, arguments the block
@@ -162,6 +165,8 @@ def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, sour
         light = light or rule.light_head
         x = _gather(outputs, row.sources)
         args = [symbols.get(a, a) if isinstance(a, str) else a for a in row.args]
+        if not weights and rule.weights_at is not None and len(args) > rule.weights_at:
+            args[rule.weights_at] = None
         layer = _make_layer(rule, row, args, _channels_of(x), (depth, width, max_channels), config.scale)
         try:
             y = _meta_run(layer, x)

@@ -62,6 +62,9 @@ class ModuleRule:
         adjust: ``adjust(constructor args, scale)`` -> the args to use (YOLO11's C3k2 switches its
             ``c3k`` on at scales m, l and x).
         light_head: a model that uses this block gets YOLO11's lighter class branch in its Detect head.
+        weights_at: position in the row's args of a weights file (a timm backbone's): read when a model
+            is created, left out when ``build_model`` rebuilds one from a stored config (whose
+            checkpoint holds the weights).
     """
 
     make: Callable[..., nn.Module]
@@ -69,6 +72,7 @@ class ModuleRule:
     repeats: str = "stack"
     adjust: Callable[[list[Any], str | None], list[Any]] | None = None
     light_head: bool = False
+    weights_at: int | None = None
 
     def __post_init__(self) -> None:
         if self.args not in ARG_FORMS:
@@ -175,7 +179,7 @@ BUILTIN: dict[str, ModuleRule] = {
     "DarknetResidual": ModuleRule(DarknetResidual, args="input"),
     "DarknetSPP": ModuleRule(lambda kernels=(5, 9, 13): DarknetSPP(tuple(kernels)), args="plain"),
     "MaxPoolSame": ModuleRule(MaxPoolSame, args="plain"),
-    "TimmBackbone": ModuleRule(_timm, args="plain"),
+    "TimmBackbone": ModuleRule(_timm, args="plain", weights_at=2),
 }
 # The last row's module: the detection head (built by models.spec from the maps it reads).
 HEADS = ("Detect", "AnchorDetect")

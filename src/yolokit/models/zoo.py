@@ -253,10 +253,15 @@ def family_of(config: Any) -> Family:
 
 
 def build_model(config: YOLOv8Config | YOLOv3Config | SpecConfig) -> Detector:
-    """A ``Detector`` built from a config (a model YAML's rebuilds from the file content it holds;
-    blocks of the user's it names must be registered with ``register_module``)."""
+    """A ``Detector`` built from a config, freshly initialised.
+
+    A model YAML's config rebuilds from the file content it holds: blocks of the user's it names
+    must be registered (``register_module``), and weights files its rows name (a timm backbone's)
+    are not read: the checkpoint that stored the config supplies the weights. ``create_model``
+    reads them.
+    """
     if isinstance(config, SpecConfig):
-        return build_spec_model(config)
+        return build_spec_model(config, weights=False)
     if not hasattr(config, "family"):
         raise TypeError(f"expected a model config ({', '.join(f.config.__name__ for f in FAMILIES.values())}), "
                         f"got {type(config).__name__}")
