@@ -62,8 +62,10 @@ class TimmBackbone(nn.Module):
         options: dict[str, Any] = {"features_only": True, "out_indices": tuple(int(i) for i in out_indices)}
         if weights is not None:
             # timm loads a given state dict before it wraps the model as a feature extractor (it knows
-            # the renames); "source" cleared so that no hub lookup can take precedence
+            # the renames); "source" cleared so that no hub lookup can take precedence. It loads a
+            # feature extractor's weights non-strictly, so the names and shapes are checked first.
             state = read_weights(weights)
+            check_weights(model_name, state, source=str(weights))
             options.update(pretrained=True, pretrained_cfg_overlay={"state_dict": state, "source": "", "file": None,
                                                                     "url": "", "hf_hub_id": None})
         else:
@@ -86,6 +88,30 @@ class TimmBackbone(nn.Module):
         """The extractor's top-level blocks that hold parameters (stem parts and stages)."""
         return [(f"model.{name}", m) for name, m in self.model.named_children()
                 if any(True for _ in m.parameters())]
+
+
+def check_weights(model_name: str, state: Mapping[str, Tensor], *, source: str) -> None:
+    """Raises ValueError naming ``source`` unless ``state`` holds every tensor of the timm model (its
+    classifier aside) with the model's shapes, and nothing else. Checked on the meta device."""
+    import timm
+
+    with torch.device("meta"):
+        model = timm.create_model(model_name, pretrained=False)
+    classifier = model.pretrained_cfg.get("classifier") or ()
+    classifier = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+
+    def head(key: str) -> bool:
+        return any(key.startswith(c + ".") for c in classifier)
+
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = [k for k in expected if k not in state and not head(k)]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [f"{k} {tuple(state[k].shape)} vs {expected[k]}" for k in expected
+             if k in state and not head(k) and tuple(state[k].shape) != expected[k]]
+    problems = [f"{label}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
+                for label, items in (("missing", missing), ("unexpected", unexpected), ("other shape", wrong)) if items]
+    if problems:
+        raise ValueError(f"{source}: not the weights of timm's {model_name} ({'; '.join(problems)})")
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, Tensor]:
