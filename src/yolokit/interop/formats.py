@@ -28,37 +28,33 @@ from pathlib import Path
 from typing import Any
 
 from yolokit.interop.darknet import load_darknet, load_darknet_model, looks_like_darknet, save_darknet
-from yolokit.interop.native import (
-    attach_names,
-    from_safetensors_file,
-    from_torch_object,
-    is_safetensors_file,
-    save_native,
-)
+from yolokit.interop.native import from_safetensors_file, from_torch_object, is_safetensors_file, save_native
 from yolokit.interop.safe_load import load_pickled
-from yolokit.interop.state import build_from_state_dict
-from yolokit.interop.ultralytics import is_ultralytics_state_dict, ultralytics_contents, ultralytics_to_yolokit
+from yolokit.interop.ultralytics import (
+    detector_from_checkpoint,
+    is_ultralytics_state_dict,
+    ultralytics_contents,
+    yolokit_state,
+)
 from yolokit.models import Detector
 
 
 def _read_safetensors(path: Path, model: str | Detector | None) -> Detector:
     """A yolokit safetensors file, or a plain state dict (yolokit or Ultralytics naming)."""
     def rename(state: dict) -> dict:
-        return ultralytics_to_yolokit(state, source=str(path)) if is_ultralytics_state_dict(state) else state
+        return yolokit_state(state, model=model, source=str(path)) if is_ultralytics_state_dict(state) else state
 
     return from_safetensors_file(path, model=model, convert=rename)
 
 
 def _read_torch(path: Path, model: str | Detector | None) -> Detector:
-    """A yolokit torch file, an Ultralytics checkpoint or a plain state dict (``weights_only`` always)."""
+    """A yolokit torch file, a yolokit training checkpoint, an Ultralytics checkpoint or a plain state
+    dict (``weights_only`` always)."""
     source = str(path)
 
     def from_ultralytics(obj: Any) -> Detector | None:
         contents = ultralytics_contents(obj)
-        if contents is None:
-            return None
-        state = ultralytics_to_yolokit(contents.state_dict, source=source)
-        return attach_names(build_from_state_dict(state, model=model, source=source), contents.class_names)
+        return None if contents is None else detector_from_checkpoint(contents, model=model, source=source)
 
     return from_torch_object(load_pickled(path), model=model, source=source, other=from_ultralytics,
                              what="a torch file, but neither a yolokit file, an Ultralytics checkpoint nor a "

@@ -145,6 +145,9 @@ def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, sour
     spec = config.spec
     if spec.get("channels", 3) != 3:
         raise SpecError(f"{source}: yolokit models take 3-channel images, the file says channels: {spec['channels']}")
+    if spec.get("activation") not in (None, "nn.SiLU()", "torch.nn.SiLU()"):
+        raise SpecError(f"{source}: activation {spec['activation']!r} is not supported (the blocks use SiLU; "
+                        "Darknet's leaky ReLU blocks are DarknetConv / DarknetResidual)")
     rows, n_backbone = parse_rows(spec, source)
     depth, width, max_channels = _multipliers(spec, config.scale, source)
     for row in rows[:-1]:
