@@ -227,8 +227,8 @@ def test_bad_argument_names_file_layer_and_module(tmp_path, row, why):
 def test_maps_that_do_not_fit_and_bad_heads_name_the_layer(tmp_path):
     spec = small_spec()
     spec["head"][1] = [[-1, 0], 1, "Concat", [1]]   # stride 4 joined with stride 2
-    _error(tmp_path, spec, r"layer 6 \(Concat\): does not run on the maps it reads \(\[shape \(1, 32, 64, 64\), "
-                           r"shape \(1, 8, 128, 128\)\]\): RuntimeError")
+    _error(tmp_path, spec, r"layer 6 \(Concat\): does not run on the maps it reads \(channels x height x width "
+                           r"for a 256 x 256 input: 32x64x64, 8x128x128\): RuntimeError")
     spec = small_spec()
     spec["head"][3] = [[7, 4], 1, "Detect", [5]]
     _error(tmp_path, spec, r"layer 8 \(Detect\): args are \[nc\] with nc the class count \(3\)")

@@ -11,8 +11,8 @@ from the file, 16 by default) or ``AnchorDetect`` (``[nc, anchors]``; an ``Ancho
 The rows before the head become two ``LayerGraph`` modules, the ``backbone`` (the file's backbone
 rows) and the ``neck`` (the head rows but the last), whose children are named by row index, so
 ``model.<i>.<...>`` state dicts of the community format map onto ``backbone.<i>`` / ``neck.<i>``.
-Each new layer is run once on the meta device (no memory, no arithmetic) on maps of a
-256 x 256 input: that gives its output channels, and the strides the head's levels have.
+Each new layer is run once on an empty batch (no arithmetic) of maps of a 256 x 256 input: that
+gives its output channels, and the strides the head's levels have.
 
 The model's config is a ``SpecConfig``: the file's content as plain data, the scale and the class
 count. ``asdict`` of it is what checkpoints store; ``build_model`` rebuilds the model from it.
@@ -37,7 +37,7 @@ from yolokit.models.heads import AnchorHead, DFLHead
 from yolokit.models.spec_config import SpecConfig, SpecError, spec_config
 from yolokit.models.spec_table import HEADS, ModuleRule, module_rule
 
-DRY_SIZE = 256   # side of the meta-device input the layers are run on while building
+DRY_SIZE = 256   # side of the (empty-batch) input the layers are run on while building
 Modules = Mapping[str, Callable[..., nn.Module] | ModuleRule]
 
 
@@ -115,15 +115,36 @@ def _multipliers(spec: Mapping[str, Any], scale: str | None, source: str) -> tup
     return float(depth), float(width), math.inf
 
 
-def _meta_run(layer: nn.Module, x: Tensor | list[Tensor]) -> Any:
-    """``layer(x)`` with every parameter and buffer swapped for a meta tensor: shapes only, no arithmetic."""
-    state = {name: t.to("meta") for name, t in chain(layer.named_parameters(), layer.named_buffers())}
+def _dry_run(layer: nn.Module, x: Tensor | list[Tensor]) -> Any:
+    """``layer(x)`` on maps with an empty batch: output shapes without arithmetic.
+
+    Parameters that are not on the CPU (a model built on the meta device or a GPU) are stood in
+    for by uninitialised CPU tensors. A layer that rejects an empty batch runs once on a batch of
+    one (zeros) instead. (The meta device would do too, but its kernels take seconds to load.)
+    """
+    tensors = dict(chain(layer.named_parameters(), layer.named_buffers()))
+    on_cpu = all(t.device.type == "cpu" for t in tensors.values())
+    stand_ins = tensors if on_cpu else {n: t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype,
+                                                                                         device="cpu")
+                                        for n, t in tensors.items()}
     training = layer.training
     layer.eval()
     try:
-        return functional_call(layer, state, (x,))
+        with torch.no_grad():
+            try:
+                return layer(x) if on_cpu else functional_call(layer, stand_ins, (x,))
+            except Exception:  # noqa: BLE001 - an op without empty-batch support: one image of zeros
+                one = _batch(x, 1)
+                return _batch(layer(one) if on_cpu else functional_call(layer, stand_ins, (one,)), 0)
     finally:
         layer.train(training)
+
+
+def _batch(x: Any, n: int) -> Any:
+    """Zero tensors of the shapes of ``x`` (a tensor or a list of them) with batch ``n``."""
+    if isinstance(x, Tensor):
+        return torch.zeros((n, *x.shape[1:]), dtype=x.dtype, device="cpu")
+    return [_batch(t, n) for t in x] if isinstance(x, (list, tuple)) else x
 
 
 def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, source: str | None = None,
@@ -157,7 +178,7 @@ def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, sour
     if head_row.module not in HEADS:
         raise SpecError(f"{head_row.where}: the last row must be a detection head ({', '.join(HEADS)})")
     symbols = {"nc": config.num_classes, "None": None, "anchors": spec.get("anchors")}
-    outputs: dict[int, Any] = {-1: torch.empty(1, 3, DRY_SIZE, DRY_SIZE, device="meta")}
+    outputs: dict[int, Any] = {-1: torch.empty(0, 3, DRY_SIZE, DRY_SIZE, device="cpu")}   # an empty batch: shapes only
     layers: list[tuple[int, nn.Module]] = []
     light = False
     for row in rows[:-1]:
@@ -172,10 +193,10 @@ def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, sour
             args[rule.weights_at] = None
         layer = _make_layer(rule, row, args, _channels_of(x), (depth, width, max_channels), config.scale)
         try:
-            y = _meta_run(layer, x)
+            y = _dry_run(layer, x)
         except Exception as exc:  # noqa: BLE001 - whatever the block raises, say which row it is
-            raise SpecError(f"{row.where}: does not run on the maps it reads ({_describe(x)}): "
-                            f"{type(exc).__name__}: {exc}") from exc
+            raise SpecError(f"{row.where}: does not run on the maps it reads (channels x height x width for a "
+                            f"{DRY_SIZE} x {DRY_SIZE} input: {_describe(x)}): {type(exc).__name__}: {exc}") from exc
         if not isinstance(y, Tensor) and not (isinstance(y, (list, tuple)) and all(isinstance(t, Tensor) for t in y)):
             raise SpecError(f"{row.where}: returned {type(y).__name__}, not a tensor or a list of tensors")
         outputs[row.index] = y
@@ -195,7 +216,8 @@ def _channels_of(x: Any) -> int | list[Any]:
 
 
 def _describe(x: Any) -> str:
-    return f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else "[" + ", ".join(_describe(t) for t in x) + "]"
+    """Channels x height x width of the maps a layer reads (of the 256 x 256 dry input)."""
+    return "x".join(str(v) for v in x.shape[1:]) if isinstance(x, Tensor) else ", ".join(_describe(t) for t in x)
 
 
 def _stride(x: Tensor) -> int | float:

@@ -76,9 +76,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def find_yaml(name: str | Path) -> Path:
     """The file a model YAML name means: the path itself, else yolokit's packaged file of that name,
     else the same without the scale letter (``yolo11s.yaml`` -> ``yolo11.yaml``, ``yolov8n-p2.yaml`` ->
-    ``yolov8-p2.yaml``), next to the path or packaged."""
+    ``yolov8-p2.yaml``), next to the path or packaged. YOLOv5's "u" (its anchor-free form, the only
+    one yolokit ships) may follow the letter: ``yolov5nu.yaml`` is ``yolov5.yaml`` at scale n."""
     path = Path(name)
-    unified = path.with_name(re.sub(r"(\d+)([nslmx])(.+)?$", r"\1\3", path.stem) + path.suffix)
+    stem = re.sub(r"^(yolov5[nslmx]?)u$", r"\1", path.stem)
+    unified = path.with_name(re.sub(r"(\d+)([nslmx])(.+)?$", r"\1\3", stem) + path.suffix)
     for candidate in (path, CFG / path.name, unified, CFG / unified.name):
         if candidate.is_file():
             return candidate

@@ -13,8 +13,8 @@ Every row is ``[from, repeats, module, args]``. How ``args`` reach the construct
 ``repeats`` (scaled by the model's depth when above 1) either stacks that many copies in an
 ``nn.Sequential`` (``"stack"``) or goes to the block as its repeat count right after the channel
 arguments (``"inside"``: ``block(c_in, c_out, n, *rest)``). A row that reads several maps gets
-``c_in`` as a list. Output channels are never declared: the builder runs each new layer on the meta
-device and reads them off its output.
+``c_in`` as a list. Output channels are never declared: the builder runs each new layer on an empty
+batch and reads them off its output.
 
 Users add their own blocks with ``register_module`` (an explicit call) or pass them to one build as
 ``create_model(..., modules={"MyBlock": MyBlock})``. Nothing in a YAML is evaluated: a module name is
@@ -200,7 +200,7 @@ def register_module(name: str, cls: Callable[..., nn.Module], *, args: str = "ch
         repeats: "stack" (``repeats`` copies in an ``nn.Sequential``) or "inside" (passed as the
             argument right after the channels: ``cls(c_in, c_out, n, *rest)``).
 
-    The block's output channels are read off its output (the builder runs it on the meta device).
+    The block's output channels are read off its output (the builder runs it on an empty batch).
     Registering the same class again is a no-op; another class under a taken name is an error
     (``unregister_module`` first).
 
