@@ -40,7 +40,8 @@ def test_their_files_build_the_same_tensors_and_maps(arch, scale):
     with torch.device("meta"):
         ours = yolokit.create_model(path, scale=scale)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
-    assert [tuple(v.shape) for v in ours.state_dict().values()] == [tuple(v.shape) for v in theirs.state_dict().values()]
+    shapes = [tuple(v.shape) for v in ours.state_dict().values()]
+    assert shapes == [tuple(v.shape) for v in theirs.state_dict().values()]
     assert list(to_spec_names(theirs.state_dict(), model=ours)) == list(ours.state_dict())
     assert ours.strides == tuple(int(s) for s in theirs.stride)
 
