@@ -4,6 +4,7 @@ from yolokit.models.detector import Detector, ModelSummary, prefers_channels_las
 from yolokit.models.graph import LayerGraph
 from yolokit.models.spec_config import SpecConfig, SpecError, packaged_yamls
 from yolokit.models.spec_table import ModuleRule, register_module, registered_modules, unregister_module
+from yolokit.models.timm_backbone import TimmBackbone  # timm itself is imported when one is built
 from yolokit.models.zoo import (
     MODELS,
     YOLOv3Config,
@@ -22,6 +23,7 @@ __all__ = [
     "ModuleRule",
     "SpecConfig",
     "SpecError",
+    "TimmBackbone",
     "YOLOv3Config",
     "YOLOv8Config",
     "build_model",
