@@ -8,7 +8,8 @@ format         recognised by                        reader
 =============  ===================================  ====================================
 safetensors    u64 header length, then ``{``         yolokit file (config in metadata)
                                                      or a plain state dict (either naming)
-torch          zip archive or a pickle               yolokit dict, Ultralytics checkpoint
+torch          zip archive or a pickle               yolokit dict, yolokit training
+                                                     checkpoint, Ultralytics checkpoint
                                                      or plain state dict; always
                                                      ``weights_only=True``
 darknet        a Darknet header (small version,      variant and class count from the
@@ -128,9 +129,11 @@ def _format_of(path: Path) -> Format:
 def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
     """A ready Detector (eval mode) from any weights file yolokit reads.
 
-    yolokit files (safetensors or torch) rebuild their stored config; Ultralytics YOLOv8
-    checkpoints and plain state dicts give their variant and class count through their
-    tensor shapes; Darknet ``.weights`` give their variant and class count through their
+    yolokit files and training checkpoints (safetensors or torch) rebuild their stored config
+    (a model YAML's config holds the file's content); Ultralytics YOLOv8 checkpoints and plain
+    state dicts give their variant and class count through their tensor shapes, other
+    Ultralytics architectures (YOLO11, P2/P6, YOLOv5u, ...) are built from the model file
+    their checkpoint carries; Darknet ``.weights`` give their variant and class count through their
     size (name the variant when several fit). Stored class names are attached as
     ``model.names``. Nothing in a file is ever run: pickles go through
     ``torch.load(weights_only=True)`` with inert stand-ins for Ultralytics' classes.
@@ -138,7 +141,8 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
     Args:
         path: the file.
         model: None, a variant name (checked, or used to pick the variant), or a
-            Detector to load the weights into.
+            Detector to load the weights into (a model YAML's Detector takes a state dict in
+            Ultralytics' naming of that architecture).
 
     Raises:
         UnsafeFileError: a pickle that refers to functions or classes outside the allowlist.
