@@ -85,6 +85,7 @@ def test_scale_letter_in_the_name_picks_the_packaged_file_and_scale():
     p2 = meta_model("yolov8n-p2.yaml")
     assert (p2.name, p2.config.scale, p2.strides) == ("yolov8n-p2", "n", (4, 8, 16, 32))
     assert meta_model("yolov8-p2.yaml", scale="m").name == "yolov8m-p2"
+    assert meta_model("yolo11s.yaml", scale="x").name == "yolo11x"   # the argument wins over the name
     assert meta_model("yolov3-tiny.yaml").config.scale is None
     with pytest.raises(FileNotFoundError, match="yolo12s.yaml: no such model file.*yolo11.yaml"):
         yolokit.create_model("yolo12s.yaml")

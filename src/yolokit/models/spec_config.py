@@ -108,7 +108,7 @@ def spec_config(source: str | Path | Mapping[str, Any], *, scale: str | None = N
         raise SpecError(f"{origin}: 'scales' must map a letter to [depth, width, max_channels]")
     if scales:
         named = guessed.group(1) if guessed and guessed.group(1) in scales else None
-        own = spec.get("scale") if spec.get("scale") in scales else None
+        own = spec.get("scale") if isinstance(spec.get("scale"), str) and spec["scale"] in scales else None
         chosen = scale or named or own
         if chosen is None:
             chosen = next(iter(scales))
@@ -122,8 +122,11 @@ def spec_config(source: str | Path | Mapping[str, Any], *, scale: str | None = N
     classes = num_classes if num_classes is not None else spec.get("nc", 80)
     if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
         raise SpecError(f"{origin}: the class count must be an integer >= 1, got {classes!r}")
-    if name is None:
-        name = stem if guessed and guessed.group(1) == chosen else _scaled_name(stem, chosen)
+    if name is None and guessed and guessed.group(1) == chosen:
+        name = stem
+    elif name is None:   # the letter in the name, if any, replaced by the scale used
+        base = stem[:guessed.start(1)] + stem[guessed.end(1):] if guessed else stem
+        name = _scaled_name(base, chosen)
     return SpecConfig(name, spec, chosen, classes)
 
 
