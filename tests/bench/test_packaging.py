@@ -59,3 +59,4 @@ def test_a_wheel_of_the_project_holds_only_the_package(tmp_path):
     tops = {name.split("/")[0] for name in names}
     assert tops == {"yolokit", wheel.name.split("-py")[0] + ".dist-info"}, tops
     assert "yolokit/cli.py" in names and not any(n.startswith("yolokit/bench/") for n in names)
+    assert {"yolokit/models/cfg/yolo11.yaml", "yolokit/models/cfg/yolov8.yaml"} <= set(names)  # model YAMLs ship

@@ -220,11 +220,72 @@ def write_their_checkpoint(path, variant: str = "yolov8n", nc: int = 80, *, trai
     return model
 
 
+# yolokit block -> the module of Ultralytics' class of that name (their layers of YOLO11, P2/P6, YOLOv5u)
+THEIR_HOMES = {"Conv": "conv", "DWConv": "conv", "Concat": "conv", "Bottleneck": "block", "C2f": "block",
+               "C2": "block", "C3": "block", "C3k": "block", "C3k2": "block", "C2PSA": "block", "PSABlock": "block",
+               "Attention": "block", "SPPF": "block", "SPP": "block", "DFL": "block"}
+
+
+def write_their_spec_checkpoint(path, model, architecture, *, training=False, names=None):
+    """Pickles a yolokit model built from a model YAML as their trainer pickles a DetectionModel.
+
+    Each layer becomes an instance of a class named as theirs (in stand-in modules registered only
+    while the file is written), the rows a ``Sequential`` under ``model``, the head a ``Detect``
+    whose branches are ``cv2`` / ``cv3`` / ``dfl``, and ``architecture`` (plain data) its ``yaml``
+    attribute. Stored float16 under "model" (finished run) or "ema" (training). Returns the float32
+    values the file holds, by yolokit name.
+    """
+    import copy
+
+    if any(name in sys.modules for name in MODULES):
+        pytest.skip("a real ultralytics is imported in this process")
+    fakes = {}
+
+    def fake(name, module):
+        if name not in fakes:
+            fakes[name] = type(name, (nn.Module,), {"__module__": module, "__qualname__": name})
+        return fakes[name]
+
+    def convert(module):
+        kind = type(module).__name__
+        if kind in THEIR_HOMES:
+            cls = fake(kind, f"ultralytics.nn.modules.{THEIR_HOMES[kind]}")
+        elif type(module).__module__.startswith("torch.nn"):
+            cls = type(module)
+        else:
+            raise TypeError(f"no Ultralytics class for {kind}")
+        new = cls.__new__(cls)
+        new.__dict__.update(module.__dict__)
+        new.__dict__["_modules"] = {k: convert(v) for k, v in module._modules.items()}
+        return new
+
+    source = copy.deepcopy(model).half().float().eval()   # the values a float16 file holds
+    detect = fake("Detect", "ultralytics.nn.modules.head")()
+    detect.cv2, detect.cv3, detect.dfl = convert(source.head.box), convert(source.head.cls), convert(source.head.dfl)
+    detect.nc, detect.reg_max, detect.stride = source.num_classes, source.head.reg_max, torch.tensor(
+        [float(s) for s in source.strides])
+    rows = [source.backbone.get_submodule(str(i)) for i in source.backbone.rows]
+    rows += [source.neck.get_submodule(str(i)) for i in source.neck.rows]
+    theirs = fake("DetectionModel", "ultralytics.nn.tasks")()
+    theirs.model = nn.Sequential(*(convert(m) for m in rows), detect)
+    theirs.yaml, theirs.stride = dict(architecture), detect.stride
+    theirs.names = names or {i: f"class{i}" for i in range(source.num_classes)}
+    half = theirs.half()
+    ckpt = {"date": "2025-01-01T00:00:00", "version": "8.4.190", "train_args": {}, "epoch": -1,
+            "model": None if training else half, "ema": half if training else None, "optimizer": None}
+    with fake_ultralytics():
+        for cls in fakes.values():
+            setattr(sys.modules[cls.__module__], cls.__name__, cls)
+        torch.save(ckpt, path)
+    return source.state_dict()
+
+
 @pytest.fixture(scope="session")
 def their():
-    """The stand-in toolkit: ``their.model(...)``, ``their.write(path, ...)``, ``their.fake()``."""
+    """The stand-in toolkit: ``their.model(...)``, ``their.write(path, ...)``, ``their.fake()``,
+    ``their.write_spec(path, model, architecture)``."""
     return types.SimpleNamespace(model=their_model, write=write_their_checkpoint, fake=fake_ultralytics,
-                                 randomize=_randomize)
+                                 randomize=_randomize, write_spec=write_their_spec_checkpoint)
 
 
 @pytest.fixture

@@ -58,3 +58,28 @@ def test_raw_maps_equal_theirs_for_both_checkpoint_kinds(tmp_path, variant, num_
         print(f"{variant} {path.name}: max abs diff of raw maps {diff:.3g}, of decoded boxes {box_diff:.3g} px")
         assert diff < 1e-4
         assert box_diff < 1e-3
+
+
+@pytest.mark.parametrize("name,num_classes", [("yolo11n", 80), ("yolo11s", 3), ("yolov8n-p2", 3), ("yolov8n-p6", 3),
+                                              ("yolov5nu", 3), ("yolov3-tinyu", 3)])
+def test_other_architectures_equal_theirs_for_both_checkpoint_kinds(tmp_path, name, num_classes, their):
+    """Every architecture besides YOLOv8 is rebuilt from the model file their checkpoint carries."""
+    from ultralytics.nn.tasks import load_checkpoint
+    from ultralytics.utils.torch_utils import strip_optimizer
+
+    model = _their_model(name, num_classes, their.randomize)
+    training, finished = tmp_path / "last.pt", tmp_path / "best.pt"
+    _save_like_their_trainer(model, training)
+    strip_optimizer(training, finished)
+    x = torch.rand(2, 3, 128, 192)   # multiples of 64 (P6)
+    for path in (training, finished):
+        theirs = load_checkpoint(str(path))[0].float().eval()
+        ours = yolokit.load(path)
+        with torch.no_grad():
+            _, raw = theirs(x)
+            maps = ours(x)
+        flat = torch.cat([m.flatten(2) for m in maps], dim=2)
+        diff = max((flat[:, :64] - raw["boxes"]).abs().max().item(), (flat[:, 64:] - raw["scores"]).abs().max().item())
+        print(f"{name} {path.name}: max abs diff of raw maps {diff:.3g}")
+        assert ours.name == name and ours.num_classes == num_classes and ours.config.family == "spec"
+        assert diff < 1e-4

@@ -8,7 +8,7 @@ from torch import nn
 
 import yolokit
 from yolokit.interop.darknet import darknet_order
-from yolokit.models.layers import SPP, SPPF, C2f, Conv, DarknetResidual, MaxPoolSame
+from yolokit.models.layers import SPPF, C2f, Conv, DarknetResidual, DarknetSPP, MaxPoolSame
 
 DARKNET_CONVS = json.loads((Path(__file__).parent / "fixtures" / "darknet_convs.json").read_text())
 
@@ -25,7 +25,7 @@ def test_maxpool_same_takes_max_over_valid_window_like_darknet():
 
 def test_spp_concatenates_in_darknet_route_order():
     x = torch.randn(1, 2, 13, 13)
-    out = SPP((5, 9, 13))(x)
+    out = DarknetSPP((5, 9, 13))(x)
     assert out.shape == (1, 8, 13, 13)
     torch.testing.assert_close(out[:, 0:2], F.max_pool2d(x, 13, 1, 6))
     torch.testing.assert_close(out[:, 2:4], F.max_pool2d(x, 9, 1, 4))

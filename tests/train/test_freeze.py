@@ -34,6 +34,21 @@ def test_freeze_n_counts_layers_as_ultralytics_does():
     assert len(layer_names(yolokit.create_model("yolov3-tiny"))) > 5
 
 
+def test_freeze_n_freezes_the_first_n_rows_of_a_model_yaml():
+    """Ultralytics' freeze=N freezes model.0 .. model.N-1, rows without parameters included."""
+    model = yolokit.create_model("yolo11n.yaml", num_classes=3)
+    layers = layer_names(model)
+    assert layers == [f"backbone.{i}" for i in range(11)] + [f"neck.{i}" for i in range(11, 23)] + ["head"]
+    frozen = freeze_prefixes(model, 13)     # the backbone, the Upsample (11), the Concat (12)
+    assert frozen[-2:] == ["neck.11", "neck.12"]
+    freeze(model, frozen)
+    assert all(not p.requires_grad for n, p in model.named_parameters() if n.startswith("backbone."))
+    assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith("neck."))
+    with torch.device("meta"):
+        stacked = layer_names(yolokit.create_model("yolov3.yaml"))   # row 6 stacks 8 residual blocks: one layer
+    assert stacked[6:8] == ["backbone.6", "backbone.7"] and len(stacked) == 36
+
+
 def test_config_reads_freeze_from_flags_and_yaml():
     assert TrainConfig(freeze="10").freeze == 10                       # the CLI gives a string
     assert TrainConfig(freeze=["backbone", "neck.down3"]).freeze == "backbone,neck.down3"   # a YAML list

@@ -8,7 +8,8 @@ format         recognised by                        reader
 =============  ===================================  ====================================
 safetensors    u64 header length, then ``{``         yolokit file (config in metadata)
                                                      or a plain state dict (either naming)
-torch          zip archive or a pickle               yolokit dict, Ultralytics checkpoint
+torch          zip archive or a pickle               yolokit dict, yolokit training
+                                                     checkpoint, Ultralytics checkpoint
                                                      or plain state dict; always
                                                      ``weights_only=True``
 darknet        a Darknet header (small version,      variant and class count from the
@@ -28,37 +29,33 @@ from pathlib import Path
 from typing import Any
 
 from yolokit.interop.darknet import load_darknet, load_darknet_model, looks_like_darknet, save_darknet
-from yolokit.interop.native import (
-    attach_names,
-    from_safetensors_file,
-    from_torch_object,
-    is_safetensors_file,
-    save_native,
-)
+from yolokit.interop.native import from_safetensors_file, from_torch_object, is_safetensors_file, save_native
 from yolokit.interop.safe_load import load_pickled
-from yolokit.interop.state import build_from_state_dict
-from yolokit.interop.ultralytics import is_ultralytics_state_dict, ultralytics_contents, ultralytics_to_yolokit
+from yolokit.interop.ultralytics import (
+    detector_from_checkpoint,
+    is_ultralytics_state_dict,
+    ultralytics_contents,
+    yolokit_state,
+)
 from yolokit.models import Detector
 
 
 def _read_safetensors(path: Path, model: str | Detector | None) -> Detector:
     """A yolokit safetensors file, or a plain state dict (yolokit or Ultralytics naming)."""
     def rename(state: dict) -> dict:
-        return ultralytics_to_yolokit(state, source=str(path)) if is_ultralytics_state_dict(state) else state
+        return yolokit_state(state, model=model, source=str(path)) if is_ultralytics_state_dict(state) else state
 
     return from_safetensors_file(path, model=model, convert=rename)
 
 
 def _read_torch(path: Path, model: str | Detector | None) -> Detector:
-    """A yolokit torch file, an Ultralytics checkpoint or a plain state dict (``weights_only`` always)."""
+    """A yolokit torch file, a yolokit training checkpoint, an Ultralytics checkpoint or a plain state
+    dict (``weights_only`` always)."""
     source = str(path)
 
     def from_ultralytics(obj: Any) -> Detector | None:
         contents = ultralytics_contents(obj)
-        if contents is None:
-            return None
-        state = ultralytics_to_yolokit(contents.state_dict, source=source)
-        return attach_names(build_from_state_dict(state, model=model, source=source), contents.class_names)
+        return None if contents is None else detector_from_checkpoint(contents, model=model, source=source)
 
     return from_torch_object(load_pickled(path), model=model, source=source, other=from_ultralytics,
                              what="a torch file, but neither a yolokit file, an Ultralytics checkpoint nor a "
@@ -132,9 +129,11 @@ def _format_of(path: Path) -> Format:
 def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
     """A ready Detector (eval mode) from any weights file yolokit reads.
 
-    yolokit files (safetensors or torch) rebuild their stored config; Ultralytics YOLOv8
-    checkpoints and plain state dicts give their variant and class count through their
-    tensor shapes; Darknet ``.weights`` give their variant and class count through their
+    yolokit files and training checkpoints (safetensors or torch) rebuild their stored config
+    (a model YAML's config holds the file's content); Ultralytics YOLOv8 checkpoints and plain
+    state dicts give their variant and class count through their tensor shapes, other
+    Ultralytics architectures (YOLO11, P2/P6, YOLOv5u, ...) are built from the model file
+    their checkpoint carries; Darknet ``.weights`` give their variant and class count through their
     size (name the variant when several fit). Stored class names are attached as
     ``model.names``. Nothing in a file is ever run: pickles go through
     ``torch.load(weights_only=True)`` with inert stand-ins for Ultralytics' classes.
@@ -142,7 +141,8 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
     Args:
         path: the file.
         model: None, a variant name (checked, or used to pick the variant), or a
-            Detector to load the weights into.
+            Detector to load the weights into (a model YAML's Detector takes a state dict in
+            Ultralytics' naming of that architecture).
 
     Raises:
         UnsafeFileError: a pickle that refers to functions or classes outside the allowlist.

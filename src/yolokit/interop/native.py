@@ -6,6 +6,11 @@
 - ``.pt`` / ``.pth``: ``{"format": "yolokit", "format_version": 1, "config":
   asdict(config), "state_dict": {...}}`` (plus ``"names"``), read back with
   ``torch.load(weights_only=True)``.
+- a training checkpoint (``weights/last.pt``): the model is rebuilt from its ``model_config``
+  and given the weights under ``model``.
+
+A model YAML's config holds the file's content (``models.SpecConfig``): blocks of the user's
+it names must be registered (``yolokit.models.register_module``) before such a file loads.
 
 Plain state dicts in yolokit's naming (either container) load too: the variant and
 class count are then read from the tensor shapes.
@@ -25,7 +30,7 @@ from torch import Tensor
 
 from yolokit.interop.safe_load import load_pickled
 from yolokit.interop.state import blank_model, build_from_state_dict, is_fused, load_checked
-from yolokit.models import Detector, config_from_dict
+from yolokit.models import Detector, SpecError, config_from_dict
 
 FORMAT = "yolokit"
 FORMAT_VERSION = 1
@@ -147,7 +152,11 @@ def from_contents(state: Mapping[str, Tensor], config: Mapping[str, Any] | None,
         return load_checked(model, state, source=source)
     if model is not None and model != stored.name:
         raise ValueError(f"{source}: holds a {stored.name} but model={model!r} was asked for")
-    return load_checked(blank_model(stored, fused=is_fused(state), covered=state.keys()), state, source=source)
+    try:
+        blank = blank_model(stored, fused=is_fused(state), covered=state.keys())
+    except SpecError as exc:   # a model YAML's config naming a block that is not registered, say
+        raise SpecError(f"{source}: {exc}") from exc
+    return load_checked(blank, state, source=source)
 
 
 def native_config(obj_or_metadata: Mapping[str, Any], *, source: str) -> dict[str, Any] | None:
@@ -166,6 +175,13 @@ def native_config(obj_or_metadata: Mapping[str, Any], *, source: str) -> dict[st
     if not isinstance(config, Mapping):
         raise ValueError(f"{source}: yolokit file without a model config")
     return dict(config)
+
+
+def is_training_checkpoint(obj: Any) -> bool:
+    """True for a yolokit training checkpoint (``last.pt``): the model's ``state_dict`` under "model" and
+    ``asdict(model.config)`` under "model_config"."""
+    return (isinstance(obj, Mapping) and isinstance(obj.get("model_config"), Mapping)
+            and isinstance(obj.get("model"), Mapping) and all(isinstance(v, Tensor) for v in obj["model"].values()))
 
 
 def from_native_object(obj: Mapping[str, Any], *, model: str | Detector | None, source: str) -> Detector:
@@ -207,6 +223,8 @@ def from_torch_object(obj: Any, *, model: str | Detector | None, source: str, wh
     """
     if is_native(obj):
         return from_native_object(obj, model=model, source=source)
+    if is_training_checkpoint(obj):
+        return from_contents(obj["model"], obj["model_config"], model=model, source=source)
     found = other(obj) if other is not None else None
     if found is not None:
         return found

@@ -19,32 +19,48 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# The globals Ultralytics YOLOv8 detection checkpoints pickle (ultralytics 8.x): the
-# DetectionModel object and its layers. Each becomes a StandIn; nothing of theirs runs.
+# The globals Ultralytics detection checkpoints pickle (ultralytics 8.x): the DetectionModel
+# object and the layers of YOLOv8 (P2, P6), YOLO11, YOLOv5u and YOLOv3u. Each becomes a StandIn;
+# nothing of theirs runs.
 ULTRALYTICS_GLOBALS: tuple[str, ...] = (
     "torch.nn.modules.activation.SiLU",
     "torch.nn.modules.batchnorm.BatchNorm2d",
     "torch.nn.modules.container.ModuleList",
     "torch.nn.modules.container.Sequential",
     "torch.nn.modules.conv.Conv2d",
+    "torch.nn.modules.linear.Identity",
+    "torch.nn.modules.padding.ZeroPad2d",
     "torch.nn.modules.pooling.MaxPool2d",
     "torch.nn.modules.upsampling.Upsample",
+    "ultralytics.nn.modules.block.Attention",
     "ultralytics.nn.modules.block.Bottleneck",
+    "ultralytics.nn.modules.block.C2",
+    "ultralytics.nn.modules.block.C2PSA",
     "ultralytics.nn.modules.block.C2f",
+    "ultralytics.nn.modules.block.C3",
+    "ultralytics.nn.modules.block.C3k",
+    "ultralytics.nn.modules.block.C3k2",
     "ultralytics.nn.modules.block.DFL",
+    "ultralytics.nn.modules.block.PSABlock",
+    "ultralytics.nn.modules.block.SPP",
     "ultralytics.nn.modules.block.SPPF",
     "ultralytics.nn.modules.conv.Concat",
     "ultralytics.nn.modules.conv.Conv",
+    "ultralytics.nn.modules.conv.DWConv",
     "ultralytics.nn.modules.head.Detect",
     "ultralytics.nn.tasks.DetectionModel",
     "ultralytics.utils.IterableSimpleNamespace",
     # the same classes under the paths of older 8.0.x releases
     "ultralytics.nn.modules.Bottleneck",
+    "ultralytics.nn.modules.C2",
     "ultralytics.nn.modules.C2f",
+    "ultralytics.nn.modules.C3",
     "ultralytics.nn.modules.DFL",
+    "ultralytics.nn.modules.SPP",
     "ultralytics.nn.modules.SPPF",
     "ultralytics.nn.modules.Concat",
     "ultralytics.nn.modules.Conv",
+    "ultralytics.nn.modules.DWConv",
     "ultralytics.nn.modules.Detect",
     "ultralytics.yolo.utils.IterableSimpleNamespace",
 )

@@ -14,10 +14,10 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from yolokit.models import MODELS, Detector, YOLOv3Config, YOLOv8Config, build_model
-from yolokit.models.zoo import family_of
+from yolokit.models import MODELS, Detector, SpecConfig, YOLOv3Config, YOLOv8Config, build_model
+from yolokit.models.zoo import head_facts
 
-Config = YOLOv8Config | YOLOv3Config
+Config = YOLOv8Config | YOLOv3Config | SpecConfig
 Shapes = dict[str, tuple[int, ...]]
 
 
@@ -33,7 +33,7 @@ def is_fused(state: Mapping[str, Tensor]) -> bool:
 
 def _with_head_facts(config: Config, shapes: Shapes) -> Config | None:
     """``config`` with the class count (and reg_max) the head tensors show, or None if they don't fit."""
-    facts = family_of(config).head_facts(config, shapes)
+    facts = head_facts(config, shapes)
     return None if facts is None else replace(config, **facts)
 
 

@@ -1,18 +1,25 @@
-"""Ultralytics YOLOv8 detection checkpoints, read without ultralytics and without running code.
+"""Ultralytics detection checkpoints (YOLOv8, YOLO11, P2/P6, YOLOv5u, ...), read without ultralytics
+and without running code.
 
 Their trainer writes a dict whose ``"model"`` (finished run, usually float16) or ``"ema"``
 (during training) holds a pickled ``DetectionModel``. ``read_ultralytics`` unpickles it
-through ``load_pickled`` (each of their classes becomes an inert stand-in) and keeps only
-the tensors; a plain state dict in their naming is accepted too. The names then map onto
-yolokit's YOLOv8 by layer index (``LAYER_NAMES``): inside each layer both use the same
-names (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``).
+through ``load_pickled`` (each of their classes becomes an inert stand-in) and keeps the
+tensors and the model's ``yaml`` attribute: its model file's content, plain data. A plain
+state dict in their naming is accepted too.
+
+A YOLOv8 maps onto yolokit's built-in YOLOv8 by layer index (``LAYER_NAMES``), as it always
+has. Any other architecture is built from the model file it carries (``models.spec``), whose
+layers are named by row (``backbone.<i>``, ``neck.<i>``), so ``model.<i>.<...>`` becomes
+``backbone.<i>.<...>`` or ``neck.<i>.<...>`` and the Detect layer's ``cv2`` / ``cv3`` / ``dfl``
+become ``head.box`` / ``head.cls`` / ``head.dfl``. Inside each layer both use the same names
+(``conv``, ``bn``, ``cv1``, ``cv2``, ``m``, ``attn``, ...).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +27,10 @@ from torch import Tensor
 
 from yolokit.interop.native import attach_names, is_safetensors_file, read_safetensors
 from yolokit.interop.safe_load import StandIn, load_pickled, module_state_dict
-from yolokit.interop.state import build_from_state_dict
-from yolokit.models import Detector
+from yolokit.interop.state import blank_model, build_from_state_dict, is_fused, load_checked, shapes_of
+from yolokit.models import Detector, LayerGraph, SpecConfig
+from yolokit.models.spec import spec_head_facts
+from yolokit.models.spec_config import SpecError, spec_config
 
 # Ultralytics yolov8.yaml layer index -> yolokit module. 10, 13 (Upsample) and 11, 14, 17,
 # 20 (Concat) hold no tensors.
@@ -108,12 +117,14 @@ class UltralyticsCheckpoint:
         class_names: ``{index: name}`` when the file has them.
         entry: where the model was found: "ema", "model" or "state_dict" (a plain dict).
         version: the ultralytics version that wrote it, when recorded.
+        architecture: the model's model file content (its ``yaml`` attribute), when pickled with it.
     """
 
     state_dict: dict[str, Tensor]
     class_names: dict[int, str] = field(default_factory=dict)
     entry: str = "state_dict"
     version: str | None = None
+    architecture: dict[str, Any] | None = None
 
 
 def ultralytics_contents(obj: Any) -> UltralyticsCheckpoint | None:
@@ -131,10 +142,16 @@ def ultralytics_contents(obj: Any) -> UltralyticsCheckpoint | None:
         value = obj.get(entry)
         if isinstance(value, StandIn):
             version = obj.get("version") if isinstance(obj.get("version"), str) else None
-            return UltralyticsCheckpoint(module_state_dict(value), _class_names(value), entry, version)
+            return UltralyticsCheckpoint(module_state_dict(value), _class_names(value), entry, version,
+                                         _architecture(value))
         if isinstance(value, Mapping) and is_ultralytics_state_dict(value):
             return UltralyticsCheckpoint(_tensors(value), entry=entry)
     return None
+
+
+def _architecture(model: StandIn) -> dict[str, Any] | None:
+    arch = getattr(model, "yaml", None)
+    return dict(arch) if isinstance(arch, Mapping) and "backbone" in arch and "head" in arch else None
 
 
 def _class_names(model: StandIn) -> dict[int, str]:
@@ -171,19 +188,118 @@ def read_ultralytics(path: str | Path) -> UltralyticsCheckpoint:
 
 
 def load_ultralytics(path: str | Path, *, model: str | Detector | None = None) -> Detector:
-    """A ready yolokit Detector (eval mode, float32) from an Ultralytics YOLOv8 checkpoint.
+    """A ready yolokit Detector (eval mode, float32) from an Ultralytics detection checkpoint.
 
     Args:
         path: their ``.pt`` file (finished run or training checkpoint, float16 or float32),
             or a ``torch.save``-d state dict in their naming.
-        model: None to infer the variant and class count from the tensor shapes, a
-            variant name to insist on one, or a Detector to load into.
+        model: None to infer the model (a YOLOv8 variant from the tensor shapes, any other
+            architecture from the model file the checkpoint carries), a variant name to insist
+            on one, or a Detector to load into (a model YAML's takes any architecture's state dict).
 
     Example:
         >>> model = load_ultralytics("yolov8n.pt")
         >>> model.name, model.num_classes, model.names[0]
         ('yolov8n', 80, 'person')
+        >>> load_ultralytics("yolo11n.pt").config.scale
+        'n'
     """
-    contents = read_ultralytics(path)
-    state = ultralytics_to_yolokit(contents.state_dict, source=str(path))
-    return attach_names(build_from_state_dict(state, model=model, source=str(path)), contents.class_names)
+    return detector_from_checkpoint(read_ultralytics(path), model=model, source=str(path))
+
+
+def detector_from_checkpoint(contents: UltralyticsCheckpoint, *, model: str | Detector | None,
+                             source: str) -> Detector:
+    """The Detector an Ultralytics checkpoint holds: a YOLOv8 as yolokit's built-in variant (as always),
+    any other architecture built from the model file it carries, or ``model`` filled in."""
+    if isinstance(model, Detector) and is_spec_model(model):
+        state = to_spec_names(contents.state_dict, model=model, source=source)
+        return attach_names(load_checked(model, state, source=source), contents.class_names)
+    try:
+        state = ultralytics_to_yolokit(contents.state_dict, source=source)
+        detector = build_from_state_dict(state, model=model, source=source)
+    except ValueError:
+        if contents.architecture is None or model is not None:
+            raise
+        detector = from_architecture(contents.architecture, contents.state_dict, source=source)
+    return attach_names(detector, contents.class_names)
+
+
+def is_spec_model(model: Detector) -> bool:
+    """Whether ``model`` was built from a model YAML (its layers named by row)."""
+    return isinstance(model.backbone, LayerGraph) and isinstance(model.neck, LayerGraph)
+
+
+def from_architecture(architecture: Mapping[str, Any], state: Mapping[str, Tensor], *, source: str) -> Detector:
+    """A Detector built from a checkpoint's model file content, holding its tensors (class count from them).
+
+    Raises:
+        ValueError: the architecture cannot be built (the message names the layer), or the
+            tensors do not fit it.
+    """
+    try:
+        config = spec_config(architecture)
+    except (SpecError, TypeError) as exc:
+        raise ValueError(f"{source}: the model file it carries is not usable ({exc})") from exc
+    n_backbone, head = _layout(config)
+    renamed = to_spec_names(state, n_backbone=n_backbone, head=head, source=source)
+    facts = spec_head_facts(config, shapes_of(renamed))
+    if facts is not None:
+        config = replace(config, **facts)
+    try:
+        model = blank_model(config, fused=is_fused(renamed), covered=renamed.keys())
+    except SpecError as exc:
+        raise ValueError(f"{source}: {exc}") from exc
+    return load_checked(model, renamed, source=source)
+
+
+def _layout(config: SpecConfig) -> tuple[int, int]:
+    """(rows in the backbone, index of the head row) of a model file."""
+    backbone, head = config.spec.get("backbone"), config.spec.get("head")
+    if not isinstance(backbone, list) or not isinstance(head, list) or not head:
+        raise ValueError(f"model file of {config.name}: needs 'backbone' and 'head' lists")
+    return len(backbone), len(backbone) + len(head) - 1
+
+
+def to_spec_names(state: Mapping[str, Tensor], *, model: Detector | None = None, n_backbone: int | None = None,
+                  head: int | None = None, source: str = "state dict") -> dict[str, Tensor]:
+    """Renames a state dict in Ultralytics' naming for a model built from a model YAML.
+
+    ``model.<i>.<...>`` -> ``backbone.<i>.<...>`` (backbone rows), ``neck.<i>.<...>`` (rows
+    before the head), ``head.box|cls|dfl.<...>`` (the head row's ``cv2|cv3|dfl``). The layout
+    comes from ``model`` or from ``n_backbone`` and ``head`` (the head row's index).
+
+    Example:
+        >>> to_spec_names({"model.23.cv3.0.2.bias": b}, n_backbone=11, head=23)
+        {'head.cls.0.2.bias': b}
+
+    Raises:
+        ValueError: keys of no row of that layout (the message lists some).
+    """
+    if model is not None:
+        n_backbone, head = len(model.backbone.rows), len(model.backbone.rows) + len(model.neck.rows)
+    out, unknown = {}, []
+    for key, value in state.items():
+        match = _KEY.match(key)
+        index, rest = (int(match.group(1)), match.group(2)) if match else (-1, "")
+        if index == head:
+            branch, _, tail = rest.partition(".")
+            name = f"{HEAD_NAMES[branch]}.{tail}" if branch in HEAD_NAMES and tail else None
+        else:
+            name = (f"backbone.{index}.{rest}" if 0 <= index < n_backbone
+                    else f"neck.{index}.{rest}" if n_backbone <= index < head else None)
+        if name is None:
+            unknown.append(key)
+        else:
+            out[name] = value
+    if unknown:
+        more = f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ValueError(f"{source}: keys of no layer of a {head + 1}-row model: {', '.join(unknown[:5])}{more}")
+    return out
+
+
+def yolokit_state(state: Mapping[str, Tensor], *, model: str | Detector | None, source: str) -> dict[str, Tensor]:
+    """A state dict in Ultralytics' naming renamed for ``model``: a model YAML's layout when ``model``
+    is such a Detector, else yolokit's built-in YOLOv8."""
+    if isinstance(model, Detector) and is_spec_model(model):
+        return to_spec_names(state, model=model, source=source)
+    return ultralytics_to_yolokit(state, source=source)

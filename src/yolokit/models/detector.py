@@ -200,14 +200,22 @@ class Detector(nn.Module):
         return self
 
     def checkpoint_units(self, which: str = "all") -> list[tuple[str, nn.Module]]:
-        """Named blocks worth activation checkpointing: "backbone" stages, "neck" blocks, or "all"."""
+        """Named blocks worth activation checkpointing: "backbone" stages, "neck" blocks, or "all".
+
+        A part that has its own ``checkpoint_units()`` (a model YAML's layer graphs: every layer with
+        parameters; a timm backbone: its stages) names them; otherwise the built-in backbones'
+        ``stages`` and the necks' convolution blocks.
+        """
         if which not in ("all", "backbone", "neck"):
             raise ValueError(f"which must be 'all', 'backbone' or 'neck', got {which!r}")
         units = []
         if which in ("all", "backbone"):
-            units += [(f"backbone.stages.{i}", m) for i, m in enumerate(self.backbone.stages)]
+            own = getattr(self.backbone, "checkpoint_units", None)
+            found = own() if own is not None else [(f"stages.{i}", m) for i, m in enumerate(self.backbone.stages)]
+            units += [(f"backbone.{name}", m) for name, m in found]
         if which in ("all", "neck"):
-            units += [(f"neck.{name}", m) for name, m in neck_units(self.neck)]
+            own = getattr(self.neck, "checkpoint_units", None)
+            units += [(f"neck.{name}", m) for name, m in (own() if own is not None else neck_units(self.neck))]
         return units
 
     def summary(self, imgsz: int = 640) -> ModelSummary:

@@ -1,7 +1,7 @@
 """Detection heads: convolutions that produce raw maps, plus ``decode``. No loss inside.
 
-- ``DFLHead`` (YOLOv8): per level a box branch predicting a distribution over ``reg_max``
-  bins for each side and a class branch; Tensor[B, 4 * reg_max + C, H, W] per level.
+- ``DFLHead`` (YOLOv8, YOLO11): per level a box branch predicting a distribution over
+  ``reg_max`` bins for each side and a class branch; Tensor[B, 4 * reg_max + C, H, W] per level.
 - ``AnchorHead`` (YOLOv3): one 1x1 conv per level; Tensor[B, A * (5 + C), H, W] per level,
   per anchor ``(tx, ty, tw, th, obj, cls...)`` as Darknet lays it out.
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from yolokit.models.layers import V8_STYLE, Conv
+from yolokit.models.layers import V8_STYLE, Conv, DWConv
 from yolokit.ops.anchors import anchor_to_box, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.cache import ConstantCache
 
@@ -44,18 +44,24 @@ class DFL(nn.Module):
 
 
 class DFLHead(nn.Module):
-    """YOLOv8's anchor-free, decoupled head.
+    """YOLOv8's anchor-free, decoupled head (any number of levels).
 
     Args:
         in_channels: channels of each input level.
         strides: stride of each level in input pixels.
         num_classes: number of classes C.
         reg_max: bins of each side's distance distribution.
+        light_cls: YOLO11's class branch: two (3x3 depth-wise conv, 1x1 conv) pairs instead of
+            two 3x3 convs. The last layer of each branch is ``cls[i][2]`` either way.
     """
 
-    def __init__(self, in_channels: Sequence[int], strides: Sequence[int], *, num_classes: int, reg_max: int = 16):
+    def __init__(self, in_channels: Sequence[int], strides: Sequence[int], *, num_classes: int, reg_max: int = 16,
+                 light_cls: bool = False):
         super().__init__()
-        self.num_classes, self.reg_max, self.strides = num_classes, reg_max, tuple(strides)
+        if len(in_channels) != len(strides):
+            raise ValueError(f"{len(in_channels)} input levels for {len(strides)} strides")
+        self.num_classes, self.reg_max, self.strides = num_classes, reg_max, tuple(int(s) for s in strides)
+        self.light_cls = light_cls
         c_box = max(16, in_channels[0] // 4, 4 * reg_max)
         c_cls = max(in_channels[0], min(num_classes, 100))
         self.box = nn.ModuleList(
@@ -64,6 +70,10 @@ class DFLHead(nn.Module):
             for c in in_channels
         )
         self.cls = nn.ModuleList(
+            nn.Sequential(nn.Sequential(DWConv(c, c, 3), Conv(c, c_cls, 1)),
+                          nn.Sequential(DWConv(c_cls, c_cls, 3), Conv(c_cls, c_cls, 1)),
+                          nn.Conv2d(c_cls, num_classes, 1))
+            if light_cls else
             nn.Sequential(Conv(c, c_cls, 3, style=V8_STYLE), Conv(c_cls, c_cls, 3, style=V8_STYLE),
                           nn.Conv2d(c_cls, num_classes, 1))
             for c in in_channels

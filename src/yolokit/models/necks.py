@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from yolokit.models.layers import DARKNET_STYLE, SPP, V8_STYLE, C2f, Conv
+from yolokit.models.layers import DARKNET_STYLE, V8_STYLE, C2f, Conv, DarknetSPP
 
 
 def _dn(c1: int, c2: int, k: int) -> Conv:
@@ -21,7 +21,7 @@ def _darknet_block(c_in: int, c: int, *, spp: bool = False) -> nn.Sequential:
     """Five alternating 1x1 (c) / 3x3 (2c) convs; the SPP form inserts SPP + a 1x1 after the third."""
     layers: list[nn.Module] = [_dn(c_in, c, 1), _dn(c, 2 * c, 3), _dn(2 * c, c, 1)]
     if spp:
-        layers += [SPP((5, 9, 13)), _dn(4 * c, c, 1)]
+        layers += [DarknetSPP((5, 9, 13)), _dn(4 * c, c, 1)]
     layers += [_dn(c, 2 * c, 3), _dn(2 * c, c, 1)]
     return nn.Sequential(*layers)
 

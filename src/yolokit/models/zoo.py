@@ -1,7 +1,8 @@
 """Variants as data, the table of families, and the builders ``create_model`` / ``list_models``.
 
 A YOLOv8 size is three numbers (depth, width, max channels); a YOLOv3 variant is its
-form and anchors. ``build_model(config)`` turns any config into a ``Detector`` and
+form and anchors; a model YAML's config (``SpecConfig``) is the file's content, scale and
+class count. ``build_model(config)`` turns any config into a ``Detector`` and
 ``config_from_dict(asdict(config))`` gives the config back, as checkpoints store it.
 ``FAMILIES`` holds what differs between YOLOv8 and YOLOv3 (config class, builder, how the
 head tensors show the class count, which loss and from which head facts); nothing else
@@ -11,8 +12,9 @@ switches on the family.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -21,6 +23,8 @@ from yolokit.models.backbones import CSPDarknet, Darknet53, DarknetTiny
 from yolokit.models.detector import Detector
 from yolokit.models.heads import AnchorHead, DFLHead
 from yolokit.models.necks import YOLOv3FPN, YOLOv3TinyFPN, YOLOv8PAN
+from yolokit.models.spec import Modules, build_spec_model, create_from_yaml, spec_head_facts
+from yolokit.models.spec_config import SPEC_FAMILY, SpecConfig
 
 Anchors = tuple[tuple[tuple[int, int], ...], ...]
 Shapes = dict[str, tuple[int, ...]]
@@ -75,28 +79,53 @@ MODELS: dict[str, YOLOv8Config | YOLOv3Config] = {
 
 
 def list_models() -> list[str]:
-    """Names accepted by ``create_model``."""
+    """Built-in names accepted by ``create_model`` (model YAMLs are accepted too: ``models.spec.packaged_yamls``)."""
     return list(MODELS)
 
 
-def create_model(name: str, *, num_classes: int = 80) -> Detector:
-    """A freshly initialised variant.
+def is_yaml_name(name: Any) -> bool:
+    """Whether ``create_model`` reads ``name`` as a model YAML (a path or name ending in .yaml / .yml)."""
+    return isinstance(name, (str, Path)) and Path(name).suffix in (".yaml", ".yml")
+
+
+def create_model(name: str | Path | Mapping[str, Any], *, num_classes: int | None = None, scale: str | None = None,
+                 modules: Modules | None = None) -> Detector:
+    """A freshly initialised model: a built-in variant, or a model YAML.
+
+    Args:
+        name: a built-in name (``list_models()``), a model YAML's path, a packaged YAML's name with
+            or without a scale letter (``yolo11s.yaml`` is ``yolo11.yaml`` at scale s,
+            ``yolov8n-p2.yaml`` is ``yolov8-p2.yaml`` at scale n), or a YAML's content as a dict.
+        num_classes: classes C (default: the file's ``nc``, else 80).
+        scale: a letter of the YAML's ``scales`` (default: the one in the name, else the file's).
+        modules: blocks of the user's for this build, by the name the YAML's rows use
+            (``models.register_module`` makes them known to every build, and to loading files).
 
     Example:
         >>> model = create_model("yolov8n", num_classes=3)
         >>> [m.shape for m in model(torch.zeros(1, 3, 64, 64))]
         [torch.Size([1, 67, 8, 8]), torch.Size([1, 67, 4, 4]), torch.Size([1, 67, 2, 2])]
+        >>> create_model("yolov8n-p2.yaml", num_classes=3).strides
+        (4, 8, 16, 32)
     """
+    if isinstance(name, Mapping) or is_yaml_name(name):
+        return create_from_yaml(name, scale=scale, num_classes=num_classes, modules=modules)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}, or a model YAML "
+                         f"(a path, or a packaged one such as yolo11n.yaml or yolov8s-p2.yaml)")
+    if scale is not None or modules is not None:
+        raise ValueError(f"{name} is a built-in variant: scale and modules apply to model YAMLs only")
+    num_classes = 80 if num_classes is None else num_classes
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     return build_model(replace(MODELS[name], num_classes=num_classes))
 
 
-def config_from_dict(data: dict[str, Any]) -> YOLOv8Config | YOLOv3Config:
+def config_from_dict(data: dict[str, Any]) -> YOLOv8Config | YOLOv3Config | SpecConfig:
     """Inverse of ``dataclasses.asdict`` for model configs (lists become tuples)."""
     family = data.get("family")
+    if family == SPEC_FAMILY:
+        return _spec_config_from_dict(data)
     if family not in FAMILIES:
         raise ValueError(f"model config has unknown family {family!r}")
     cls = FAMILIES[family].config
@@ -108,6 +137,23 @@ def config_from_dict(data: dict[str, Any]) -> YOLOv8Config | YOLOv3Config:
     if "anchors" in values:
         values["anchors"] = tuple(tuple(tuple(int(v) for v in a) for a in level) for level in values["anchors"])
     return cls(**values)
+
+
+def _spec_config_from_dict(data: dict[str, Any]) -> SpecConfig:
+    unknown = set(data) - {f.name for f in fields(SpecConfig)}
+    if unknown:
+        raise ValueError(f"unknown {SPEC_FAMILY} config fields: {sorted(unknown)}")
+    if not isinstance(data.get("spec"), Mapping) or not isinstance(data.get("name"), str):
+        raise ValueError("a model YAML's config needs its 'name' and the file's content under 'spec'")
+    return SpecConfig(**{**data, "spec": dict(data["spec"])})
+
+
+def head_facts(config: Any, shapes: Shapes) -> dict[str, int] | None:
+    """The config fields a state dict's head tensors show (class count, ``reg_max``), or None when they
+    do not fit: the family's ``head_facts``, or the model YAML's."""
+    if isinstance(config, SpecConfig):
+        return spec_head_facts(config, shapes)
+    return family_of(config).head_facts(config, shapes)
 
 
 def _channels(c: int, cfg: YOLOv8Config) -> int:
@@ -206,8 +252,16 @@ def family_of(config: Any) -> Family:
     return family
 
 
-def build_model(config: YOLOv8Config | YOLOv3Config) -> Detector:
-    """A ``Detector`` built from a config."""
+def build_model(config: YOLOv8Config | YOLOv3Config | SpecConfig) -> Detector:
+    """A ``Detector`` built from a config, freshly initialised.
+
+    A model YAML's config rebuilds from the file content it holds: blocks of the user's it names
+    must be registered (``register_module``), and weights files its rows name (a timm backbone's)
+    are not read: the checkpoint that stored the config supplies the weights. ``create_model``
+    reads them.
+    """
+    if isinstance(config, SpecConfig):
+        return build_spec_model(config, weights=False)
     if not hasattr(config, "family"):
         raise TypeError(f"expected a model config ({', '.join(f.config.__name__ for f in FAMILIES.values())}), "
                         f"got {type(config).__name__}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from yolokit.models import LayerGraph
+
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
 
 
@@ -27,11 +29,18 @@ def layer_names(model: nn.Module) -> list[str]:
 
     Children of ``backbone``, ``neck`` and ``head`` that hold parameters; a backbone or
     neck container (``ModuleList``, ``Sequential``: the stages) counts its children instead.
+    A model built from a model YAML counts the file's rows, as Ultralytics does: ``backbone.<i>``
+    and ``neck.<i>`` for every row (rows without parameters too), then ``head``, so ``freeze=N``
+    freezes rows 0 to N-1 of the file.
 
     Example:
         >>> layer_names(yolokit.create_model("yolov8n"))[:3]
         ['backbone.stem', 'backbone.stages.0.0', 'backbone.stages.0.1']
+        >>> layer_names(yolokit.create_model("yolo11n.yaml"))[9:12]
+        ['backbone.9', 'backbone.10', 'neck.11']
     """
+    if isinstance(model.backbone, LayerGraph) and isinstance(model.neck, LayerGraph):
+        return [f"backbone.{i}" for i in model.backbone.rows] + [f"neck.{i}" for i in model.neck.rows] + ["head"]
     names: list[str] = []
 
     def walk(prefix: str, module: nn.Module, expand: bool) -> None:
