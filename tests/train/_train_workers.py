@@ -32,8 +32,8 @@ def _digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def fit_recording(config: TrainConfig) -> dict:
-    """``Trainer(config).fit()``, recording a digest of the weights after every optimizer step."""
+def fit_recording(config: TrainConfig, model: torch.nn.Module | None = None) -> dict:
+    """``Trainer(config, model=model).fit()``, recording a digest of the weights after every optimizer step."""
     digests: list[str] = []
     original = Trainer.after_step
 
@@ -43,7 +43,7 @@ def fit_recording(config: TrainConfig) -> dict:
 
     Trainer.after_step = recording
     try:
-        result = Trainer(config).fit()
+        result = Trainer(config, model=model).fit()
     finally:
         Trainer.after_step = original
     return {"result": result, "digests": digests, "rank": distributed.rank()}
@@ -169,8 +169,9 @@ def rng_digest() -> str:
     return h.hexdigest()
 
 
-def fit_until(config: TrainConfig, at: int | None = None, how: str = "crash", rank: int | None = None) -> dict:
-    """``Trainer(config).fit()``, ended at loader batch ``at`` as ``_CrashAt`` says (None: to the end).
+def fit_until(config: TrainConfig, at: int | None = None, how: str = "crash", rank: int | None = None,
+              model: torch.nn.Module | None = None) -> dict:
+    """``Trainer(config, model=model).fit()``, ended at loader batch ``at`` as ``_CrashAt`` says (None: to the end).
 
     Returns the rank, how the run ended ("finished" or "KeyboardInterrupt"; a crash raises), and
     a digest of the RNG states when it ended.
@@ -178,7 +179,7 @@ def fit_until(config: TrainConfig, at: int | None = None, how: str = "crash", ra
     seen = _Seen()          # no all_ranks: on rank 0 only
     callbacks = [seen] + ([_CrashAt(at, how, rank)] if at else [])
     try:
-        Trainer(config, callbacks=callbacks).fit()
+        Trainer(config, callbacks=callbacks, model=model).fit()
         ended = "finished"
     except KeyboardInterrupt:
         ended = "KeyboardInterrupt"

@@ -76,7 +76,8 @@ def test_a_bad_space_names_the_file_and_the_field(tmp_path, spec, message):
 
 
 def test_a_space_is_checked_against_the_base_config():
-    with pytest.raises(ValueError, match=r"imgsz = 65 is not a valid value \(imgsz must be a multiple of 32"):
+    with pytest.raises(ValueError, match=r"imgsz = 65 is not a valid value \(imgsz must be a multiple of yolov8n's "
+                                         r"largest stride, 32"):
         SearchSpace.from_dict({"imgsz": {"low": 64, "high": 128}}).check(TrainConfig())
     with pytest.raises(ValueError, match="model = 'yolov9' is not a valid value"):
         SearchSpace.from_dict({"model": {"choices": ["yolov8n", "yolov9"]}}).check(TrainConfig())

@@ -5,7 +5,7 @@ form and anchors; a model YAML's config (``SpecConfig``) is the file's content, 
 class count. ``build_model(config)`` turns any config into a ``Detector`` and
 ``config_from_dict(asdict(config))`` gives the config back, as checkpoints store it.
 ``FAMILIES`` holds what differs between YOLOv8 and YOLOv3 (config class, builder, how the
-head tensors show the class count, which loss and from which head facts); nothing else
+head tensors show the class count); nothing else
 switches on the family.
 """
 
@@ -210,29 +210,20 @@ class Family:
         parts: ``parts(config)`` -> (backbone, neck, head) modules.
         head_facts: ``head_facts(config, shapes)`` -> the config fields a state dict's head
             tensors show (class count, ``reg_max``), or None when the tensors do not fit.
-        loss: Name of the loss class in ``yolokit.losses`` (models do not import losses).
-        loss_facts: ``loss_facts(head)`` -> the loss's constructor arguments from the head.
-        loss_gains: Names of the config's loss gains the loss takes (``box``, ``cls``, ``dfl``).
+
+    The loss a model trains with follows its head's type (``yolokit.train.build.build_loss``).
     """
 
     name: str
     config: type
     parts: Callable[[Any], tuple[nn.Module, nn.Module, nn.Module]]
     head_facts: Callable[[Any, Shapes], dict[str, int] | None]
-    loss: str
-    loss_facts: Callable[[nn.Module], dict[str, Any]]
-    loss_gains: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {
-    "yolov8": Family("yolov8", YOLOv8Config, _build_v8, lambda config, shapes: _v8_head_facts(shapes),
-                     "YOLOv8Loss", lambda head: {"num_classes": head.num_classes, "strides": head.strides,
-                                                 "reg_max": head.reg_max},
-                     loss_gains=("box", "cls", "dfl")),
+    "yolov8": Family("yolov8", YOLOv8Config, _build_v8, lambda config, shapes: _v8_head_facts(shapes)),
     "yolov3": Family("yolov3", YOLOv3Config, _build_v3,
-                     lambda config, shapes: _v3_head_facts(shapes, len(config.anchors[0])),
-                     "YOLOv3Loss", lambda head: {"num_classes": head.num_classes, "anchors": head.anchors,
-                                                 "strides": head.strides}),
+                     lambda config, shapes: _v3_head_facts(shapes, len(config.anchors[0]))),
 }
 
 
@@ -240,8 +231,8 @@ def family_of(config: Any) -> Family:
     """The family of a model config (or of its ``family`` name).
 
     Example:
-        >>> family_of(MODELS["yolov3-tiny"]).loss
-        'YOLOv3Loss'
+        >>> family_of(MODELS["yolov3-tiny"]).config.__name__
+        'YOLOv3Config'
     """
     name = config if isinstance(config, str) else getattr(config, "family", None)
     if name not in FAMILIES:

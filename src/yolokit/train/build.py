@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -22,12 +22,12 @@ from yolokit.accel import Accumulator, GracefulStop, Precision, RankExchange, Wa
 from yolokit.accel.checkpointing import enable_activation_checkpointing
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.losses import YOLOv3Loss, YOLOv8Loss
-from yolokit.models import Detector, create_model
+from yolokit.models import Detector, build_model, config_from_dict, create_model
 from yolokit.models.heads import AnchorHead, DFLHead
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import resolve_run, restore_run
-from yolokit.train.config import TrainConfig
+from yolokit.train.config import TrainConfig, check_model_name
 from yolokit.train.ema import ModelEMA
 from yolokit.train.files import write_text
 from yolokit.train.freeze import freeze, freeze_prefixes
@@ -49,10 +49,15 @@ class Built:
     summary: dict                       # the run header (``Callback.on_setup_end``)
 
 
-def build_run(config: TrainConfig, *, user_callbacks: list[Callback]) -> Built:
-    """Processes, run folder, data, model, loss, and each accel piece where it acts (see the module)."""
+def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Detector | None = None) -> Built:
+    """Processes, run folder, data, model, loss, and each accel piece where it acts (see the module).
+
+    ``model``: a Detector to train instead of the one ``config`` names (any of yours).
+    """
     procs = start_processes(config)              # device (made current), rank, local rank, world
     cfg, resume, run_dir = resolve_run(config)
+    if model is None and resume is None and not cfg.weights and cfg.model is not None:
+        check_model_name(cfg.model)              # a misspelt name fails before the datasets are scanned
     run_dir = distributed.broadcast_object(run_dir)
     seed_everything(cfg.seed + procs.rank)
     settings = device_settings(cfg, procs)       # precision, layout, kernels, workers: what the device decides
@@ -63,12 +68,12 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback]) -> Built:
     train_set, val_set = build_datasets(cfg, procs, notes.append)   # every rank scans: none waits in a collective
     names = list(train_set.names.values()) if isinstance(train_set.names, dict) else list(train_set.names)
 
-    # model and loss: pretrained weights bring their variant; every process starts from the main one's weights
-    source = read_pretrained(cfg.weights, cfg.model) if cfg.weights and resume is None else None
-    cfg = cfg.replace(model=cfg.model or (source.name if source is not None else DEFAULT_MODEL))
-    model = create_model(cfg.model, num_classes=len(names))
-    if source is not None:
-        transfer_weights(model, source, path=cfg.weights, report=notes.append)
+    # model and loss: the model given, a resumed run's architecture, pretrained weights' or config.model's;
+    # every process starts from the main one's weights
+    cfg, model = run_model(cfg, len(names), given=model, resume=resume, report=notes.append)
+    if model.config is None:
+        notes.append(f"no weights/model.pt at the end: {model.name} holds no architecture as data (a model YAML "
+                     "or a built-in does); its weights are in weights/last.pt")
     stride = int(max(model.strides))             # what image sizes and rect shapes are multiples of
     if cfg.imgsz % stride:
         raise ValueError(f"imgsz {cfg.imgsz} must be a multiple of {cfg.model}'s largest stride, {stride}")
@@ -133,6 +138,32 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback]) -> Built:
                    layout=perf.describe(model), workers=settings.workers, sync_bn=settings.sync_bn,
                    config=cfg.to_yaml(), notes=notes)
     return Built(parts, progress, resume_meter, summary)
+
+
+def run_model(cfg: TrainConfig, classes: int, *, given: Detector | None, resume: dict | None,
+              report: Callable[[str], None]) -> tuple[TrainConfig, Detector]:
+    """The model a run trains, and the config naming it.
+
+    In order: the Detector given; a resumed run's architecture, as its checkpoint holds it (a
+    YAML's content, not the file as it is now); the architecture of pretrained ``weights``
+    (their tensors transferred); ``cfg.model``, else yolov8n.
+    """
+    if given is not None:
+        if given.num_classes != classes:
+            raise ValueError(f"the model given has {given.num_classes} classes, the data {classes}")
+        return cfg.replace(model=cfg.model or given.name), given
+    if resume is not None:
+        if not resume.get("model_config"):
+            raise ValueError(f"{cfg.resume} trained a model given as an instance, whose architecture a checkpoint "
+                             "cannot hold: pass it again, Trainer(config, model=...)")
+        return cfg, build_model(replace(config_from_dict(resume["model_config"]), num_classes=classes))
+    if cfg.weights:
+        source = read_pretrained(cfg.weights, cfg.model)
+        model = build_model(replace(source.config, num_classes=classes))
+        transfer_weights(model, source, path=cfg.weights, report=report)
+        return cfg.replace(model=cfg.model or source.name), model
+    name = cfg.model or DEFAULT_MODEL
+    return cfg.replace(model=name), create_model(name, num_classes=classes)
 
 
 def build_loss(model: Detector, config: TrainConfig) -> nn.Module:

@@ -17,7 +17,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from yolokit.data import AugmentConfig
-from yolokit.models import MODELS
+from yolokit.models import MODELS, packaged_yamls
+from yolokit.models.zoo import is_yaml_name
 from yolokit.train.trackers import tracker_names
 
 
@@ -26,7 +27,8 @@ class TrainConfig:
     """Training settings. Field names are the CLI flags and the YAML keys."""
 
     # what to train, on what
-    model: str | None = None      # a variant name; None: the variant of `weights`, else yolov8n
+    model: str | None = None      # a variant name or a model YAML (yolo11s.yaml, my-net.yaml); None: the
+    #                               architecture of `weights`, else yolov8n
     data: str = "shapes"
     weights: str | None = None    # pretrained weights (any format yolokit.load reads); they bring their variant
     freeze: int | str | None = None  # the first N layers, or name prefixes ("backbone,neck.top_down4"), kept
@@ -121,8 +123,6 @@ class TrainConfig:
             except ValueError:
                 raise ValueError(f"batch must be an integer or 'auto', got {self.batch!r}") from None
         checks = [
-            (self.model is None or self.model in MODELS,
-             f"unknown model {self.model!r}; available: {', '.join(MODELS)}"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.imgsz >= 1, f"imgsz must be a positive multiple of the model's stride, got {self.imgsz}"),
             (self.batch == "auto" or self.batch >= 1, f"batch must be >= 1 or 'auto', got {self.batch}"),
@@ -187,6 +187,13 @@ class TrainConfig:
         if flat:
             changes["augment"] = dataclasses.replace(changes.get("augment", self.augment), **flat)
         return dataclasses.replace(self, **changes)
+
+
+def check_model_name(name: str) -> None:
+    """A built-in name or a model YAML (a path, or a packaged one such as yolo11s.yaml); else a ValueError."""
+    if name not in MODELS and not is_yaml_name(name):
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}, or a model YAML (a path, or a "
+                         f"packaged one: {', '.join(packaged_yamls())})")
 
 
 AUGMENT_FIELDS = frozenset(f.name for f in fields(AugmentConfig))

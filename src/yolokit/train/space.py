@@ -28,7 +28,9 @@ from typing import Any, get_args, get_type_hints
 import yaml
 
 from yolokit.data import AugmentConfig
-from yolokit.train.config import AUGMENT_FIELDS, TrainConfig
+from yolokit.models import create_model
+from yolokit.train.config import AUGMENT_FIELDS, TrainConfig, check_model_name
+from yolokit.train.weights import DEFAULT_MODEL
 
 FIXED = {"out", "resume", "tracker"}    # where a trial writes, and to what, is the sweep's business
 KEYS = {"low", "high", "step", "log", "choices"}
@@ -121,6 +123,17 @@ class SearchSpace:
                     base.replace(**{dim.name: value})
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"{source}: {dim.name} = {value!r} is not a valid value ({exc})") from None
+        samples = {dim.name: dim.samples() for dim in self.dimensions}
+        for model in samples.get("model", [base.model or DEFAULT_MODEL]):
+            try:
+                check_model_name(model)
+            except ValueError as exc:
+                raise ValueError(f"{source}: model = {model!r} is not a valid value ({exc})") from None
+            stride = int(max(create_model(model, num_classes=1).strides))
+            for size in samples.get("imgsz", [base.imgsz]):
+                if size % stride:
+                    raise ValueError(f"{source}: imgsz = {size!r} is not a valid value (imgsz must be a multiple of "
+                                     f"{model}'s largest stride, {stride})")
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         """A trial's value of every dimension (an enqueued trial gets its fixed ones)."""

@@ -22,6 +22,7 @@ from typing import Any
 from yolokit.accel import Interrupted, distributed
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
+from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback
 from yolokit.train.callbacks import call_hook as _call
@@ -46,8 +47,9 @@ class Trainer:
     parts: Parts
     progress: Progress
 
-    def __init__(self, config: TrainConfig, *, callbacks: list[Callback] | None = None):
-        self.config = config
+    def __init__(self, config: TrainConfig, *, callbacks: list[Callback] | None = None,
+                 model: Detector | None = None):
+        self.config, self.model = config, model   # model: any Detector of yours, trained instead of config.model
         self.user_callbacks = list(callbacks or [])
 
     def fit(self) -> dict[str, Any]:
@@ -68,7 +70,7 @@ class Trainer:
                 if self.out_of_time:
                     _call(parts.callbacks, "on_time_up", progress.steps, parts.run_dir, parts.config.time,
                           progress.result.as_dict() if mid_epoch else None)
-            if parts.main:                       # the final weights, before on_train_end (trackers send them)
+            if parts.main and parts.model.config is not None:   # the final weights (trackers send them)
                 weights = export_final(parts.ema.module if parts.ema else parts.model,
                                        parts.run_dir / "weights" / "model.pt", list(parts.names), parts.config)
                 _call(parts.callbacks, "on_export", weights)
@@ -93,7 +95,7 @@ class Trainer:
 
     def setup(self) -> Parts:
         """Builds the run (:func:`yolokit.train.build.build_run`) and tells the callbacks."""
-        built = build_run(self.config, user_callbacks=self.user_callbacks)
+        built = build_run(self.config, user_callbacks=self.user_callbacks, model=self.model)
         self.parts, self.progress, self.resume_meter = built.parts, built.progress, built.resume_meter
         self.out_of_time, self.retries_synced = False, 0
         self.saved = (self.progress.epoch, self.progress.step_in_epoch) if self.progress.steps else None
@@ -242,18 +244,19 @@ class Trainer:
         return stop
 
 
-def _train_worker(config: TrainConfig) -> dict[str, Any]:
-    return Trainer(config).fit()
+def _train_worker(config: TrainConfig, model: Detector | None) -> dict[str, Any]:
+    return Trainer(config, model=model).fit()
 
 
-def train(config: TrainConfig) -> dict[str, Any]:
+def train(config: TrainConfig, *, model: Detector | None = None) -> dict[str, Any]:
     """Trains and returns the final metrics (of rank 0 when several processes train).
 
-    Under torchrun every process calls this and trains as one rank of the group (the world
-    comes from the environment). Otherwise ``config.devices`` > 1 starts that many local
-    processes (:func:`yolokit.accel.launcher.launch`).
+    ``model``: a Detector of yours to train instead of the one ``config.model`` names. Under
+    torchrun every process calls this and trains as one rank of the group (the world comes
+    from the environment). Otherwise ``config.devices`` > 1 starts that many local processes
+    (:func:`yolokit.accel.launcher.launch`).
     """
     if config.devices > 1 and distributed.world_size() == 1:
         from yolokit.accel.launcher import launch
-        return launch(_train_worker, config.devices, config)[0]
-    return Trainer(config).fit()
+        return launch(_train_worker, config.devices, config, model)[0]
+    return Trainer(config, model=model).fit()

@@ -11,7 +11,8 @@ import torch
 
 from yolokit.interop import load, save
 from yolokit.interop.state import is_fused
-from yolokit.models import Detector
+from yolokit.models import Detector, create_model
+from yolokit.models.zoo import is_yaml_name
 from yolokit.train.files import SaveError
 
 DEFAULT_MODEL = "yolov8n"
@@ -38,7 +39,8 @@ def read_pretrained(path: str | Path, model: str | None = None) -> Detector:
         if model is None:
             raise
         source = load(path, model=model)   # a Darknet file whose size fits several variants
-    if model is not None and model != source.name:
+    wanted = create_model(model, num_classes=1).name if model is not None and is_yaml_name(model) else model
+    if wanted is not None and wanted != source.name:
         raise ValueError(f"model {model!r} contradicts the weights {path}, which hold a {source.name}: leave "
                          f"--model out to train a {source.name} from them, or pass --model {source.name}")
     if is_fused(source.state_dict()):

@@ -1,0 +1,49 @@
+"""Building a run: the loss follows the head, the model comes from where the run says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import yolokit
+from yolokit.losses import YOLOv3Loss, YOLOv8Loss
+from yolokit.models import Detector
+from yolokit.models.heads import DFLHead
+from yolokit.train import TrainConfig
+from yolokit.train.build import build_loss
+from yolokit.train.config import check_model_name
+
+TARGETS = torch.tensor([[0, 1, 8.0, 8.0, 40.0, 40.0], [1, 0, 20.0, 4.0, 60.0, 30.0]])
+
+
+@pytest.mark.parametrize("name, loss_type, strides", [
+    ("yolov8n", YOLOv8Loss, (8, 16, 32)),
+    ("yolov3-tiny", YOLOv3Loss, (16, 32)),
+    ("yolov8n-p2.yaml", YOLOv8Loss, (4, 8, 16, 32)),          # four levels: the loss at the head's four strides
+    ("yolo11n.yaml", YOLOv8Loss, (8, 16, 32)),
+])
+def test_the_loss_follows_the_head(name, loss_type, strides):
+    model = yolokit.create_model(name, num_classes=5)
+    loss = build_loss(model, TrainConfig(box=1.5, cls=0.25, dfl=2.0))
+    assert type(loss) is loss_type and tuple(loss.strides) == strides == model.strides
+    total, parts = loss(model(torch.zeros(2, 3, 64, 64)), TARGETS)
+    assert total.shape == () and torch.isfinite(total) and total > 0 and len(parts) >= 3
+    if loss_type is YOLOv8Loss:
+        assert loss.gains == {"box": 1.5, "cls": 0.25, "dfl": 2.0} and loss.reg_max == model.head.reg_max
+
+
+def test_a_head_the_trainer_has_no_loss_for_is_named():
+    class Custom(nn.Module):
+        num_classes, strides = 2, (8,)
+
+    with pytest.raises(TypeError, match="no loss for a Custom head"):
+        build_loss(Detector(nn.Identity(), nn.Identity(), Custom()), TrainConfig())
+    assert isinstance(yolokit.create_model("yolov8n-p6.yaml", num_classes=2).head, DFLHead)
+
+
+def test_model_names_are_checked_before_anything_is_built():
+    check_model_name("yolov8s")
+    check_model_name("path/to/my-net.yaml")                  # read when the run builds it
+    with pytest.raises(ValueError, match=r"unknown model 'yolov9s'; available: yolov3, .*yolo11\.yaml"):
+        check_model_name("yolov9s")

@@ -1,0 +1,123 @@
+"""Your own network, trained like ours: a four-level P2 model, YOLO11 and a timm backbone.
+
+Each trains with the trainer as the built-in variants do, resumes bit for bit after a crash
+mid-epoch, and (the YAML models) trains on two processes exactly what one process trains.
+9 images in micro-batches of 2 make 5 per epoch (the last holds 1 image); ``nbs`` 4
+accumulates 2, so an epoch is 3 steps (2, 2 and 1 micro-batches) and, on two processes, rank 1
+joins the last step with nothing of its own. One thread, as each spawned rank has on 2 cores.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import _train_workers as workers
+import pytest
+import torch
+
+from yolokit.accel.launcher import launch
+from yolokit.data import make_shapes
+from yolokit.train import TrainConfig, Trainer
+from yolokit.train.checkpoint import load_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=9, n_val=4, imgsz=64))
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def config(shapes, out, **kw) -> TrainConfig:
+    base = dict(data=shapes, imgsz=64, batch=2, nbs=4, epochs=2, workers=0, out=str(out), plots=False,
+                warmup_epochs=1.0, close_mosaic=1, mosaic_buffer=0, seed=7, optimizer="SGD", lr0=0.01)
+    return TrainConfig(**{**base, **kw})
+
+
+def _rows(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("seconds", "data%")}
+            for r in csv.DictReader((run_dir / "results.csv").open())]
+
+
+def assert_same_run(reference, other):
+    a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(other / "weights" / "last.pt")
+    assert (a["epoch"], a["steps"]) == (b["epoch"], b["steps"]) == (2, 6)
+    for part in (a["model"], a["ema"]["module"]):
+        other_part = b["model"] if part is a["model"] else b["ema"]["module"]
+        for key, value in part.items():
+            assert torch.equal(other_part[key], value), key
+    assert _rows(other) == _rows(reference)
+
+
+@pytest.mark.parametrize("name, strides", [("yolov8n-p2.yaml", (4, 8, 16, 32)), ("yolo11n.yaml", (8, 16, 32))])
+def test_a_yaml_model_resumes_bit_for_bit_and_trains_the_same_on_two_processes(shapes, tmp_path, one_thread,
+                                                                                 name, strides):
+    reference = tmp_path / "reference"
+    recorded = workers.fit_recording(config(shapes, reference, model=name))
+    assert len(set(recorded["digests"])) == 6                       # 6 optimizer steps, each changed the weights
+    state = load_checkpoint(reference / "weights" / "last.pt")
+    assert state["model_config"]["family"] == "spec" and state["model_config"]["name"] == name.removesuffix(".yaml")
+    assert tuple(state["ema"]["module"]["head.dfl.conv.weight"].shape) == (1, 16, 1, 1)
+
+    crashed = tmp_path / "crashed"                                  # a crash in the second epoch's second step
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        workers.fit_until(config(shapes, crashed, model=name, save_period_iters=1), at=8)
+    assert (load_checkpoint(crashed / "weights" / "last.pt")["steps"]) == 4
+    Trainer(TrainConfig(resume=str(crashed))).fit()                 # the architecture comes from the checkpoint
+    assert_same_run(reference, crashed)
+
+    two = launch(workers.fit_recording, 2, config(shapes, tmp_path / "two", model=name, batch=4), timeout=600)
+    assert [r["digests"] for r in two] == [recorded["digests"]] * 2
+    assert_same_run(reference, tmp_path / "two")
+    import yolokit
+
+    assert yolokit.load(reference / "weights" / "model.pt").strides == strides
+
+
+def _timm_detector():
+    from yolokit.models import Detector, TimmBackbone
+    from yolokit.models.heads import DFLHead
+    from yolokit.models.necks import YOLOv8PAN
+
+    torch.manual_seed(0)
+    backbone = TimmBackbone("mobilenetv3_small_050", out_indices=(2, 3, 4))
+    neck = YOLOv8PAN(backbone.out_channels, depth=1)
+    return Detector(backbone, neck, DFLHead(neck.out_channels, backbone.strides, num_classes=4), name="mnv3-pan")
+
+
+def test_a_timm_backbone_under_a_pan_neck_trains_its_loss_falls_and_it_resumes_exactly(shapes, tmp_path, one_thread):
+    pytest.importorskip("timm")
+    reference = tmp_path / "reference"
+    notes = []
+
+    class Notes(workers.Callback):
+        def on_setup_end(self, summary):
+            notes.extend(summary["notes"])
+
+    cfg = config(shapes, reference, epochs=4, tracker="csv")
+    Trainer(cfg, callbacks=[Notes()], model=_timm_detector()).fit()
+    steps = [float(r["step/cls"]) + float(r["step/box"]) for r in csv.DictReader((reference / "steps.csv").open())]
+    assert len(steps) == 12 and sum(steps[-3:]) < 0.7 * sum(steps[:3]), steps   # the loss falls
+    assert any("no weights/model.pt at the end: mnv3-pan holds no architecture" in n for n in notes)
+    assert not (reference / "weights" / "model.pt").exists()
+    assert load_checkpoint(reference / "weights" / "last.pt")["model_config"] is None
+
+    crashed = tmp_path / "crashed"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        workers.fit_until(config(shapes, crashed, epochs=4, tracker="csv", save_period_iters=1), at=13,
+                          model=_timm_detector())
+    with pytest.raises(ValueError, match="trained a model given as an instance .* pass it again"):
+        Trainer(TrainConfig(resume=str(crashed))).fit()
+    Trainer(TrainConfig(resume=str(crashed)), model=_timm_detector()).fit()
+    a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(crashed / "weights" / "last.pt")
+    assert a["steps"] == b["steps"] == 12
+    assert all(torch.equal(b["model"][k], v) for k, v in a["model"].items())
+    assert _rows(crashed) == _rows(reference)
