@@ -1,5 +1,6 @@
 """The scripts in examples/ run as their docstrings say, and produce what they claim."""
 
+import importlib.util
 import math
 import os
 import re
@@ -52,3 +53,13 @@ def test_predict_example_draws_every_image_of_a_folder(tmp_path):
     drawn = sorted(p.name for p in (tmp_path / "drawn").iterdir())
     assert drawn == ["00000_y.jpg", "00001_x.jpg"]
     assert cv2.imread(str(tmp_path / "drawn" / "00000_y.jpg")).shape == (40, 30, 3)  # original size, drawn on
+
+
+def test_own_network_trains_four_networks_and_compares_them(tmp_path):
+    out = run("own_network.py", "--epochs", 1, "--imgsz", 64, "--images", 8, "--out", tmp_path / "runs", cwd=tmp_path)
+    assert "baseline: yolov8n trained" in out and "p2: yolov8n-p2 trained" in out and "se: v8-se-n trained" in out
+    timm = importlib.util.find_spec("timm") is not None
+    assert ("timm: mnv3-small-pan trained" in out) == timm
+    table = out[out.index("timm:" if timm else "se:"):]
+    for run_dir in ("baseline", "p2", "se") + (("timm",) if timm else ()):
+        assert str(tmp_path / "runs" / run_dir) in table                # each run in the comparison

@@ -6,8 +6,8 @@ placeholder paths name, so the README needs no edits to run:
 - ``path/to/data.yaml`` and ``data.yaml``: a small shapes set (16 + 8 images of 64 px);
 - ``path/to/images``: a folder of 3 images; ``clip.mp4``: a 6-frame video;
 - ``runs/train/weights/model.pt``: the weights of a small trained run (1 epoch of that set);
-- ``best.pt``: a 2-class yolov8s; ``yolov8n.pt``: an Ultralytics checkpoint (written by the
-  stand-in of tests/interop); ``yolov3-tiny.weights``: a Darknet file;
+- ``best.pt``: a 2-class yolov8s; ``yolov8n.pt`` and ``yolo11n.pt``: Ultralytics checkpoints
+  (written by the stand-ins of tests/interop); ``yolov3-tiny.weights``: a Darknet file;
 - ``"shapes"``: the built-in set, generated once into the session's ``YOLOKIT_CACHE``.
 
 Runs are shortened by the substitutions in ``SHORTER`` (documented in the README), which
@@ -98,8 +98,11 @@ def staged(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     yolokit.save(yolokit.create_model("yolov8s", num_classes=2), files / "best.pt")
     yolokit.save(yolokit.create_model("yolov3-tiny", num_classes=80), files / "yolov3-tiny.weights")
     sys.path.insert(0, str(ROOT / "tests"))
-    from interop.conftest import write_their_checkpoint
+    from interop.conftest import write_their_checkpoint, write_their_spec_checkpoint
     write_their_checkpoint(files / "yolov8n.pt", "yolov8n", nc=80)
+    yolo11 = yolokit.create_model("yolo11n.yaml", num_classes=80)
+    write_their_spec_checkpoint(files / "yolo11n.pt", yolo11, {**yolo11.config.spec, "scale": "n", "channels": 3,
+                                                                "yaml_file": "yolo11n.yaml"})
     trained = subprocess.run([sys.executable, "-m", "yolokit", "train", "--data", str(small), "--epochs", "1",
                               "--imgsz", "64", "--batch", "8", "--workers", "0", "--no-plots",
                               "--out", str(files / "runs" / "train")], env=env, capture_output=True, text=True,
