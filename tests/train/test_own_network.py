@@ -127,7 +127,7 @@ def test_a_timm_backbone_under_a_pan_neck_trains_its_loss_falls_and_it_resumes_e
     with pytest.raises(RuntimeError, match="simulated crash"):
         workers.fit_until(config(shapes, crashed, epochs=4, tracker="csv", save_period_iters=1), at=13,
                           model=_timm_detector())
-    with pytest.raises(ValueError, match="trained a model given as an instance .* pass it again"):
+    with pytest.raises(ValueError, match="trained a model given as an instance, .* pass it again"):
         Trainer(TrainConfig(resume=str(crashed))).fit()
     Trainer(TrainConfig(resume=str(crashed)), model=_timm_detector()).fit()
     a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(crashed / "weights" / "last.pt")
