@@ -81,6 +81,30 @@ def test_an_ultralytics_checkpoint_brings_its_variant(tmp_path):
         read_pretrained(path, "yolov8m")
 
 
+def test_an_ultralytics_yolo11_checkpoint_fine_tunes_from_its_own_architecture(shapes, tmp_path):
+    """--weights yolo11n.pt: the run trains the architecture the file carries (no --model), or the
+    packaged YAML it names (--model yolo11n.yaml); only the class-score outputs start fresh."""
+    from interop.conftest import write_their_spec_checkpoint
+
+    torch.manual_seed(3)
+    theirs = yolokit.create_model("yolo11n.yaml", num_classes=2)
+    path = tmp_path / "yolo11n.pt"
+    write_their_spec_checkpoint(path, theirs, {**theirs.config.spec, "scale": "n", "channels": 3,
+                                               "yaml_file": "yolo11n.yaml"})
+    for model in (None, "yolo11n.yaml"):
+        notes = []
+        run = setup_run(shapes, tmp_path / f"run-{model}", notes, weights=str(path), model=model)
+        assert run.model.name == "yolo11n" and run.model.num_classes == 4 and run.model.config.family == "spec"
+        ours, source = run.model.state_dict(), theirs.state_dict()
+        differs = sorted(k for k in ours if ours[k].shape != source[k].shape)
+        assert differs and all(".cls." in k for k in differs)       # the class scores, 2 classes there, 4 here
+        same = [k for k in ours if k not in differs and source[k].is_floating_point()]
+        assert all(torch.allclose(ours[k].float(), source[k].float(), rtol=1e-3, atol=1e-3) for k in same)
+        assert "parameters transferred" in notes[0]
+    with pytest.raises(ValueError, match=r"'yolov8n.yaml' contradicts the weights .* which hold a yolo11n"):
+        setup_run(shapes, tmp_path / "bad", weights=str(path), model="yolov8n.yaml")
+
+
 def test_a_darknet_file_keeps_box_and_objectness_rows(tmp_path):
     torch.manual_seed(2)
     source = yolokit.create_model("yolov3-tiny", num_classes=2)
