@@ -85,7 +85,8 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.space and not args.config and given.get("data", "shapes") == "shapes":   # as `yolokit train` does
         config = {**SHAPES_PRESET, **given}
     result = tune(args.space, config, trials=args.trials, parallel=args.parallel, storage=args.storage,
-                  study=args.study, metric=args.metric, pruner=args.pruner, out=args.out or "runs/tune")
+                  study=args.study, metric=args.metric, pruner=args.pruner, out=args.out or "runs/tune",
+                  keep_weights=args.keep_weights)
     print(result)
     return 0
 
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--study", help="the study's name (default: the name of --out)")
     tune.add_argument("--metric", help="what the study maximizes, per epoch for the pruner (default mAP50-95; "
                                        "mAP50, fitness, precision, recall; train/box, train/cls, train/dfl minimized)")
+    tune.add_argument("--keep-weights", type=int, help="at the end only the best N finished trials keep their weights "
+                      "files (default: all)")
     tune.add_argument("--pruner", choices=["median", "hyperband", "none"], help="stops lagging trials (default "
                                                                                 "median)")
     add_config_flags(tune)

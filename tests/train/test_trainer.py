@@ -49,7 +49,13 @@ def test_two_epochs_write_the_run_folder(shapes, tmp_path, model, capsys):
     assert TrainConfig.from_yaml(run / "config.yaml").model == model
     last = load_checkpoint(run / "weights" / "last.pt")
     assert last["epoch"] == 2 and last["train_config"]["model"] == model
-    assert (run / "weights" / "best.pt").is_file()
+    best = torch.load(run / "weights" / "best.pt", weights_only=True)    # the weights only: what a run keeps small
+    assert {"state_dict", "config", "names", "train_config", "epoch", "fitness"} <= set(best)
+    assert "optimizer" not in best and "ema" not in best
+    assert all(t.dtype == torch.float16 for t in best["state_dict"].values() if t.is_floating_point())
+    assert best["epoch"] in (1, 2) and yolokit.load(run / "weights" / "best.pt").num_classes == 4
+    sizes = {p.name: p.stat().st_size for p in (run / "weights").iterdir()}
+    assert sizes["best.pt"] < 0.6 * sizes["last.pt"] / 2 and abs(sizes["best.pt"] - sizes["model.pt"]) < 4096
     final = yolokit.load(run / "weights" / "model.pt")
     assert final.name == model and final.num_classes == 4
     saved = torch.load(run / "weights" / "model.pt", weights_only=True)["state_dict"]

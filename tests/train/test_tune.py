@@ -153,8 +153,11 @@ def test_the_pruner_reads_each_epochs_metric_and_a_worker_joins_by_name(shapes, 
     weights = out / "trial_0" / "weights"
     assert (weights / "last.pt").is_file() and not (weights / "model.pt").exists()
 
-    joined = yolokit.tune(storage=str(out / "study.journal"), study="study", trials=2, out=out, pruner="none")
+    joined = yolokit.tune(storage=str(out / "study.journal"), study="study", trials=2, out=out, pruner="none",
+                          keep_weights=1)
     assert [t["state"] for t in joined.trials] == ["PRUNED", "COMPLETE"]
+    assert not list(weights.glob("*.pt")) and (out / "trial_0" / "results.csv").is_file()   # only the best kept
+    assert {p.name for p in (out / "trial_1" / "weights").glob("*.pt")} >= {"last.pt", "model.pt", "best.pt"}
     second = TrainConfig.from_yaml(out / "trial_1" / "config.yaml")
     assert second.replace(**joined.trials[1]["params"], out="x") == base_config(shapes, model="yolov8n").replace(
         **joined.trials[1]["params"], out="x")                              # the study's base config, its params

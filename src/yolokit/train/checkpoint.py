@@ -24,9 +24,11 @@ import torch
 
 from yolokit.accel import distributed
 from yolokit.train.config import TrainConfig
+from yolokit.train.files import SaveError, atomic_save
 from yolokit.train.meter import LossMeter
 from yolokit.train.optim import load_optimizer_state
 from yolokit.train.state import Parts, Progress
+from yolokit.train.weights import export_final
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -63,15 +65,40 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def resume_advice(run_dir: Path, saved: tuple[int, int] | None) -> str:
-    """After a failed save: which checkpoint is intact (``saved``: its epoch and step), and the command
-    that resumes from it."""
-    if saved is None:
-        return "no checkpoint was written yet: free some space and start again"
-    epoch, step = saved
-    where = f"after epoch {epoch}" if not step else f"at step {step} of epoch {epoch + 1}"
-    return (f"{run_dir / 'weights' / 'last.pt'} is intact ({where}); free some space and resume with: "
-            f"yolokit train --resume {run_dir}")
+class WeightsFolder:
+    """A run's ``weights/``: ``last.pt`` (everything exact resume needs), ``best.pt`` (the weights
+    only), ``epoch{N}.pt``. A failed save (a full disk) says which checkpoint is intact and the
+    command that resumes from it."""
+
+    def __init__(self, parts: Parts, progress: Progress) -> None:
+        self.parts, self.folder = parts, parts.run_dir / "weights"
+        self.progress = progress
+        self.saved = (progress.epoch, progress.step_in_epoch) if progress.steps else None   # last.pt's position
+
+    def save(self, state: dict[str, Any], name: str, *, weights_only: bool = False) -> None:
+        """``state`` as ``<name>``, atomically; ``weights_only``: the inference file instead (float16 EMA
+        weights, architecture, class names), where the model holds its architecture as data."""
+        parts, path = self.parts, self.folder / name
+        try:
+            if weights_only and parts.model.config is not None:
+                export_final(parts.ema.module if parts.ema else parts.model, path, list(parts.names), parts.config,
+                             extra={"epoch": state["epoch"], "fitness": state["best_fitness"]})
+            else:
+                atomic_save(state, path)
+        except SaveError as exc:
+            exc.advice = self.advice()
+            raise
+        if name == "last.pt":
+            self.saved = (self.progress.epoch, self.progress.step_in_epoch)
+
+    def advice(self) -> str:
+        """Which checkpoint is intact, and the command that resumes from it."""
+        if self.saved is None:
+            return "no checkpoint was written yet: free some space and start again"
+        epoch, step = self.saved
+        where = f"after epoch {epoch}" if not step else f"at step {step} of epoch {epoch + 1}"
+        return (f"{self.folder / 'last.pt'} is intact ({where}); free some space and resume with: "
+                f"yolokit train --resume {self.parts.run_dir}")
 
 
 def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None, Path]:

@@ -170,8 +170,9 @@ def trial_of(made: Any, number: int | None) -> Any:
     return next(t for t in made.get_trials(deepcopy=False) if t.number == number)
 
 
-def summarize(made: Any, out: Path, storage: str, metric: str) -> TuneResult:
-    """``trials.csv``, ``best.yaml`` and the comparison of the finished trials' runs."""
+def summarize(made: Any, out: Path, storage: str, metric: str, keep_weights: int | None = None) -> TuneResult:
+    """``trials.csv``, ``best.yaml`` and the comparison of the finished trials' runs; with ``keep_weights``
+    only the best that many finished trials keep their weights (the others' ``weights/*.pt`` are removed)."""
     result = TuneResult(made.study_name, storage, metric)
     for t in made.get_trials(deepcopy=False):
         result.trials.append({"number": t.number, "state": t.state.name, "value": t.value, "params": dict(t.params),
@@ -190,6 +191,10 @@ def summarize(made: Any, out: Path, storage: str, metric: str) -> TuneResult:
     done.sort(key=lambda t: (t["state"] != "COMPLETE", sign * t["value"] if t["value"] is not None else math.inf))
     if done:
         result.comparison = compare_runs([t["run_dir"] for t in done])
+    if keep_weights is not None:            # a sweep that keeps only its best trials' weights
+        for t in done[keep_weights:]:
+            for file in (Path(t["run_dir"]) / "weights").glob("*.pt"):
+                file.unlink(missing_ok=True)
     complete = [t for t in done if t["state"] == "COMPLETE"]
     if complete:
         result.best = complete[0]

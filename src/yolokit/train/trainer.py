@@ -26,9 +26,9 @@ from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback
 from yolokit.train.callbacks import call_hook as _call
-from yolokit.train.checkpoint import rank_states, resume_advice, run_state
+from yolokit.train.checkpoint import WeightsFolder, rank_states, run_state
 from yolokit.train.config import TrainConfig
-from yolokit.train.files import SaveError, atomic_save
+from yolokit.train.files import SaveError
 from yolokit.train.freeze import hold_frozen
 from yolokit.train.meter import LossMeter
 from yolokit.train.state import Parts, Progress, StepVotes
@@ -83,7 +83,7 @@ class Trainer:
             stop.reported = True                 # the callbacks said where it stopped
             raise stop from None
         except SaveError as exc:                 # a full disk: what is intact, and how to go on
-            exc.advice = exc.advice or resume_advice(parts.run_dir, self.saved)
+            exc.advice = exc.advice or self.weights.advice()
             raise
         finally:
             parts.loader.close()                 # workers end now, not at interpreter exit
@@ -98,7 +98,7 @@ class Trainer:
         built = build_run(self.config, user_callbacks=self.user_callbacks, model=self.model)
         self.parts, self.progress, self.resume_meter = built.parts, built.progress, built.resume_meter
         self.out_of_time, self.retries_synced = False, 0
-        self.saved = (self.progress.epoch, self.progress.step_in_epoch) if self.progress.steps else None
+        self.weights = WeightsFolder(self.parts, self.progress)
         _call(self.parts.callbacks, "on_setup_end", built.summary)
         _call(self.parts.callbacks, "on_train_start", self.parts.run_dir, self.parts.config.to_dict())
         hours = self.parts.config.time
@@ -199,17 +199,7 @@ class Trainer:
         """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
         ranks = rank_states(self.meter)
         if self.parts.main:
-            self.save(run_state(self.parts, self.progress, {}, ranks), "last.pt")
-
-    def save(self, state: dict, name: str) -> None:
-        """``weights/<name>``, atomically; a failure (a full disk) says what is intact and how to resume."""
-        try:
-            atomic_save(state, self.parts.run_dir / "weights" / name)
-        except SaveError as exc:
-            exc.advice = resume_advice(self.parts.run_dir, self.saved)
-            raise
-        if name == "last.pt":
-            self.saved = (self.progress.epoch, self.progress.step_in_epoch)
+            self.weights.save(run_state(self.parts, self.progress, {}, ranks), "last.pt")
 
     def end_epoch(self, epoch: int, losses: dict[str, float]) -> bool:
         """Validate (every rank its shard), keep the best, write checkpoints and the results row.
@@ -231,11 +221,11 @@ class Trainer:
             progress.epoch_done()
             if parts.main:
                 state = run_state(parts, progress, row, ranks)
-                self.save(state, "last.pt")
-                if improved:
-                    self.save(state, "best.pt")
+                self.weights.save(state, "last.pt")
+                if improved:          # the weights only (float16 EMA), as model.pt: last.pt is the one to resume
+                    self.weights.save(state, "best.pt", weights_only=True)
                 if cfg.save_period and (epoch + 1) % cfg.save_period == 0:
-                    self.save(state, f"epoch{epoch + 1}.pt")
+                    self.weights.save(state, f"epoch{epoch + 1}.pt")
         _call(parts.callbacks, "on_epoch_end", row)
         stop = progress.stale >= cfg.patience
         if stop:

@@ -89,7 +89,8 @@ class Reporter(Callback):
 
 def tune(space: str | Path | dict | SearchSpace | None = None, config: TrainConfig | dict | None = None, *,
          trials: int = 10, parallel: int = 1, storage: str | None = None, study: str | None = None,
-         metric: str | None = None, pruner: str | Any | None = None, out: str | Path = "runs/tune") -> TuneResult:
+         metric: str | None = None, pruner: str | Any | None = None, out: str | Path = "runs/tune",
+         keep_weights: int | None = None) -> TuneResult:
     """Runs (or resumes, or joins) a study until ``trials`` trials have finished; returns its outcome.
 
     Args:
@@ -107,12 +108,16 @@ def tune(space: str | Path | dict | SearchSpace | None = None, config: TrainConf
         pruner: "median" (a new study's default), "hyperband", "none", or an Optuna pruner; None: the
             study's own (by name).
         out: the study's folder: trial run folders, trials.csv, best.yaml.
+        keep_weights: when the study has its trials, only the best this many finished trials keep their
+            weights files (the others keep results.csv, config and charts); None: every trial keeps them.
     """
     optuna, out = require_optuna(), Path(out)
     if metric is not None and metric not in MAXIMIZED + MINIMIZED:
         raise ValueError(f"metric must be one of {', '.join(MAXIMIZED + MINIMIZED)}, got {metric!r}")
     if trials < 1 or parallel < 1:
         raise ValueError(f"trials and parallel must be >= 1, got {trials} and {parallel}")
+    if keep_weights is not None and keep_weights < 0:
+        raise ValueError(f"keep_weights must be >= 0, got {keep_weights}")
     storage, name = storage or str(out / "study.journal"), study or out.name
     made = open_study(optuna, open_storage(storage), name, space, config, metric,
                       pruner if pruner is None or isinstance(pruner, str) else type(pruner).__name__)
@@ -128,7 +133,7 @@ def tune(space: str | Path | dict | SearchSpace | None = None, config: TrainConf
         if left > 0:
             _run_workers(made, dict(storage=storage, study=name, out=str(out), trials=trials, base=base.to_dict(),
                                     pruner=pruner), left, parallel)
-    return summarize(made, out, storage, metric)
+    return summarize(made, out, storage, metric, keep_weights)
 
 
 @contextlib.contextmanager

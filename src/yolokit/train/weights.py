@@ -109,12 +109,16 @@ def _anchor_rows(value: torch.Tensor, target: torch.Tensor, anchors: int) -> tor
     return out
 
 
-def export_final(model: Detector, path: str | Path, names: list[str], train_config: Any) -> Path:
-    """The inference file of a run: float16 weights, the model config, class names and the
-    training config, written by ``yolokit.save`` (yolokit's own format; ``yolokit.load(path)``
-    returns the ready model)."""
+def export_final(model: Detector, path: str | Path, names: list[str], train_config: Any,
+                 extra: dict[str, Any] | None = None) -> Path:
+    """An inference file of a run (``model.pt``, ``best.pt``): float16 weights, the model config,
+    class names, the training config and ``extra``, written by ``yolokit.save`` (yolokit's own
+    format; ``yolokit.load(path)`` returns the ready model). A failure is a ``SaveError``; the file
+    that was there stays."""
     try:
-        return save(model, path, names=names, half=True, extra={"train_config": train_config.to_dict()})
+        entries = {"train_config": train_config.to_dict(), **(extra or {})}
+        return save(model, path, names=names, half=True, extra=entries)
     except OSError as exc:   # a full disk: about the float16 weights' size was needed
+        Path(f"{path}.tmp").unlink(missing_ok=True)
         needed = sum(t.numel() * min(t.element_size(), 2) for t in model.state_dict().values())
         raise SaveError(path, needed, exc) from exc
