@@ -9,16 +9,20 @@ import torch
 from torch import nn
 
 import yolokit
-from yolokit.interop import (
+from yolokit.interop.darknet import (
     DarknetHeader,
+    darknet_count,
+    darknet_fits,
+    darknet_num_classes,
     darknet_order,
-    file_format,
     load_darknet,
     load_darknet_model,
+    looks_like_darknet,
+    read_darknet,
     read_darknet_header,
     save_darknet,
 )
-from yolokit.interop.darknet import darknet_count, darknet_fits, darknet_num_classes, looks_like_darknet, read_darknet
+from yolokit.interop.formats import file_format
 from yolokit.models.layers import Conv
 
 

@@ -8,7 +8,8 @@ import torch
 from safetensors import safe_open
 
 import yolokit
-from yolokit.interop import file_format, load_native, save_native
+from yolokit.interop.formats import file_format
+from yolokit.interop.native import load_native, save_native
 from yolokit.interop.state import config_from_state_dict
 
 
@@ -152,7 +153,7 @@ def test_inference_files_store_half_weights_names_and_extras(tmp_path, suffix):
 
 
 def test_every_format_in_the_table_reads_what_it_writes(tmp_path):
-    from yolokit.interop import FORMATS
+    from yolokit.interop.formats import FORMATS
 
     models = {"darknet": yolokit.create_model("yolov3-tiny", num_classes=2)}
     for fmt in FORMATS:

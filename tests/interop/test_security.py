@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import yolokit
-from yolokit.interop import UnsafeFileError, load_native, load_ultralytics, read_ultralytics
+from yolokit.interop import UnsafeFileError
+from yolokit.interop.native import load_native
 from yolokit.interop.safe_load import StandIn, load_pickled, module_state_dict, pickle_globals
+from yolokit.interop.ultralytics import load_ultralytics, read_ultralytics
 
 ENTRY_POINTS = {
     "yolokit.load": yolokit.load,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import yolokit
-from yolokit.interop import load_native
+from yolokit.interop.native import load_native
 from yolokit.models import SpecConfig, SpecError, register_module, unregister_module
 
 

@@ -7,9 +7,14 @@ import pytest
 import torch
 
 import yolokit
-from yolokit.interop import load_ultralytics, read_ultralytics, ultralytics_to_yolokit
 from yolokit.interop.state import config_from_state_dict
-from yolokit.interop.ultralytics import LAYER_NAMES, yolokit_name
+from yolokit.interop.ultralytics import (
+    LAYER_NAMES,
+    load_ultralytics,
+    read_ultralytics,
+    ultralytics_to_yolokit,
+    yolokit_name,
+)
 
 KEYS = Path(__file__).parent / "fixtures" / "ultralytics-yolov8n-keys.tsv"
 

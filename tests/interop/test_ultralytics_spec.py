@@ -17,9 +17,9 @@ import yaml
 from _seeded_weights import seeded_input, seeded_state
 
 import yolokit
-from yolokit.interop import UnsafeFileError, load_ultralytics, read_ultralytics
+from yolokit.interop import UnsafeFileError
 from yolokit.interop.safe_load import pickle_globals
-from yolokit.interop.ultralytics import to_spec_names
+from yolokit.interop.ultralytics import load_ultralytics, read_ultralytics, to_spec_names
 from yolokit.models import SpecConfig
 from yolokit.models.spec_config import CFG
 
