@@ -20,6 +20,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from _processes import alive, descendants
 from _torchrun_env import subprocess_env
 
 from yolokit.data import make_shapes
@@ -32,37 +33,6 @@ CODES = {"INT": 130, "TERM": 143}
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=16, n_val=4, imgsz=64))
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (loader workers, spawned ranks, their workers)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    """Those of ``pids`` that still run (zombies count as ended)."""
-    left = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            left.add(pid)
-    return left
 
 
 def interrupt(cmd: list[str], ready, sig: str, *, cwd: Path, again: float | None = None,

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _processes import alive, descendants
 from _torchrun_env import subprocess_env
 
 from yolokit.accel.launcher import free_port
@@ -31,35 +32,6 @@ mlflow = pytest.importorskip("mlflow")
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):   # 16 training images, batch 8: 2 optimizer steps an epoch
     return str(make_shapes(tmp_path_factory.mktemp("shapes") / "set", n_train=16, n_val=4, imgsz=64))
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid``."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def running(pids: set[int]) -> set[int]:
-    left = set()
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                left.add(pid)
-        except OSError:
-            pass
-    return left
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +73,9 @@ def server(tmp_path_factory):
             proc.wait()
         log.close()
         deadline = time.monotonic() + 15
-        while running(family) and time.monotonic() < deadline:
+        while alive(family) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not running(family), f"mlflow server processes left: {running(family)}"
+        assert not alive(family), f"mlflow server processes left: {alive(family)}"
 
 
 def yolokit_train(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

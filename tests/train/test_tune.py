@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _processes import alive, descendants
 from _torchrun_env import subprocess_env
 
 import yolokit
@@ -170,34 +171,6 @@ def test_the_pruner_reads_each_epochs_metric_and_a_worker_joins_by_name(shapes, 
 
 
 # --- a study through the command: 2 workers, Ctrl-C, resume, the best retrained -------------------------------
-
-def descendants(pid: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    left = set()
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                left.add(pid)
-        except OSError:
-            pass
-    return left
-
 
 def states(out: Path) -> list[tuple[int, str, float | None, dict, dict]]:
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(out / "study.journal")))

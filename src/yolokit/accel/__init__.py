@@ -24,7 +24,7 @@ from yolokit.accel.checkpointing import disable_activation_checkpointing, enable
 from yolokit.accel.divergence import TrainingDiverged, Watchdog
 from yolokit.accel.launcher import LaunchError, launch
 from yolokit.accel.monitor import DeviceMonitor
-from yolokit.accel.oom import is_oom_error, recover, recoverable, resync, retry_step, run_batch
+from yolokit.accel.oom import is_oom_error, retry_step, run_batch
 from yolokit.accel.perf import configure, prepare_model
 from yolokit.accel.reduce import BatchNormSync, all_reduce_gradients
 from yolokit.accel.split import split_batch
@@ -52,10 +52,7 @@ __all__ = [
     "launch",
     "predict_batch_size",
     "prepare_model",
-    "recover",
-    "recoverable",
     "resolve_precision",
-    "resync",
     "retry_step",
     "run_batch",
     "split_batch",

@@ -4,22 +4,10 @@ The :class:`~yolokit.accel.accumulation.Accumulator` keeps the loader batches of
 progress (by reference: nothing is copied while nothing fails). When a forward or backward
 runs out of memory, :func:`recover` drops the step's gradients and what its forwards did to
 BatchNorm running statistics, halves the micro-batches, and hands back the step's earlier
-batches to run again, so the step ends with the same effective batch. The caller's loop
-stays visible::
+batches to run again, so the step ends with the same effective batch. :func:`run_batch` is
+that loop::
 
-    replay = []
-    while True:
-        try:
-            for held in replay:                              # after an out-of-memory error
-                for micro in acc.micro_batches(held):
-                    forward_backward(micro)
-            outputs = [forward_backward(micro) for micro in acc.micro_batches(batch)]
-            break
-        except Exception as exc:
-            if not recoverable(acc, batch, exc):
-                raise
-        replay = recover(acc, batch)                         # outside `except`: its traceback's tensors are gone
-    acc.ran(batch)
+    outputs = run_batch(acc, batch, forward_backward)   # forward_backward(micro) of each micro-batch
 
 An out-of-memory error inside ``optimizer.step`` is retried once, one parameter at a time
 (:func:`retry_step`); several processes then continue from rank 0's state (:func:`resync`).
