@@ -46,6 +46,8 @@ class DeviceStats:
     memory_utilization_percent: float | None = None
     temperature_c: float | None = None
     power_w: float | None = None
+    temperature_limit_c: float | None = None   # where the GPU slows its clocks down (a reader that knows it)
+    power_limit_w: float | None = None         # the power cap it enforces (likewise)
 
     def as_dict(self) -> dict[str, Any]:
         """The available fields only (for loggers)."""
@@ -139,18 +141,21 @@ class DeviceMonitor:
     Args:
         device: Device to watch (see :func:`read_device_stats`).
         interval: Seconds between readings of the background thread.
+        reader: ``reader(device)`` -> :class:`DeviceStats`; default :func:`read_device_stats`.
     """
 
-    def __init__(self, device: torch.device | str | None = None, *, interval: float = 1.0) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, interval: float = 1.0,
+                 reader: Any = None) -> None:
         self.device = device
         self.interval = interval
+        self.reader = reader or read_device_stats
         self.samples: list[DeviceStats] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> DeviceStats:
         """Take one reading and keep it."""
-        stats = read_device_stats(self.device)
+        stats = self.reader(self.device)
         self.samples.append(stats)
         return stats
 
@@ -185,8 +190,9 @@ class DeviceMonitor:
         """Peaks and means over the samples taken (empty on CPU).
 
         Returns:
-            ``peak_allocated_bytes`` and ``peak_reserved_bytes`` (max), and the mean of
-            ``utilization_percent``, ``temperature_c`` and ``power_w``, where read.
+            ``peak_allocated_bytes`` and ``peak_reserved_bytes`` (max), the mean of
+            ``utilization_percent``, ``temperature_c`` and ``power_w``, the highest temperature,
+            and the device's temperature and power limits, where read.
         """
         out: dict[str, float] = {}
         for key, name, reduce in (
@@ -194,7 +200,10 @@ class DeviceMonitor:
             ("reserved_bytes", "peak_reserved_bytes", max),
             ("utilization_percent", "mean_utilization_percent", _mean),
             ("temperature_c", "mean_temperature_c", _mean),
+            ("temperature_c", "max_temperature_c", max),
             ("power_w", "mean_power_w", _mean),
+            ("temperature_limit_c", "temperature_limit_c", min),
+            ("power_limit_w", "power_limit_w", min),
         ):
             values = [getattr(s, key) for s in self.samples if getattr(s, key) is not None]
             if values:

@@ -90,6 +90,10 @@ class Callback:
         """The last hook, however the run ended (finished, interrupted or failed)."""
 
 
+GPU_COLUMNS = {"gpu_busy%": "busy {:.0f}%", "gpu_mem_peak_gb": "peak {:.2f} GB", "gpu_temp_c": "max {:.0f} C",
+               "gpu_power_w": "{:.0f} W"}   # train.feeding's results columns, as the console shows them
+
+
 class ProgressBar(Callback):
     """The console: the run header, one tqdm bar per epoch (it/s, images/s, running mean
     losses, memory, the share of time spent waiting for data), the validation line, and early
@@ -138,6 +142,9 @@ class ProgressBar(Callback):
         if self.enabled and "mAP50" in row:
             tqdm.write(f"  val: P {row['precision']:.3f}  R {row['recall']:.3f}  "
                        f"mAP50 {row['mAP50']:.3f}  mAP50-95 {row['mAP50-95']:.3f}")
+        gpu = [text.format(row[key]) for key, text in GPU_COLUMNS.items() if key in row]
+        if self.enabled and gpu:      # is the GPU fed? next to data%
+            tqdm.write(f"  gpu: {'  '.join(gpu)}  data {row['data%']:.0f}%")
 
     def on_early_stop(self, epoch: int, patience: int) -> None:
         self._write(f"early stop after epoch {epoch + 1}: no improvement for {patience} validations")

@@ -79,6 +79,8 @@ class TrainConfig:
     tf32: bool | None = None    # TF32 in float32 matmuls and convolutions; None: on with CUDA
     hsv_on_device: bool | None = None  # the HSV augmentation on the device, not in the loader; None: on with CUDA
     cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)
+    monitor: bool | None = None  # the device's busy share, peak memory, temperature and power per epoch (results.csv,
+    #                              console, trackers) and a warning when the GPU starves; None: on with CUDA
     # reproducibility, output, control
     seed: int = 0
     deterministic: bool | None = None  # deterministic kernels; None: on the CPU (exact resume), off on CUDA

@@ -122,6 +122,7 @@ class DeviceSettings:
     workers: int
     pin_memory: bool
     hsv_on_device: bool = False
+    monitor: bool = False      # the device watched over each epoch (train.feeding)
 
     def apply(self) -> str:
         """Sets the global switches (``accel.perf.configure``); returns its one-line description."""
@@ -146,9 +147,9 @@ def device_settings(cfg: TrainConfig, procs: Processes) -> DeviceSettings:
     host memory, the HSV step on the device (the loader's workers only draw its gains).
     CPU: fp32, channels_last (oneDNN's NHWC kernels), deterministic kernels (an interrupted
     run resumes to the same bits), 2 workers, no pinning, HSV in the workers. Fused optimizer
-    kernels on both. ``deterministic=True`` on CUDA turns the benchmark off. SyncBatchNorm
-    only when asked for and possible (several CUDA processes); asked for where it cannot act,
-    a warning says why.
+    kernels on both. The device is watched over each epoch on CUDA (``train.feeding``).
+    ``deterministic=True`` on CUDA turns the benchmark off. SyncBatchNorm only when asked for
+    and possible (several CUDA processes); asked for where it cannot act, a warning says why.
     """
     device = procs.device
     cuda = device.type == "cuda"
@@ -167,4 +168,5 @@ def device_settings(cfg: TrainConfig, procs: Processes) -> DeviceSettings:
         deterministic=deterministic, cudnn_benchmark=cuda and not deterministic,
         tf32=cfg.tf32 if cfg.tf32 is not None else cuda, fused_optimizer=device.type in ("cpu", "cuda"),
         sync_bn=cfg.sync_bn and cuda and procs.world > 1, workers=workers, pin_memory=cuda,
-        hsv_on_device=cfg.hsv_on_device if cfg.hsv_on_device is not None else cuda)
+        hsv_on_device=cfg.hsv_on_device if cfg.hsv_on_device is not None else cuda,
+        monitor=cfg.monitor if cfg.monitor is not None else cuda)

@@ -28,6 +28,7 @@ from yolokit.train.callbacks import Callback
 from yolokit.train.callbacks import call_hook as _call
 from yolokit.train.checkpoint import WeightsFolder, rank_states, run_state
 from yolokit.train.config import TrainConfig
+from yolokit.train.feeding import EpochMonitor
 from yolokit.train.files import SaveError
 from yolokit.train.freeze import hold_frozen
 from yolokit.train.meter import LossMeter
@@ -88,6 +89,8 @@ class Trainer:
         finally:
             parts.loader.close()                 # workers end now, not at interpreter exit
             parts.val_loader.close()
+            if self.monitor is not None:         # its thread too
+                self.monitor.close()
             _call(parts.callbacks, "on_train_end")
         distributed.teardown()
         result = progress.result
@@ -99,6 +102,7 @@ class Trainer:
         self.parts, self.progress, self.resume_meter = built.parts, built.progress, built.resume_meter
         self.out_of_time, self.retries_synced = False, 0
         self.weights = WeightsFolder(self.parts, self.progress)
+        self.monitor = EpochMonitor(self.parts.plan.device) if self.parts.settings.monitor else None
         _call(self.parts.callbacks, "on_setup_end", built.summary)
         _call(self.parts.callbacks, "on_train_start", self.parts.run_dir, self.parts.config.to_dict())
         hours = self.parts.config.time
@@ -121,6 +125,8 @@ class Trainer:
             meter.load_state_dict(self.resume_meter)
         self.bad_losses = self.skipped_steps = 0                        # as last read from the device
         parts.accumulator.start_epoch(len(parts.loader), epoch_steps=parts.plan.steps_per_epoch, first_step=first)
+        if self.monitor is not None:                                    # the device's readings, off this thread
+            self.monitor.start()
         self.epoch_started, self.data_wait, ready = time.perf_counter(), 0.0, time.perf_counter()
         for i, batch in enumerate(parts.loader):
             self.data_wait += time.perf_counter() - ready              # the host waited for data (no device sync)
@@ -209,13 +215,15 @@ class Trainer:
         """
         parts, progress, cfg = self.parts, self.progress, self.parts.config
         data_share = self.data_share()                       # of the training loop, before validation
+        knobs = f"{parts.settings.workers} workers, cache {cfg.cache}"
+        device = self.monitor.stop(epoch, data_share, knobs) if self.monitor is not None else {}
         last = epoch + 1 == cfg.epochs
         evaluated = (epoch + 1) % cfg.val_interval == 0 or last
         improved = evaluated and progress.validated(self.validate(keep_samples=16 if last and cfg.plots else 0))
         row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **progress.result.as_dict(),
                "fitness": progress.result.fitness, "lr": parts.optimizer.param_groups[0]["lr"],
                "steps": progress.steps, "seconds": time.perf_counter() - self.epoch_started,
-               "data%": round(100 * data_share, 1)}
+               "data%": round(100 * data_share, 1), **device}
         ranks = rank_states()
         with parts.stop.deferred():
             progress.epoch_done()
