@@ -11,6 +11,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "yolokit"
 # Which yolokit subpackages each part may import (besides itself): ARCHITECTURE.md's
 # "accel -> torch only. ops -> torch, torchvision. models, losses, data -> ops ... predict ->
 # models, data, interop, viz, ops. train -> all of the above. cli -> anything."
+# val (the validation pass and the metrics over arrays) left train so that it is reachable
+# without the trainer: it sits below train, beside predict, and imports ops, data and accel.
 ALLOWED = {
     "accel": set(),
     "ops": set(),
@@ -18,10 +20,11 @@ ALLOWED = {
     "losses": {"ops"},
     "data": {"ops"},
     "interop": {"ops", "models"},
-    "train": {"ops", "models", "losses", "data", "accel", "interop", "viz", "predict"},
+    "train": {"ops", "models", "losses", "data", "accel", "interop", "viz", "predict", "val"},
     "viz": {"ops"},
     "predict": {"ops", "models", "data", "interop", "viz"},
-    "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", "predict", ""},
+    "val": {"ops", "data", "accel"},
+    "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", "predict", "val", ""},
     "__init__": set(),  # the public face names modules by path and imports them on first use
 }
 # Third-party modules each part may import (the standard library is always allowed).

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import yolokit.cli
-import yolokit.val.validate
+import yolokit.val.loop
 from yolokit.cli import main
 from yolokit.data import DetectionDataset, make_shapes
 from yolokit.ops.nms import Detections
@@ -70,14 +70,14 @@ def write_coco(root):
 @pytest.fixture
 def scored(monkeypatch):
     """Every (predictions, EvalResult) validation scores in this test."""
-    calls, real = [], yolokit.val.validate.coco_evaluate
+    calls, real = [], yolokit.val.loop.coco_evaluate
 
     def spy(predictions, *args, **kwargs):
         result = real(predictions, *args, **kwargs)
         calls.append((list(predictions), result))
         return result
 
-    monkeypatch.setattr(yolokit.val.validate, "coco_evaluate", spy)
+    monkeypatch.setattr(yolokit.val.loop, "coco_evaluate", spy)
     return calls
 
 

@@ -9,6 +9,8 @@ import numpy as np
 
 from yolokit.ops.nms import Detections
 
+__all__ = ["PALETTE", "class_colour", "draw_detections"]
+
 # 20 well-separated RGB colours; class k uses PALETTE[k % 20].
 PALETTE = np.array([
     (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48),

@@ -41,6 +41,7 @@ def test_monitor_thread_samples_and_summarises():
         "peak_reserved_bytes": 20,
         "mean_utilization_percent": 60.0,
         "mean_temperature_c": 61.0,
+        "max_temperature_c": 62.0,
         "mean_power_w": 150.0,
     }
 

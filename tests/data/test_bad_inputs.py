@@ -9,7 +9,8 @@ import cv2
 import numpy as np
 import pytest
 
-from yolokit.data import DatasetError, DetectionDataset, build_dataloader, yolo_index
+from yolokit.data import DatasetError, DetectionDataset, build_dataloader
+from yolokit.data.sources import yolo_index
 
 from .conftest import colour_extent, draw_rects, write_yolo_dataset
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import yolokit.data.sources as sources
-from yolokit.data import yolo_index
+from yolokit.data.sources import yolo_index
 
 
 @pytest.fixture()

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, collate, collate_uint8, to_device
+from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, collate, to_device
 from yolokit.data.color import _to_hsv, _to_rgb, apply_hsv_lut_batch
+from yolokit.data.loader import collate_uint8
 from yolokit.data.transforms import apply_hsv_lut, hsv_lut
 
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 import yolokit.data.shapes as shapes_mod
-from yolokit.data import SHAPE_NAMES, make_shapes, read_data_yaml
-from yolokit.data.sources import label_path
+from yolokit.data import SHAPE_NAMES, make_shapes
+from yolokit.data.sources import label_path, read_data_yaml
 
 
 def _digest(folder: Path) -> str:

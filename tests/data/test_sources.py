@@ -10,15 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from yolokit.data import (
-    DatasetError,
-    DetectionDataset,
-    coco_index,
-    label_path,
-    load_split,
-    read_data_yaml,
-    yolo_index,
-)
+from yolokit.data import DatasetError, DetectionDataset
+from yolokit.data.sources import coco_index, label_path, load_split, read_data_yaml, yolo_index
 
 from .conftest import draw_rects
 

@@ -51,11 +51,13 @@ def single(shapes, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """Weights that find some objects (the validation comparison is then not between zeros)."""
+    """Weights that find some objects (the validation comparison is then not between zeros): without
+    Mosaic and with warmup they reach mAP50 0.06-0.07 at one or two threads (with Mosaic and no warmup
+    the loss jumps in epoch 2 and, depending on the float rounding of the thread count, may end at 0)."""
     data = str(make_shapes(tmp_path_factory.mktemp("shapes96") / "set", n_train=48, n_val=10, imgsz=96))
     out = tmp_path_factory.mktemp("trained") / "run"
     cfg = TrainConfig(data=data, imgsz=96, batch=8, nbs=8, epochs=15, workers=0, out=str(out), plots=False,
-                      warmup_epochs=0.0, close_mosaic=2)
+                      warmup_epochs=3.0, close_mosaic=15)
     workers.fit_recording(cfg)
     return data, str(out / "weights" / "last.pt")
 

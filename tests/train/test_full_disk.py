@@ -144,3 +144,21 @@ def test_a_run_file_that_cannot_be_written_is_a_save_error(tmp_path):
     (tmp_path / "blocker").write_text("a file where a folder should be")
     with pytest.raises(SaveError, match=r"cannot write .*results.csv: .*\(needs 2 B, "):
         write_text(tmp_path / "blocker" / "results.csv", "x\n", append=True)
+
+
+def test_a_full_disk_while_writing_best_pt_is_a_save_error_and_the_old_file_stays(tmp_path, monkeypatch):
+    import yolokit.train.files as files
+    from yolokit.models import create_model
+    from yolokit.train import TrainConfig
+    from yolokit.train.weights import export_final
+
+    model, path = create_model("yolov8n", num_classes=2), tmp_path / "best.pt"
+    export_final(model, path, ["a", "b"], TrainConfig(), extra={"epoch": 1})
+    before = path.read_bytes()
+    real = files.os.fdopen
+    monkeypatch.setattr(files.os, "fdopen", lambda fd, *args, **kwargs: _Full(real(fd, *args, **kwargs)))
+    with pytest.raises(SaveError) as err:
+        export_final(model, path, ["a", "b"], TrainConfig(), extra={"epoch": 2})
+    monkeypatch.undo()
+    assert err.value.path == path and abs(err.value.needed - len(before)) / len(before) < 0.01   # float16 weights
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["best.pt"]

@@ -128,10 +128,10 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_checkpoint(shape
 
 
 def test_interrupt_writes_a_resumable_checkpoint(shapes, tmp_path, monkeypatch):
-    from yolokit.train.trainer import Trainer as T
+    import yolokit.train.step as step
 
     calls = {"n": 0}
-    original = T._optimizer_step
+    original = step.retry_step  # the optimizer step of train_step
 
     def interrupted(*args, **kw):
         calls["n"] += 1
@@ -139,7 +139,7 @@ def test_interrupt_writes_a_resumable_checkpoint(shapes, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return original(*args, **kw)
 
-    monkeypatch.setattr(T, "_optimizer_step", interrupted)
+    monkeypatch.setattr(step, "retry_step", interrupted)
     rec = Recorder()
     with pytest.raises(KeyboardInterrupt):
         Trainer(tiny(shapes, tmp_path / "run", nbs=8, epochs=2), callbacks=[rec]).fit()

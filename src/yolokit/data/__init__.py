@@ -10,7 +10,6 @@ from yolokit.data.albu import Albumentations
 from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.images import ImageError, VideoFrame, image_tensor, letterbox, read_image, read_video, verify_image
-from yolokit.data.labels import Problem, SplitIndex
 from yolokit.data.loader import (
     AspectRatioBatchSampler,
     DetectionLoader,
@@ -18,19 +17,11 @@ from yolokit.data.loader import (
     ShardedBatchSampler,
     build_dataloader,
     collate,
-    collate_uint8,
     to_device,
 )
-from yolokit.data.mosaic import MosaicCanvas, mixup, mosaic4, mosaic4_canvas
+from yolokit.data.mosaic import mixup, mosaic4
 from yolokit.data.shapes import SHAPE_NAMES, make_shapes
-from yolokit.data.sources import (
-    DatasetError,
-    coco_index,
-    label_path,
-    load_split,
-    read_data_yaml,
-    yolo_index,
-)
+from yolokit.data.sources import DatasetError
 from yolokit.data.transforms import (
     AugmentConfig,
     apply_hsv_lut,
@@ -45,12 +36,9 @@ from yolokit.data.transforms import (
 )
 
 __all__ = [
-    "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "DatasetError",
-    "DetectionDataset", "DetectionLoader", "ImageError", "Problem", "SHAPE_NAMES", "ShardedBatchSampler", "SplitIndex",
-    "apply_hsv_lut", "apply_hsv_lut_batch", "augment_hsv", "build_dataloader", "hsv_lut",
-    "coco_index", "collate", "collate_uint8", "flip_lr",
-    "flip_ud", "RectBatchSampler",
-    "MosaicCanvas", "label_path", "letterbox", "load_split", "make_shapes", "mixup", "mosaic4", "mosaic4_canvas",
-    "random_affine", "random_flip", "read_data_yaml", "read_image", "scale_boxes", "to_device",
-    "transform_boxes", "verify_image", "yolo_index", "VideoFrame", "image_tensor", "read_video",
+    "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "DatasetError", "DetectionDataset", "DetectionLoader",
+    "ImageError", "RectBatchSampler", "SHAPE_NAMES", "ShardedBatchSampler", "VideoFrame", "apply_hsv_lut",
+    "apply_hsv_lut_batch", "augment_hsv", "build_dataloader", "collate", "flip_lr", "flip_ud", "hsv_lut",
+    "image_tensor", "letterbox", "make_shapes", "mixup", "mosaic4", "random_affine", "random_flip", "read_image",
+    "read_video", "scale_boxes", "to_device", "transform_boxes", "verify_image",
 ]

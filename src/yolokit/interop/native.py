@@ -57,29 +57,37 @@ def save_native(model: Detector, path: str | Path, *, names: Sequence[str] | Non
         PosixPath('tiny.safetensors')
     """
     path = Path(path)
-    if model.config is None:
-        raise ValueError(f"{path}: {model.name} has no config to store; build it with create_model or build_model")
     if path.suffix not in (".safetensors", *TORCH_SUFFIXES):
         raise ValueError(f"{path}: unknown suffix {path.suffix!r}; use .safetensors, .pt or .pth")
-    state = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
-             for k, v in model.state_dict().items()}
-    names = list(names) if names is not None else (model.names if model.has_names else None)
-    entries = {"config": asdict(model.config), **({"names": [str(n) for n in names]} if names else {}),
-               **dict(extra or {})}
+    contents = native_contents(model, names=names, half=half, extra=extra, source=path)
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 
-        metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
-                    **{k: json.dumps(v) for k, v in entries.items()}}
+        state = contents.pop("state_dict")
+        metadata = {k: (str(v) if k == "format_version" else v if k == "format" else json.dumps(v))
+                    for k, v in contents.items()}
         save_file(state, str(tmp), metadata=metadata)
     else:
         with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "state_dict": state, **entries}, f)
+            torch.save(contents, f)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def native_contents(model: Detector, *, names: Sequence[str] | None = None, half: bool = False,
+                    extra: Mapping[str, Any] | None = None, source: str | Path = "") -> dict[str, Any]:
+    """What :func:`save_native` writes to a ``.pt`` file, as a dict (``torch.save`` it as it is):
+    ``format``, ``format_version``, ``state_dict``, ``config``, ``names`` when known, and ``extra``."""
+    if model.config is None:
+        raise ValueError(f"{source}: {model.name} has no config to store; build it with create_model or build_model")
+    state = {k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().contiguous()
+             for k, v in model.state_dict().items()}
+    names = list(names) if names is not None else (model.names if model.has_names else None)
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "state_dict": state, "config": asdict(model.config),
+            **({"names": [str(n) for n in names]} if names else {}), **dict(extra or {})}
 
 
 def from_safetensors_file(path: str | Path, *, model: str | Detector | None,

@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from yolokit.interop import load, save
+from yolokit.interop.native import TORCH_SUFFIXES, native_contents
 from yolokit.interop.state import is_fused
 from yolokit.models import Detector, create_model
 from yolokit.models.zoo import is_yaml_name
-from yolokit.train.files import SaveError
+from yolokit.train.files import atomic_save
 
 DEFAULT_MODEL = "yolov8n"
 
@@ -115,10 +116,7 @@ def export_final(model: Detector, path: str | Path, names: list[str], train_conf
     class names, the training config and ``extra``, written by ``yolokit.save`` (yolokit's own
     format; ``yolokit.load(path)`` returns the ready model). A failure is a ``SaveError``; the file
     that was there stays."""
-    try:
-        entries = {"train_config": train_config.to_dict(), **(extra or {})}
+    entries = {"train_config": train_config.to_dict(), **(extra or {})}
+    if Path(path).suffix not in TORCH_SUFFIXES:
         return save(model, path, names=names, half=True, extra=entries)
-    except OSError as exc:   # a full disk: about the float16 weights' size was needed
-        Path(f"{path}.tmp").unlink(missing_ok=True)
-        needed = sum(t.numel() * min(t.element_size(), 2) for t in model.state_dict().values())
-        raise SaveError(path, needed, exc) from exc
+    return atomic_save(native_contents(model, names=names, half=True, extra=entries, source=path), path)

@@ -10,7 +10,7 @@ Example:
     >>> print(result.format_table(model.names))
 """
 
+from yolokit.val.loop import validate
 from yolokit.val.metrics import EvalResult, coco_evaluate
-from yolokit.val.validate import validate
 
 __all__ = ["EvalResult", "coco_evaluate", "validate"]
