@@ -152,6 +152,30 @@ def test_interrupt_writes_a_resumable_checkpoint(shapes, tmp_path, monkeypatch):
     assert load_checkpoint(tmp_path / "run" / "weights" / "last.pt")["epoch"] == 2 and "mAP50" in result
 
 
+def test_a_ctrl_c_right_after_the_checkpoint_keeps_the_epochs_results_row(shapes, tmp_path, monkeypatch):
+    """The row of an epoch whose last.pt is on disk is in results.csv too: resume never loses it, nor repeats it."""
+    import os
+    import signal
+
+    from yolokit.train.checkpoint import WeightsFolder
+
+    real = WeightsFolder.save
+
+    def save_then_ctrl_c(self, state, name, **kw):
+        real(self, state, name, **kw)
+        if name == "last.pt" and state["epoch"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)      # as a terminal would, between the checkpoint and the row
+
+    monkeypatch.setattr(WeightsFolder, "save", save_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(shapes, tmp_path / "run"))
+    monkeypatch.undo()
+    rows = lambda: [r["epoch"] for r in csv.DictReader((tmp_path / "run" / "results.csv").open())]  # noqa: E731
+    assert load_checkpoint(tmp_path / "run" / "weights" / "last.pt")["epoch"] == 1 and rows() == ["1"]
+    train(TrainConfig(resume=str(tmp_path / "run")))
+    assert rows() == ["1", "2"]
+
+
 class Recorder(Callback):
     """Every hook call, in order, with its arguments."""
 

@@ -234,7 +234,7 @@ class Trainer:
                     self.weights.save(state, "best.pt", weights_only=True)
                 if cfg.save_period and (epoch + 1) % cfg.save_period == 0:
                     self.weights.save(state, f"epoch{epoch + 1}.pt")
-        _call(parts.callbacks, "on_epoch_end", row)
+            _call(parts.callbacks, "on_epoch_end", row)   # results.csv's row: a Ctrl-C waits for it too
         stop = progress.stale >= cfg.patience
         if stop:
             _call(parts.callbacks, "on_early_stop", epoch, cfg.patience)
