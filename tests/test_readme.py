@@ -65,6 +65,22 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
 
 
 BLOCKS = python_blocks((ROOT / "README.md").read_text())
+# Blocks that repeat end to end what a dedicated test runs (named beside each) run with
+# `pytest -m extended`; by default they compile, every name they import exists and every
+# TrainConfig field they set is one (test_an_extended_block_names_only_what_exists).
+EXTENDED = {
+    "yolokit.tune(": "tests/train/test_tune.py",
+    "print(compare_runs(runs))": "tests/test_examples.py (examples/own_network.py), tests/train/test_own_network.py",
+    'tracker="wandb"': "tests/train/test_trackers.py, tests/train/test_mlflow_stores.py",
+    'export_onnx(model, "model.onnx"': "tests/interop/test_onnx.py, test_native.py, test_darknet.py",
+    "freeze=10": "tests/train/test_freeze.py, tests/train/test_compare.py",
+    "save_period_iters=500": "tests/train/test_resume_iters.py",
+    "devices=4": "tests/train/test_distributed_training.py",
+}
+
+
+def _is_extended(code: str) -> bool:
+    return any(key in code for key in EXTENDED)
 
 
 def shorter(code: str) -> str:
@@ -125,7 +141,9 @@ def test_the_substitutions_only_shorten():
     assert shorter("max_epochs=5, batch=16") == "max_epochs=5, batch=16"
 
 
-@pytest.mark.parametrize("line, code", BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
+@pytest.mark.parametrize("line, code", [pytest.param(line, code, id=f"README.md:{line}",
+                                                     marks=[pytest.mark.extended] if _is_extended(code) else [])
+                                        for line, code in BLOCKS])
 def test_readme_block_runs_as_a_script(staged, tmp_path, line, code):
     files, env = staged
     work = tmp_path / "work"
@@ -138,3 +156,35 @@ def test_readme_block_runs_as_a_script(staged, tmp_path, line, code):
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"README.md:{line} did not finish in 300 s:\n{(exc.stderr or b'')[-3000:]!r}")
     assert done.returncode == 0, f"README.md:{line}\n{shorter(code)}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("line, code", [(line, code) for line, code in BLOCKS if _is_extended(code)],
+                         ids=[f"README.md:{line}" for line, code in BLOCKS if _is_extended(code)])
+def test_an_extended_block_names_only_what_exists(line, code):
+    import ast
+    import dataclasses
+    import importlib
+
+    from yolokit.train import TrainConfig
+
+    tree = ast.parse(code, filename=f"README.md:{line}")
+    compile(tree, f"README.md:{line}", "exec")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
+                    f"README.md:{line}: {node.module} has no {alias.name}"
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("TrainConfig", "replace"):
+                unknown = {k.arg for k in node.keywords if k.arg} - fields
+                assert not unknown, f"README.md:{line}: TrainConfig has no {sorted(unknown)}"
+            if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+                target = {"yolokit": "yolokit"}.get(node.func.value.id)
+                if target:
+                    assert hasattr(importlib.import_module(target), node.func.attr), f"README.md:{line}: {name}"

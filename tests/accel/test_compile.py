@@ -154,6 +154,7 @@ def test_compiled_checkpointing_still_saves_activation_memory():
     assert checkpointed < 0.5 * plain, (checkpointed, plain)  # 0.36 here (eager at 256 px: 0.38)
 
 
+@pytest.mark.extended   # a C++ build (35 s); the default run compiles the same checkpointed training with aot_eager
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor needs a C++ compiler")
 def test_inductor_checkpointed_blocks_match_eager():
     """Inductor's generated kernels, with checkpointed C2f/SPPF blocks, train like eager."""

@@ -127,7 +127,8 @@ def _fake_memory(probe, boxes, limit):
     return step, cost
 
 
-@pytest.mark.parametrize("boxes", [1, 400])
+# boxes=1 searches up to 70 real 64-px images a step (30 s here); 400 boxes, the same search, to 23
+@pytest.mark.parametrize("boxes", [pytest.param(1, marks=pytest.mark.extended), 400])
 def test_measure_aims_at_the_budget_and_boxes_cost_batch(boxes, capsys):
     seen = []
     model, loss = _parts(seen)
