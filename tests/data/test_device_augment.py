@@ -71,6 +71,26 @@ def test_jpeg_decode_and_resize_within_two_levels(shapes_yaml):
     assert _compare(a, b, mean_levels=0.4).max() <= 2
 
 
+def test_turned_and_other_files_are_decoded_by_the_workers(tmp_path):
+    from PIL import Image
+
+    from .conftest import draw_rects, write_yolo_dataset
+
+    image = draw_rects((48, 64), [(8, 8, 40, 30), (44, 20, 60, 44)])
+    label = "0 0.375 0.396 0.5 0.458\n1 0.8125 0.667 0.25 0.5\n"
+    yaml = write_yolo_dataset(tmp_path / "set", {"a.png": (image, label), "b.jpg": (image, label),
+                                                 "c.jpg": (None, label)})
+    exif = Image.Exif()
+    exif[0x0112] = 6                                                    # turned a quarter: upright 64 x 48
+    Image.fromarray(image[..., ::-1]).save(tmp_path / "set/images/train/c.jpg", exif=exif, quality=95)
+    (a,), ds = _batches(yaml, "workers", batch=3, seed=1, buffer_size=0, hyp=dict(mosaic=0.0))
+    (b,), _ = _batches(yaml, "device", batch=3, seed=1, buffer_size=0, hyp=dict(mosaic=0.0))
+    assert sorted(ds.shapes.tolist()) == [[48, 64], [48, 64], [64, 48]]
+    kinds = sorted(b["aug_sources"][:, 0].tolist())
+    assert kinds == [0, 1, 1]                                           # only b.jpg's bytes go to the device
+    _compare(a, b, mean_levels=1.0)
+
+
 def test_rect_batches(shapes_yaml):
     loaders = []
     for augment_on in ("workers", "device"):

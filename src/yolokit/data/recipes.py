@@ -57,10 +57,24 @@ def _read_source(ds, i: int) -> Source:
         raise ImageError(f"unreadable file ({err.strerror or err})") from err
     if data.size == 0:
         raise ImageError("empty file")
-    if data.size > 3 and data[0] == 0xFF and data[1] == 0xD8:      # a JPEG: the device decodes it
+    if data.size > 3 and data[0] == 0xFF and data[1] == 0xD8 and not _turned(data):   # the device decodes it
         return Source(i, _loaded_size(ds, i), jpeg=data, decoded=tuple(int(v) for v in ds.index.shapes[i]))
     image = ds._read_resized(i)                                     # other formats: decoded here
     return Source(i, image.shape[:2], pixels=image)
+
+
+def _turned(jpeg: np.ndarray) -> bool:
+    """Whether a JPEG's EXIF orientation turns it (nvJPEG ignores the tag: such files are decoded here)."""
+    if b"Exif" not in jpeg[:65536].tobytes():
+        return False
+    import io
+
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(jpeg.tobytes())) as im:
+            return im.getexif().get(0x0112, 1) != 1
+    except Exception:  # Pillow signals bad data many ways: the workers' decoder decides
+        return True
 
 
 def load_source(ds, i: int):
