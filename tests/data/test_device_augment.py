@@ -50,11 +50,14 @@ def test_same_labels_and_images_within_a_grey_level(shapes_yaml, case, seed):
     assert (diff > 2).float().mean() < 0.04
 
 
-def test_geometry_matches_opencv_to_rounding(shapes_yaml):
-    # decoded by OpenCV in both (RAM cache), no HSV: the Mosaic, warp, paste and flips differ by
-    # OpenCV's fixed-point rounding only (one level), and a pure paste at scale 1 is exact
-    (a,), _ = _batches(shapes_yaml, "workers", hyp=NO_HSV, cache_images="ram")
-    (b,), _ = _batches(shapes_yaml, "device", hyp=NO_HSV, cache_images="ram")
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_geometry_matches_opencv_to_rounding(shapes_yaml, cache, tmp_path):
+    # decoded by OpenCV in both (the cache's images), no HSV: the Mosaic, warp, paste and flips differ
+    # by OpenCV's fixed-point rounding only (one level), and a pure paste at scale 1 is exact
+    caching = dict(cache_images=cache, cache_dir=tmp_path / "cache") if cache == "disk" else dict(cache_images=cache)
+    (a,), _ = _batches(shapes_yaml, "workers", hyp=NO_HSV, **caching)
+    (b,), _ = _batches(shapes_yaml, "device", hyp=NO_HSV, **caching)
+    assert b["aug_jpeg"].numel() == 0 and b["aug_pixels"].shape[1] > 0         # the workers' decoded images
     diff = _compare(a, b, mean_levels=0.3)
     assert diff.max() <= 1
     still = dict(NO_HSV, mosaic=0.0, scale=0.0, translate=0.0)

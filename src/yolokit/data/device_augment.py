@@ -37,7 +37,7 @@ import torch
 from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.images import PAD_VALUE
 
-CHUNK = 1 << 22          # output pixels per warp step (bounds the index temporaries: ~0.5 GB)
+CHUNK = 1 << 22          # output pixels per warp step (bounds its temporaries: about 1 GB)
 
 
 def decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, list[int], list[tuple[int, int]]]:
@@ -132,15 +132,16 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     v = torch.where(grid, (v * 32).round() / 32, v).clamp(wd[:, 2], wd[:, 3])
     x0, y0 = u.floor(), v.floor()
     fx, fy = (u - x0).float(), (v - y0).float()
-    cx = torch.stack([x0, x0 + 1, x0, x0 + 1]).long()                     # [4, n, H, W] frame pixels
-    cy = torch.stack([y0, y0, y0 + 1, y0 + 1]).long()
+    i32 = torch.int32                                                     # int32 index arithmetic: half the bytes
+    cx = torch.stack([x0, x0 + 1, x0, x0 + 1]).to(i32)                    # [4, n, H, W] frame pixels
+    cy = torch.stack([y0, y0, y0 + 1, y0 + 1]).to(i32)
     fr = frame.view(1, n, 4, 1, 1)
-    quadrant = (cx >= fr[:, :, 2]).long() + 2 * (cy >= fr[:, :, 3]).long()
-    row = torch.arange(n, device=dev).view(1, n, 1, 1) * 4 + quadrant
+    quadrant = (cx >= fr[:, :, 2]).to(i32) + 2 * (cy >= fr[:, :, 3]).to(i32)
+    row = torch.arange(n, device=dev, dtype=i32).view(1, n, 1, 1) * 4 + quadrant
     t = tiles.reshape(n * 4, -1).t()[:, row]                              # [8, 4, n, H, W]
     inside = ((t[0] >= 0) & (cx >= t[2]) & (cx < t[4]) & (cy >= t[3]) & (cy < t[5])
               & (cx >= 0) & (cy >= 0) & (cx < fr[:, :, 1]) & (cy < fr[:, :, 0]))
-    flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0)
+    flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0).long()
     vals = atlas[:, flat.flatten()].view(3, *flat.shape).float()
     vals = torch.where(inside, vals, float(PAD_VALUE))
     weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
@@ -172,10 +173,14 @@ def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
     table = torch.stack([torch.where(src >= 0, offs[src], -1), widths[src], tiles[..., 1], tiles[..., 2],
                          tiles[..., 3], tiles[..., 4], tiles[..., 5] - tiles[..., 1],
                          tiles[..., 6] - tiles[..., 2]], -1)              # [B, 2, 4, 8] on the host
+    frame = batch["aug_frame"].clamp(max=2**31 - 1).to(torch.int32)
+    if atlas.shape[1] >= 2**31:
+        raise ValueError(f"a batch of {atlas.shape[1]:,} source pixels: int32 indices hold 2**31; use a smaller batch")
+    table = table.to(torch.int32)
     mixed = bool((batch["aug_mix"] < 1).any())
     views = 2 if mixed else 1
     warp = (batch["aug_windows"][..., 0] == -1e9)                         # the full warps (not pastes)
-    host = dict(table=table[:, :views], frame=batch["aug_frame"][:, :views], inverse=batch["aug_inverse"][:, :views],
+    host = dict(table=table[:, :views], frame=frame[:, :views], inverse=batch["aug_inverse"][:, :views],
                 windows=batch["aug_windows"][:, :views], warp=warp[:, :views], flips=batch["aug_flip"], shape=shape)
     on = {k: v.to(device, non_blocking=True) for k, v in host.items()}
     images = torch.empty((b, 3, height, width), dtype=torch.uint8, device=device)
