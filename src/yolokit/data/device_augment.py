@@ -95,19 +95,24 @@ def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[i
     if list(shapes) == list(targets) and offsets == new_offsets:
         return atlas, offsets
     dev = atlas.device
-    table = torch.tensor([[o, h, w, th, tw, n] for o, (h, w), (th, tw), n in
-                          zip(offsets, shapes, targets, new_offsets, strict=True)], dtype=torch.float64)
-    table = table.to(dev, non_blocking=True)
-    counts = (table[:, 3] * table[:, 4]).long()
-    sid = torch.repeat_interleave(torch.arange(len(targets), device=dev), counts, output_size=at)
-    t = table[sid]                                                     # [P1, 6]
-    local = torch.arange(at, device=dev, dtype=torch.float64) - t[:, 5]
-    oy = torch.div(local, t[:, 4], rounding_mode="floor")
-    ox = local - oy * t[:, 4]
-    x = ((ox + 0.5) * (t[:, 2] / t[:, 4]) - 0.5).float()
-    y = ((oy + 0.5) * (t[:, 1] / t[:, 3]) - 0.5).float()
-    out = _bilinear(atlas, t[:, 0].long(), t[:, 2].float(), t[:, 1].float(), x, y)
-    return out.round_().clamp_(0, 255).to(torch.uint8), new_offsets
+    ints = torch.tensor([[o, w, tw, n] for o, (_, w), (_, tw), n in zip(offsets, shapes, targets, new_offsets,
+                                                                         strict=True)], dtype=torch.int64)
+    floats = torch.tensor([[h, w, h / th, w / tw] for (h, w), (th, tw) in zip(shapes, targets, strict=True)],
+                          dtype=torch.float32)
+    counts = torch.tensor([th * tw for th, tw in targets], dtype=torch.int64)
+    ints, floats, counts = (t.to(dev, non_blocking=True) for t in (ints, floats, counts))
+    sid = torch.repeat_interleave(torch.arange(len(targets), device=dev, dtype=torch.int32), counts, output_size=at)
+    out = torch.empty((3, at), dtype=torch.uint8, device=dev)
+    for lo in range(0, at, CHUNK):                                     # chunks of CHUNK pixels bound the temporaries
+        s = sid[lo:lo + CHUNK].long()
+        i, f = ints[s], floats[s]                                      # [n, 4] each
+        local = torch.arange(lo, lo + len(s), device=dev) - i[:, 3]
+        oy = torch.div(local, i[:, 2], rounding_mode="floor")
+        ox = local - oy * i[:, 2]
+        x = (ox.float() + 0.5) * f[:, 3] - 0.5                           # cv2.resize's source point
+        y = (oy.float() + 0.5) * f[:, 2] - 0.5
+        out[:, lo:lo + len(s)] = _bilinear(atlas, i[:, 0], f[:, 1], f[:, 0], x, y).round_().clamp_(0, 255)
+    return out, new_offsets
 
 
 def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, inverse: torch.Tensor,
@@ -117,9 +122,9 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     x1, y1, x2, y2 folded as base, width, x1, y1, x2, y2, ox, oy...), see `warp_batch`."""
     n, dev = tiles.shape[0], atlas.device
     height, width = size
-    ys = torch.arange(height, device=dev, dtype=torch.float64).view(1, -1, 1)
-    xs = torch.arange(width, device=dev, dtype=torch.float64).view(1, 1, -1)
-    h_b, w_b = shape[:, 0].view(-1, 1, 1).double(), shape[:, 1].view(-1, 1, 1).double()
+    ys = torch.arange(height, device=dev, dtype=torch.float32).view(1, -1, 1)
+    xs = torch.arange(width, device=dev, dtype=torch.float32).view(1, 1, -1)
+    h_b, w_b = shape[:, 0].view(-1, 1, 1).float(), shape[:, 1].view(-1, 1, 1).float()
     xf = torch.where(flips[:, 0].view(-1, 1, 1), w_b - 1 - xs, xs)          # the flips: where each pixel reads
     yf = torch.where(flips[:, 1].view(-1, 1, 1), h_b - 1 - ys, ys)
     m = inverse.view(n, 9, 1, 1)
@@ -131,7 +136,7 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     u = torch.where(grid, (u * 32).round() / 32, u).clamp(wd[:, 0], wd[:, 1])   # OpenCV's 1/32 pixel warp grid
     v = torch.where(grid, (v * 32).round() / 32, v).clamp(wd[:, 2], wd[:, 3])
     x0, y0 = u.floor(), v.floor()
-    fx, fy = (u - x0).float(), (v - y0).float()
+    fx, fy = u - x0, v - y0
     i32 = torch.int32                                                     # int32 index arithmetic: half the bytes
     cx = torch.stack([x0, x0 + 1, x0, x0 + 1]).to(i32)                    # [4, n, H, W] frame pixels
     cy = torch.stack([y0, y0, y0 + 1, y0 + 1]).to(i32)
@@ -180,8 +185,9 @@ def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
     mixed = bool((batch["aug_mix"] < 1).any())
     views = 2 if mixed else 1
     warp = (batch["aug_windows"][..., 0] == -1e9)                         # the full warps (not pastes)
-    host = dict(table=table[:, :views], frame=frame[:, :views], inverse=batch["aug_inverse"][:, :views],
-                windows=batch["aug_windows"][:, :views], warp=warp[:, :views], flips=batch["aug_flip"], shape=shape)
+    host = dict(table=table[:, :views], frame=frame[:, :views], inverse=batch["aug_inverse"][:, :views].float(),
+                windows=batch["aug_windows"][:, :views].float(), warp=warp[:, :views], flips=batch["aug_flip"],
+                shape=shape)
     on = {k: v.to(device, non_blocking=True) for k, v in host.items()}
     images = torch.empty((b, 3, height, width), dtype=torch.uint8, device=device)
     step = max(1, CHUNK // max(1, height * width))
