@@ -18,14 +18,16 @@ the device: every size comes from the recipes on the host. The work is cut into 
 `CHUNK` output pixels to bound the temporaries, so the number of kernels grows with the batch's
 pixels over `CHUNK` only.
 
-Against the workers' OpenCV images (the same recipes, so the same parameters and labels), a
-sample differs by well under one grey level on average: OpenCV's fixed-point weights (1/32 pixel
-coordinates and 15-bit weights in the warp, 11-bit in the resize) against float weights here move
-single pixels by one level; the rest is where the interpolation crosses an edge: the paste's
-window edge (OpenCV replicates the resized region's border where a partly visible source row is
-cut), and a JPEG's decoder (libjpeg-turbo in torchvision, OpenCV's own build) by a level here and
-there. A letterbox that resizes (a rect batch shape smaller than an image's own) resizes once
-from the file here, twice in the workers.
+Against the workers' OpenCV images (the same recipes, so the same parameters and labels) a sample
+differs by 0.1-0.4 grey levels on average (tests/data/test_device_augment.py bounds it at 1). The
+frame is looked up as OpenCV sees it (a neighbour across a tile's or the canvas's edge is the grey
+or the other tile there, the paste replicates its window's border, warps snap to OpenCV's 1/32
+pixel grid), so edges add nothing; what is left: float weights here against OpenCV's fixed-point
+ones (15-bit in the warp, 11-bit in the resize) move single pixels by one level; torchvision's
+JPEG decoder against OpenCV's, by up to two; and the HSV step, exact itself, turns a one-level
+change of a saturated colour into a hue step now and then (single pixels, up to ~20 levels, under
+4% of the pixels by more than two). A letterbox that resizes (a rect batch shape smaller than an
+image's own, which the batch shapes avoid) resizes once from the file here, twice in the workers.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.images import PAD_VALUE
 
-CHUNK = 1 << 22          # output pixels per warp step (bounds its temporaries: about 1 GB)
+CHUNK = 1 << 22          # pixels per warp or resize step: bounds the temporaries (~2 GB at the peak)
 
 
 def decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, list[int], list[tuple[int, int]]]:
@@ -118,8 +120,8 @@ def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[i
 def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, inverse: torch.Tensor,
                windows: torch.Tensor, warp: torch.Tensor, flips: torch.Tensor, shape: torch.Tensor,
                size: tuple[int, int]) -> torch.Tensor:
-    """One view of n samples: uint8 [n, 3, H, W]. ``tiles`` int64 [n, 4, 5] (base offset or -1, width,
-    x1, y1, x2, y2 folded as base, width, x1, y1, x2, y2, ox, oy...), see `warp_batch`."""
+    """One view of n samples: uint8 [n, 3, H, W]. ``tiles`` int32 [n, 4, 8]: each quadrant's tile as (atlas
+    offset or -1, width, x1, y1, x2, y2, sx - x1, sy - y1); ``frame`` int32 [n, 4]: (h, w, centre x, y)."""
     n, dev = tiles.shape[0], atlas.device
     height, width = size
     ys = torch.arange(height, device=dev, dtype=torch.float32).view(1, -1, 1)
