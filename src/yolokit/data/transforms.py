@@ -164,7 +164,7 @@ def random_affine(
     if plan.kind == "empty":
         image = np.full((*plan.out_shape, 3), pad_value, np.uint8)
     elif plan.kind == "paste":
-        image = _resize_and_paste(image, plan.spans, plan.out_shape, pad_value)  # 3x faster than a warp
+        image = _paste(image, plan.spans, plan.out_shape, pad_value)  # 3x faster than a warp
     elif perspective:
         image = cv2.warpPerspective(np.asarray(image), plan.m, dsize, borderValue=border)
     else:
@@ -210,19 +210,27 @@ def affine_plan(rng: np.random.Generator, in_shape: tuple[int, int], out_shape: 
     m, s = affine_matrix(rng, in_shape, out_shape, **ranges)
     if not (m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0):
         return AffinePlan(m, s, out_shape, "warp", None, m)
+    spans, exact = _paste_spans(m, in_shape, out_shape)
+    return AffinePlan(m, s, out_shape, "paste" if spans else "empty", spans, exact)
+
+
+def _paste_spans(m: np.ndarray, in_shape: tuple[int, int],
+                 out_shape: tuple[int, int]) -> tuple[tuple | None, np.ndarray]:
+    """A pure scale + translation as a paste: the spans ``((a, b, x_lo, x_hi), (c, d, y_lo, y_hi))`` and the
+    matrix it realises; ``(None, m)`` when nothing is visible."""
     exact, spans = np.eye(3), []
     for axis, n_in, n_out in ((0, in_shape[1], out_shape[1]), (1, in_shape[0], out_shape[0])):
         sc = m[axis, axis]
         t = m[axis, 2] + 0.5 - 0.5 * sc  # in pixel-edge coordinates: out = sc * in + t
         a, b = max(0, math.floor(-t / sc)), min(n_in, math.ceil((n_out - t) / sc))
         if b <= a:  # nothing visible
-            return AffinePlan(m, s, out_shape, "empty", None, m)
+            return None, m
         lo, hi = round(a * sc + t), round(b * sc + t)
         hi = max(hi, lo + 1)
         r = (hi - lo) / (b - a)
         exact[axis, axis], exact[axis, 2] = r, lo - a * r + 0.5 * r - 0.5
         spans.append((a, b, lo, hi))
-    return AffinePlan(m, s, out_shape, "paste", tuple(spans), exact)
+    return tuple(spans), exact
 
 
 def affine_boxes(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, *,
@@ -236,9 +244,23 @@ def affine_boxes(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, *,
     return new[keep], classes[keep]
 
 
-def _resize_and_paste(image: np.ndarray, spans: tuple, out_shape: tuple[int, int], pad_value: int) -> np.ndarray:
-    """Apply a pure scale + translation (`affine_plan`'s "paste") by resizing only the visible part
-    of the image and pasting it at a whole-pixel offset; returns the image [H, W, 3]."""
+def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, int],
+                      pad_value: int) -> tuple[np.ndarray, np.ndarray]:
+    """Apply a pure scale + translation by resizing only the visible part of the image and
+    pasting it at a whole-pixel offset.
+
+    Returns:
+        the image [H, W, 3] and the matrix actually realised (the scale adjusted by under a
+        pixel over the span, the offset rounded to whole pixels), for the boxes.
+    """
+    spans, exact = _paste_spans(m, image.shape[:2], out_shape)
+    if spans is None:
+        return np.full((*out_shape, 3), pad_value, np.uint8), m
+    return _paste(image, spans, out_shape, pad_value), exact
+
+
+def _paste(image: np.ndarray, spans: tuple, out_shape: tuple[int, int], pad_value: int) -> np.ndarray:
+    """`affine_plan`'s "paste": input columns [a, b) and rows [c, d) resized to output [x_lo, x_hi) x [y_lo, y_hi)."""
     (a, b, x_lo, x_hi), (c, d, y_lo, y_hi) = spans
     x0, y0 = max(x_lo, 0), max(y_lo, 0)
     x1, y1 = min(x_hi, out_shape[1]), min(y_hi, out_shape[0])
