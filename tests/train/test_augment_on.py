@@ -69,3 +69,38 @@ def test_a_run_augments_on_the_device(shapes128, tmp_path, monkeypatch, rect):
     else:                                                               # Mosaic, then closed for the last epoch
         assert frames[:2] == [{256}, {256}] and frames[2:] == [{128}, {128}]
         assert all(s["images"] == (4, 3, 128, 128) for s in seen)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_env")
+def test_a_crashed_run_on_the_device_path_resumes_bit_for_bit(tmp_path):
+    """Three epochs (Mosaic, then closed), last.pt every 2 steps, a crash in step 5, resumed: the
+    final weights, EMA and momentum equal the uninterrupted run's, results.csv too."""
+    import csv
+
+    import _train_workers as workers
+
+    from yolokit.train.checkpoint import load_checkpoint
+
+    data = str(make_shapes(tmp_path / "set", n_train=13, n_val=4, imgsz=64))
+
+    def config(out, **kw):
+        return TrainConfig(data=data, imgsz=64, batch=2, nbs=6, epochs=3, workers=0, out=str(out), plots=False,
+                           warmup_epochs=1.0, close_mosaic=1, mosaic_buffer=0, seed=3, optimizer="SGD", lr0=0.01,
+                           save_period_iters=2, augment_on="device", **kw)
+
+    Trainer(config(tmp_path / "reference")).fit()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        workers.fit_until(config(tmp_path / "run"), at=12)              # in step 5: last.pt is step 4's
+    Trainer(TrainConfig(resume=str(tmp_path / "run"))).fit()
+    a, b = (load_checkpoint(tmp_path / name / "weights" / "last.pt") for name in ("reference", "run"))
+    assert a["steps"] == b["steps"] == 9 and b["train_config"]["augment_on"] == "device"
+    for key, value in a["model"].items():
+        assert torch.equal(b["model"][key], value), key
+    for key, value in a["ema"]["module"].items():
+        assert torch.equal(b["ema"]["module"][key], value), key
+    for key, value in a["optimizer"]["state"].items():
+        assert torch.equal(b["optimizer"]["state"][key]["momentum_buffer"], value["momentum_buffer"]), key
+    rows = [[{k: v for k, v in r.items() if k not in ("seconds", "data%")}
+             for r in csv.DictReader((tmp_path / name / "results.csv").open())] for name in ("reference", "run")]
+    assert rows[0] == rows[1] and len(rows[0]) == 3
