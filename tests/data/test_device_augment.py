@@ -202,8 +202,8 @@ def test_kernel_count_does_not_grow_with_the_batch(shapes_yaml, cached):
         with _Count() as count:
             augment_batch(batch, "cpu")
         counts[n] = count.kernels
-    # the same kernels for 8 and 64 images (here one warp chunk: the count grows by one chunk's
-    # ~90 kernels per CHUNK output pixels, never per image); views (the decode list's per-image
+    # the same kernels for 8 and 64 images: the count grows with the chunks of CHUNK pixels the resize
+    # and the warp are cut into (one each here), never per image; views (the decode list's per-image
     # reshape) are free; the decode is not an aten op (on the CPU torchvision decodes file by file
     # in Python, on CUDA the list goes to nvJPEG in one call)
     assert counts[8] == counts[64] < 500, counts
