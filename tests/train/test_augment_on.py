@@ -104,3 +104,21 @@ def test_a_crashed_run_on_the_device_path_resumes_bit_for_bit(tmp_path):
     rows = [[{k: v for k, v in r.items() if k not in ("seconds", "data%")}
              for r in csv.DictReader((tmp_path / name / "results.csv").open())] for name in ("reference", "run")]
     assert rows[0] == rows[1] and len(rows[0]) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_env")
+def test_two_processes_augment_on_the_device(shapes128, tmp_path):
+    """Two ranks (gloo on the CPU), each making its own micro-batches' images on its device: the
+    same weights on both after every optimizer step, to the end."""
+    import _train_workers as workers
+
+    from yolokit.accel.launcher import launch
+
+    cfg = TrainConfig(data=shapes128, model="yolov8n", imgsz=128, batch=4, nbs=4, epochs=2, workers=0,
+                      out=str(tmp_path / "run"), plots=False, warmup_epochs=0.0, close_mosaic=1, seed=3,
+                      augment_on="device")
+    ranks = launch(workers.fit_recording, 2, cfg, timeout=300)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert len(ranks[0]["digests"]) == 4 and ranks[0]["digests"] == ranks[1]["digests"]
+    assert len(set(ranks[0]["digests"])) == 4                            # the weights moved at every step
