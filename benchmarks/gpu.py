@@ -6,8 +6,8 @@
     python benchmarks/gpu.py --all --cpu-smoke             # every code path on the CPU, tiny sizes, no caps
 
 A lent GPU runs commands of at most 10 minutes, 30 minutes in all. The pass is three commands
-(``COMMANDS``) of at most 8 minutes of sections each (the caps), 18.5 minutes of caps in all,
-about 23 with the machine's start and the transfers; ``--plan`` prints them with the carried
+(``COMMANDS``) of at most 8 minutes of sections each (the caps), 20 minutes of caps in all,
+about 24.5 with the machine's start and the transfers; ``--plan`` prints them with the carried
 wheels of the reference (``benchmarks/gpu_wheels.py`` fetches them here, first).
 
 Sections, in order (modules in ``benchmarks/gpu/``), each row printed with its target:
@@ -26,6 +26,9 @@ batch           the trainer's batch="auto" (yolov8s, worst-case boxes) at its fr
                 by the Accumulator with the same images per step
 loader          NVML utilisation training yolov8s (and yolov8n) from the real loader   >= 90%    100 s
                 on every core but one; loader img/s per core vs what yolov8n eats
+augment         augment_on="device": the batched pass (nvJPEG decode .. HSV) and the   (none)    30 s
+                decode alone, img/s at b64; peak memory per image; loader CPU per
+                image, OpenCV images / recipes
 mfu             yolov8l 640 b32 bf16 channels_last, eager and compiled: training       >= 20%    2-4 min
                 FLOP/s over the measured bf16 matmul peak
 reference       step time yolokit / Ultralytics (yolov8s fp16 and bf16, yolov8n fp16)  <= 0.9    60 s
@@ -64,7 +67,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from gpu import feeding, flops, memory, precision, suite
+from gpu import augment, feeding, flops, memory, precision, suite
 from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
@@ -78,12 +81,13 @@ SECTIONS = {
     "checkpointing": memory.checkpointing,
     "batch": memory.batch_finder,
     "loader": feeding.utilisation,
+    "augment": augment.device_pass,
     "mfu": flops.mfu,
     "reference": flops.reference,
 }
 CAPS = {"tests": 180, "precision": 75, "channels_last": 150, "checkpointing": 75, "batch": 180, "loader": 120,
-        "mfu": 240, "reference": 90}  # seconds; 1,110 in all
-COMMANDS = {1: ["tests", "precision", "channels_last", "checkpointing"], 2: ["batch", "loader"],
+        "augment": 90, "mfu": 240, "reference": 90}  # seconds; 1,200 in all
+COMMANDS = {1: ["tests", "precision", "channels_last", "checkpointing"], 2: ["batch", "loader", "augment"],
             3: ["mfu", "reference"]}   # the device commands: at most 480 s of caps each
 COMMAND_CAP_S = 480
 WHEELS = ".whl"   # benchmarks/gpu_wheels.py fetches the reference's wheels here (ignored by git)

@@ -36,7 +36,8 @@ def test_run_py_writes_json(tmp_path):
     assert all(r["case"] == "nms" and r["ratio"] is None and r["ours"][0] > 0 for r in saved["results"])
 
 
-GPU_SECTIONS = ["tests", "precision", "channels_last", "checkpointing", "batch", "loader", "mfu", "reference"]
+GPU_SECTIONS = ["tests", "precision", "channels_last", "checkpointing", "batch", "loader", "augment", "mfu",
+                "reference"]
 
 
 def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:

@@ -40,6 +40,7 @@ from yolokit.data.cache import DiskCache, RamCache
 from yolokit.data.images import ImageError, letterbox, read_image
 from yolokit.data.labels import cache_home
 from yolokit.data.mosaic import mixup, mosaic4_canvas
+from yolokit.data.recipes import train_recipe
 from yolokit.data.selection import select
 from yolokit.data.sources import DatasetError, load_split
 from yolokit.data.transforms import (
@@ -140,6 +141,7 @@ class DetectionDataset(Dataset):
         self.albumentations = albumentations
         self._state = _SharedState([0, 1, 0, 0])
         self.hsv_in_batch = False   # HSV tables drawn here, applied on the device (build_dataloader's hsv_on_device)
+        self.recipe_in_batch = False  # augment_on="device": items carry recipes (data.recipes), no pixels
         self._pass: int | None = None  # the pass this process's buffer belongs to
         self._warned: set[str] = set()
         mode = {True: "ram", False: None, None: None}.get(cache_images, cache_images)
@@ -320,6 +322,8 @@ class DetectionDataset(Dataset):
     def __getitem__(self, i: int) -> dict:
         rng = self.generator(i)
         lut = None
+        if self.augment and self.recipe_in_batch:
+            return train_recipe(self, i, rng)
         if self.augment:
             image, boxes, classes, ratio_pad, i, lut = self._train_sample(i, rng)
         else:

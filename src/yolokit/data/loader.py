@@ -27,7 +27,9 @@ from torch.utils.data import DataLoader
 from yolokit.data.buffers import SLOT_KEY, BatchBuffers, Returning, fresh_shared
 from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.dataset import DetectionDataset
+from yolokit.data.device_augment import augment_batch
 from yolokit.data.images import PAD_VALUE
+from yolokit.data.recipes import RECIPE_KEY, collate_recipes
 from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
     AspectRatioBatchSampler,
     RectBatchSampler,
@@ -38,6 +40,8 @@ from yolokit.data.workers import init_worker, signals_deferred
 
 
 def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = None) -> dict:
+    if items and RECIPE_KEY in items[0]:               # augment_on="device": the pixels are to_device's
+        return collate_recipes(items)
     b = len(items)
     h = max(it["image"].shape[1] for it in items)
     w = max(it["image"].shape[2] for it in items)
@@ -130,8 +134,10 @@ def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = F
         `targets` Tensor[N, 6]) on `device`; the other keys unchanged. A batch with `hsv_lut`
         (`hsv_on_device`) gets its HSV step here, on the device, and loses the key.
     """
-    out = {k: v for k, v in batch.items() if k not in ("images_uint8", "hsv_lut")}
-    if "images_uint8" in batch:
+    out = {k: v for k, v in batch.items() if k not in ("images_uint8", "hsv_lut") and not k.startswith("aug_")}
+    if "aug_tiles" in batch:                           # augment_on="device": the whole augmentation here
+        out["images"] = augment_batch(batch, device).float().mul_(1 / 255)
+    elif "images_uint8" in batch:
         images = batch["images_uint8"].to(device, non_blocking=non_blocking)
         if "hsv_lut" in batch:
             images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=non_blocking))
@@ -223,6 +229,7 @@ def build_dataloader(
     rect: bool | None = None,
     stride: int | None = None,
     hsv_on_device: bool = False,
+    augment_on: str = "workers",
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
@@ -261,6 +268,11 @@ def build_dataloader(
         hsv_on_device: with `uint8_images`, the workers draw each image's HSV gains but leave
             the HSV step to `to_device`, on the training device (a third of a cached Mosaic
             sample's worker time; see `yolokit.data.color`). Sets the dataset's `hsv_in_batch`.
+        augment_on: "workers" (the augmentation in the loader's workers) or "device": the workers
+            draw every random number and make the labels as before (`yolokit.data.recipes`) but ship
+            recipes and JPEG bytes; `to_device` decodes and augments the batch on the training device
+            (`yolokit.data.device_augment`): the same labels, images within a grey level. An
+            augmenting dataset only; not with albumentations.
 
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
@@ -281,6 +293,12 @@ def build_dataloader(
         raise ValueError("hsv_on_device needs uint8_images=True: to_device applies the HSV step")
     if hasattr(dataset, "hsv_in_batch"):
         dataset.hsv_in_batch = bool(hsv_on_device)
+    if augment_on not in ("workers", "device"):
+        raise ValueError(f"augment_on must be 'workers' or 'device', got {augment_on!r}")
+    if augment_on == "device" and augment and getattr(dataset, "albumentations", None) is not None:
+        raise ValueError("augment_on='device' cannot run albumentations (numpy, in the workers): use 'workers'")
+    if hasattr(dataset, "recipe_in_batch"):
+        dataset.recipe_in_batch = augment_on == "device" and augment
     rect = bool(getattr(dataset, "rect", False)) if rect is None else rect
     if rect and not augment and not getattr(dataset, "rect", False):
         raise ValueError("rect evaluation letterboxes each image to its own shape: build the dataset with rect=True")

@@ -157,22 +157,91 @@ def random_affine(
     Returns:
         image [H, W, 3], boxes [G', 4] (clipped to the image), classes [G'].
     """
-    out_shape = tuple(out_shape or image.shape[:2])
-    m, s = affine_matrix(rng, image.shape[:2], out_shape, degrees=degrees, translate=translate,
-                         scale=scale, shear=shear, perspective=perspective)
-    dsize = (out_shape[1], out_shape[0])
+    plan = affine_plan(rng, image.shape[:2], tuple(out_shape or image.shape[:2]), degrees=degrees,
+                       translate=translate, scale=scale, shear=shear, perspective=perspective)
+    dsize = (plan.out_shape[1], plan.out_shape[0])
     border = (pad_value,) * 3
-    if m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0:
-        image, m = _resize_and_paste(image, m, out_shape, pad_value)  # 3x faster than a warp
+    if plan.kind == "empty":
+        image = np.full((*plan.out_shape, 3), pad_value, np.uint8)
+    elif plan.kind == "paste":
+        image = _paste(image, plan.spans, plan.out_shape, pad_value)  # 3x faster than a warp
     elif perspective:
-        image = cv2.warpPerspective(np.asarray(image), m, dsize, borderValue=border)
+        image = cv2.warpPerspective(np.asarray(image), plan.m, dsize, borderValue=border)
     else:
-        image = cv2.warpAffine(np.asarray(image), m[:2], dsize, borderValue=border)
-    new = transform_boxes(boxes, m)
+        image = cv2.warpAffine(np.asarray(image), plan.m[:2], dsize, borderValue=border)
+    boxes, classes = affine_boxes(plan, boxes, classes, area_thr=area_thr)
+    return image, boxes, classes
+
+
+@dataclass
+class AffinePlan:
+    """What `random_affine` draws and how it realises it, without the pixels.
+
+    Attributes:
+        m: float64 [3, 3], the drawn map of input to output pixel centres (`affine_matrix`).
+        s: the drawn scale factor.
+        out_shape: output `(H, W)`.
+        kind: "warp" (a full warp by `m`), "paste" (a pure scale + translation: the visible part of
+            the input resized and pasted at a whole-pixel offset) or "empty" (a paste that shows nothing).
+        spans: "paste" only: `((a, b, x_lo, x_hi), (c, d, y_lo, y_hi))`, input columns `[a, b)` resized
+            to output columns `[x_lo, x_hi)`, rows the same.
+        box_m: the matrix the boxes follow: `m`, or the one the paste realises (the scale adjusted by
+            under a pixel over the span, the offset rounded to whole pixels).
+    """
+
+    m: np.ndarray
+    s: float
+    out_shape: tuple[int, int]
+    kind: str
+    spans: tuple | None
+    box_m: np.ndarray
+
+
+def affine_plan(rng: np.random.Generator, in_shape: tuple[int, int], out_shape: tuple[int, int],
+                **ranges: float) -> AffinePlan:
+    """Draw `random_affine`'s transform (the same numbers from `rng`) and decide how it is realised.
+
+    Args:
+        rng: source of randomness.
+        in_shape, out_shape: input and output `(H, W)`.
+        ranges: degrees, translate, scale, shear, perspective (as in AugmentConfig).
+    """
+    out_shape = (int(out_shape[0]), int(out_shape[1]))
+    m, s = affine_matrix(rng, in_shape, out_shape, **ranges)
+    if not (m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0):
+        return AffinePlan(m, s, out_shape, "warp", None, m)
+    spans, exact = _paste_spans(m, in_shape, out_shape)
+    return AffinePlan(m, s, out_shape, "paste" if spans else "empty", spans, exact)
+
+
+def _paste_spans(m: np.ndarray, in_shape: tuple[int, int],
+                 out_shape: tuple[int, int]) -> tuple[tuple | None, np.ndarray]:
+    """A pure scale + translation as a paste: the spans ``((a, b, x_lo, x_hi), (c, d, y_lo, y_hi))`` and the
+    matrix it realises; ``(None, m)`` when nothing is visible."""
+    exact, spans = np.eye(3), []
+    for axis, n_in, n_out in ((0, in_shape[1], out_shape[1]), (1, in_shape[0], out_shape[0])):
+        sc = m[axis, axis]
+        t = m[axis, 2] + 0.5 - 0.5 * sc  # in pixel-edge coordinates: out = sc * in + t
+        a, b = max(0, math.floor(-t / sc)), min(n_in, math.ceil((n_out - t) / sc))
+        if b <= a:  # nothing visible
+            return None, m
+        lo, hi = round(a * sc + t), round(b * sc + t)
+        hi = max(hi, lo + 1)
+        r = (hi - lo) / (b - a)
+        exact[axis, axis], exact[axis, 2] = r, lo - a * r + 0.5 * r - 0.5
+        spans.append((a, b, lo, hi))
+    return tuple(spans), exact
+
+
+def affine_boxes(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, *,
+                 area_thr: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """`random_affine`'s boxes and classes: through `plan.box_m`, clipped, the too small ones dropped."""
+    out_shape = plan.out_shape
+    new = transform_boxes(boxes, plan.box_m)
     new[:, [0, 2]] = new[:, [0, 2]].clip(0, out_shape[1])
     new[:, [1, 3]] = new[:, [1, 3]].clip(0, out_shape[0])
-    keep = box_candidates(boxes, new, scale=s, area_thr=area_thr)
-    return image, new[keep], classes[keep]
+    keep = box_candidates(boxes, new, scale=plan.s, area_thr=area_thr)
+    return new[keep], classes[keep]
 
 
 def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, int],
@@ -184,18 +253,14 @@ def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, in
         the image [H, W, 3] and the matrix actually realised (the scale adjusted by under a
         pixel over the span, the offset rounded to whole pixels), for the boxes.
     """
-    exact, spans = np.eye(3), []
-    for axis, n_in, n_out in ((0, image.shape[1], out_shape[1]), (1, image.shape[0], out_shape[0])):
-        s = m[axis, axis]
-        t = m[axis, 2] + 0.5 - 0.5 * s  # in pixel-edge coordinates: out = s * in + t
-        a, b = max(0, math.floor(-t / s)), min(n_in, math.ceil((n_out - t) / s))
-        if b <= a:  # nothing visible
-            return np.full((*out_shape, 3), pad_value, np.uint8), m
-        lo, hi = round(a * s + t), round(b * s + t)
-        hi = max(hi, lo + 1)
-        r = (hi - lo) / (b - a)
-        exact[axis, axis], exact[axis, 2] = r, lo - a * r + 0.5 * r - 0.5
-        spans.append((a, b, lo, hi))
+    spans, exact = _paste_spans(m, image.shape[:2], out_shape)
+    if spans is None:
+        return np.full((*out_shape, 3), pad_value, np.uint8), m
+    return _paste(image, spans, out_shape, pad_value), exact
+
+
+def _paste(image: np.ndarray, spans: tuple, out_shape: tuple[int, int], pad_value: int) -> np.ndarray:
+    """`affine_plan`'s "paste": input columns [a, b) and rows [c, d) resized to output [x_lo, x_hi) x [y_lo, y_hi)."""
     (a, b, x_lo, x_hi), (c, d, y_lo, y_hi) = spans
     x0, y0 = max(x_lo, 0), max(y_lo, 0)
     x1, y1 = min(x_hi, out_shape[1]), min(y_hi, out_shape[0])
@@ -207,7 +272,7 @@ def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, in
     else:
         patch = cv2.resize(image[c:d, a:b], size, interpolation=cv2.INTER_LINEAR)
         out[y0:y1, x0:x1] = patch[y0 - y_lo:y1 - y_lo, x0 - x_lo:x1 - x_lo]
-    return out, exact
+    return out
 
 
 def hsv_lut(rng: np.random.Generator, *, h: float = 0.015, s: float = 0.7,

@@ -108,7 +108,8 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     loader = build_dataloader(train_set, plan.per_rank, workers=settings.workers, shuffle=True, seed=cfg.seed,
                               pin_memory=settings.pin_memory, uint8_images=True, accumulate=plan.accumulate,
                               whole_steps=settings.sync_bn, rect=cfg.rect, stride=stride,
-                              hsv_on_device=settings.hsv_on_device, rank=plan.rank, world_size=plan.world)
+                              hsv_on_device=settings.hsv_on_device, augment_on=settings.augment_on,
+                              rank=plan.rank, world_size=plan.world)
     val_loader = build_dataloader(val_set, plan.per_rank * 2, workers=settings.workers, shuffle=False,
                                   seed=cfg.seed, pin_memory=settings.pin_memory, uint8_images=True, stride=stride,
                                   rank=plan.rank, world_size=plan.world)

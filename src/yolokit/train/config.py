@@ -78,6 +78,8 @@ class TrainConfig:
     workers: int | None = None  # loader processes; None: CPU cores per process - 1 on CUDA, 2 on the CPU
     tf32: bool | None = None    # TF32 in float32 matmuls and convolutions; None: on with CUDA
     hsv_on_device: bool | None = None  # the HSV augmentation on the device, not in the loader; None: on with CUDA
+    augment_on: str = "auto"  # the whole augmentation in the loader's "workers" or on the "device" (decode, Mosaic,
+    #                           warp, MixUp, HSV, flips: data.device_augment); "auto": the workers (train.plan)
     cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)
     monitor: bool | None = None  # the device's busy share, peak memory, temperature and power per epoch (results.csv,
     #                              console, trackers) and a warning when the GPU starves; None: on with CUDA
@@ -136,6 +138,8 @@ class TrainConfig:
              f"checkpointing must be backbone/neck/all, got {self.checkpointing}"),
             (self.devices >= 1, f"devices must be >= 1, got {self.devices}"),
             (self.workers is None or self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
+            (self.augment_on in ("auto", "workers", "device"),
+             f"augment_on must be auto, workers or device, got {self.augment_on}"),
             (self.mosaic_buffer >= 0, f"mosaic_buffer must be >= 0, got {self.mosaic_buffer}"),
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
             (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),

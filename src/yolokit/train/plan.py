@@ -122,6 +122,7 @@ class DeviceSettings:
     workers: int
     pin_memory: bool
     hsv_on_device: bool = False
+    augment_on: str = "workers"  # where the augmentation runs: "workers" or "device" (data.device_augment)
     monitor: bool = False      # the device watched over each epoch (train.feeding)
 
     def apply(self) -> str:
@@ -148,6 +149,10 @@ def device_settings(cfg: TrainConfig, procs: Processes) -> DeviceSettings:
     CPU: fp32, channels_last (oneDNN's NHWC kernels), deterministic kernels (an interrupted
     run resumes to the same bits), 2 workers, no pinning, HSV in the workers. Fused optimizer
     kernels on both. The device is watched over each epoch on CUDA (``train.feeding``).
+    The augmentation stays in the workers on both unless ``augment_on="device"`` asks for the device
+    (decode, Mosaic, warp, MixUp, HSV and flips in one batched pass there; the workers only draw the numbers
+    and make the labels): "auto" means the workers until a GPU measurement shows the device path keeps
+    the GPU busier than the workers (with HSV on the device) do; none has been made yet.
     ``deterministic=True`` on CUDA turns the benchmark off. SyncBatchNorm only when asked for
     and possible (several CUDA processes); asked for where it cannot act, a warning says why.
     """
@@ -169,4 +174,5 @@ def device_settings(cfg: TrainConfig, procs: Processes) -> DeviceSettings:
         tf32=cfg.tf32 if cfg.tf32 is not None else cuda, fused_optimizer=device.type in ("cpu", "cuda"),
         sync_bn=cfg.sync_bn and cuda and procs.world > 1, workers=workers, pin_memory=cuda,
         hsv_on_device=cfg.hsv_on_device if cfg.hsv_on_device is not None else cuda,
+        augment_on="device" if cfg.augment_on == "device" else "workers",
         monitor=cfg.monitor if cfg.monitor is not None else cuda)

@@ -215,7 +215,7 @@ class Trainer:
         """
         parts, progress, cfg = self.parts, self.progress, self.parts.config
         data_share = self.data_share()                       # of the training loop, before validation
-        knobs = f"{parts.settings.workers} workers, cache {cfg.cache}"
+        knobs = f"{parts.settings.workers} workers, cache {cfg.cache}, augment_on {parts.settings.augment_on}"
         device = self.monitor.stop(epoch, data_share, knobs) if self.monitor is not None else {}
         last = epoch + 1 == cfg.epochs
         evaluated = (epoch + 1) % cfg.val_interval == 0 or last

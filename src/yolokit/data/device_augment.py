@@ -1,0 +1,213 @@
+"""The device's half of the device augmentation: a batch of recipes (`yolokit.data.recipes`) to images.
+
+``build_dataloader(..., augment_on="device")`` leaves the pixels of an augmenting dataset's
+batches to `to_device`, which calls `augment_batch` on the training device. One batched pass:
+
+1. decode: the batch's JPEG files with one `torchvision.io.decode_jpeg` call on a list (nvJPEG on
+   CUDA); the sources the workers decoded (caches, other formats) come as one uint8 tensor;
+2. resize: every source to its loaded size (long side imgsz), as `cv2.resize(INTER_LINEAR)` does,
+   one bilinear gather over all of them;
+3. warp: every output pixel's input point through its view's inverse matrix (the Mosaic canvas or
+   the letterbox, then the affine step; the flips folded into the output coordinates), its four
+   neighbours looked up in the frame's tiles (or the grey outside them), bilinear, rounded to uint8;
+4. MixUp (`cv2.addWeighted`'s float weights, rounded), the HSV tables (`color.apply_hsv_lut_batch`,
+   OpenCV's conversions exactly).
+
+No step loops over the images in Python (the JPEG list goes to one decode call), and no step reads
+the device: every size comes from the recipes on the host. The work is cut into chunks of about
+`CHUNK` output pixels to bound the temporaries, so the number of kernels grows with the batch's
+pixels over `CHUNK` only.
+
+Against the workers' OpenCV images (the same recipes, so the same parameters and labels) a sample
+differs by 0.1-0.4 grey levels on average (tests/data/test_device_augment.py bounds it at 1). The
+frame is looked up as OpenCV sees it (a neighbour across a tile's or the canvas's edge is the grey
+or the other tile there, the paste replicates its window's border, warps snap to OpenCV's 1/32
+pixel grid), so edges add nothing; what is left: float weights here against OpenCV's fixed-point
+ones (15-bit in the warp, 11-bit in the resize) move single pixels by one level; torchvision's
+JPEG decoder against OpenCV's, by up to two; and the HSV step, exact itself, turns a one-level
+change of a saturated colour into a hue step now and then (single pixels, up to ~20 levels, under
+4% of the pixels by more than two). A letterbox that resizes (a rect batch shape smaller than an
+image's own, which the batch shapes avoid) resizes once from the file here, twice in the workers.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from yolokit.data.color import apply_hsv_lut_batch
+from yolokit.data.images import PAD_VALUE
+
+CHUNK = 1 << 22          # pixels per warp or resize step: bounds the temporaries (~2 GB at the peak)
+
+
+def decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, list[int], list[tuple[int, int]]]:
+    """Every source of the batch decoded on ``device``: uint8 [3, P] (RGB planes, one after the
+    other), each source's offset in it and its decoded (h, w) (host numbers: nothing is read back)."""
+    rows = batch["aug_sources"].tolist()
+    jpeg_rows = [r for r in rows if r[0] == 0]
+    parts, sizes = [], {}
+    if jpeg_rows:
+        data = batch["aug_jpeg"]
+        ends = [r[1] for r in jpeg_rows[1:]] + [data.numel()]
+        files = list(torch.split(data, [e - r[1] for r, e in zip(jpeg_rows, ends, strict=True)]))
+        from torchvision.io import ImageReadMode, decode_jpeg
+        with warnings.catch_warnings():      # torchvision 0.29 points to torchcodec; the call itself stays
+            warnings.simplefilter("ignore", DeprecationWarning)
+            images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+        for r, im in zip(jpeg_rows, images, strict=True):
+            sizes[(0, r[1])] = (int(im.shape[1]), int(im.shape[2]))
+        parts = [im.reshape(3, -1) for im in images]
+    at, jpeg_at = 0, {}
+    for r in jpeg_rows:
+        jpeg_at[r[1]] = at
+        h, w = sizes[(0, r[1])]
+        at += h * w
+    if batch["aug_pixels"].shape[1]:
+        parts.append(batch["aug_pixels"].to(device, non_blocking=True))
+    atlas = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    offsets = [jpeg_at[r[1]] if r[0] == 0 else at + r[1] for r in rows]
+    shapes = [sizes[(0, r[1])] if r[0] == 0 else (r[2], r[3]) for r in rows]
+    return atlas, offsets, shapes
+
+
+def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, height: torch.Tensor,
+              x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each point's bilinear value in its image (border pixels repeated, as `cv2.resize`): float [3, ...]."""
+    x, y = x.clamp(min=0), y.clamp(min=0)
+    x0, y0 = torch.minimum(x.floor(), width - 1), torch.minimum(y.floor(), height - 1)
+    fx, fy = (x - x0).clamp(max=1), (y - y0).clamp(max=1)
+    x0, y0 = x0.long(), y0.long()
+    x1, y1 = torch.minimum(x0 + 1, width.long() - 1), torch.minimum(y0 + 1, height.long() - 1)
+    w = width.long()
+    idx = torch.stack([base + y0 * w + x0, base + y0 * w + x1, base + y1 * w + x0, base + y1 * w + x1])
+    v = atlas[:, idx.flatten()].view(3, *idx.shape).float()
+    weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
+    return (v * weights).sum(1)
+
+
+def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[int, int]],
+                   targets: list[tuple[int, int]]) -> tuple[torch.Tensor, list[int]]:
+    """Every source resized to its target (h, w) like `cv2.resize(INTER_LINEAR)`: the new atlas and offsets."""
+    new_offsets, at = [], 0
+    for th, tw in targets:
+        new_offsets.append(at)
+        at += th * tw
+    if list(shapes) == list(targets) and offsets == new_offsets:
+        return atlas, offsets
+    dev = atlas.device
+    ints = torch.tensor([[o, w, tw, n] for o, (_, w), (_, tw), n in zip(offsets, shapes, targets, new_offsets,
+                                                                         strict=True)], dtype=torch.int64)
+    floats = torch.tensor([[h, w, h / th, w / tw] for (h, w), (th, tw) in zip(shapes, targets, strict=True)],
+                          dtype=torch.float32)
+    counts = torch.tensor([th * tw for th, tw in targets], dtype=torch.int64)
+    ints, floats, counts = (t.to(dev, non_blocking=True) for t in (ints, floats, counts))
+    sid = torch.repeat_interleave(torch.arange(len(targets), device=dev, dtype=torch.int32), counts, output_size=at)
+    out = torch.empty((3, at), dtype=torch.uint8, device=dev)
+    for lo in range(0, at, CHUNK):                                     # chunks of CHUNK pixels bound the temporaries
+        s = sid[lo:lo + CHUNK].long()
+        i, f = ints[s], floats[s]                                      # [n, 4] each
+        local = torch.arange(lo, lo + len(s), device=dev) - i[:, 3]
+        oy = torch.div(local, i[:, 2], rounding_mode="floor")
+        ox = local - oy * i[:, 2]
+        x = (ox.float() + 0.5) * f[:, 3] - 0.5                           # cv2.resize's source point
+        y = (oy.float() + 0.5) * f[:, 2] - 0.5
+        out[:, lo:lo + len(s)] = _bilinear(atlas, i[:, 0], f[:, 1], f[:, 0], x, y).round_().clamp_(0, 255)
+    return out, new_offsets
+
+
+def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, inverse: torch.Tensor,
+               windows: torch.Tensor, warp: torch.Tensor, flips: torch.Tensor, shape: torch.Tensor,
+               size: tuple[int, int]) -> torch.Tensor:
+    """One view of n samples: uint8 [n, 3, H, W]. ``tiles`` int32 [n, 4, 8]: each quadrant's tile as (atlas
+    offset or -1, width, x1, y1, x2, y2, sx - x1, sy - y1); ``frame`` int32 [n, 4]: (h, w, centre x, y)."""
+    n, dev = tiles.shape[0], atlas.device
+    height, width = size
+    ys = torch.arange(height, device=dev, dtype=torch.float32).view(1, -1, 1)
+    xs = torch.arange(width, device=dev, dtype=torch.float32).view(1, 1, -1)
+    h_b, w_b = shape[:, 0].view(-1, 1, 1).float(), shape[:, 1].view(-1, 1, 1).float()
+    xf = torch.where(flips[:, 0].view(-1, 1, 1), w_b - 1 - xs, xs)          # the flips: where each pixel reads
+    yf = torch.where(flips[:, 1].view(-1, 1, 1), h_b - 1 - ys, ys)
+    m = inverse.view(n, 9, 1, 1)
+    q = m[:, 6] * xf + m[:, 7] * yf + m[:, 8]
+    u = (m[:, 0] * xf + m[:, 1] * yf + m[:, 2]) / q
+    v = (m[:, 3] * xf + m[:, 4] * yf + m[:, 5]) / q
+    wd = windows.view(n, 8, 1, 1)
+    grid = warp.view(-1, 1, 1)
+    u = torch.where(grid, (u * 32).round() / 32, u).clamp(wd[:, 0], wd[:, 1])   # OpenCV's 1/32 pixel warp grid
+    v = torch.where(grid, (v * 32).round() / 32, v).clamp(wd[:, 2], wd[:, 3])
+    x0, y0 = u.floor(), v.floor()
+    fx, fy = u - x0, v - y0
+    i32 = torch.int32                                                     # int32 index arithmetic: half the bytes
+    cx = torch.stack([x0, x0 + 1, x0, x0 + 1]).to(i32)                    # [4, n, H, W] frame pixels
+    cy = torch.stack([y0, y0, y0 + 1, y0 + 1]).to(i32)
+    fr = frame.view(1, n, 4, 1, 1)
+    quadrant = (cx >= fr[:, :, 2]).to(i32) + 2 * (cy >= fr[:, :, 3]).to(i32)
+    row = torch.arange(n, device=dev, dtype=i32).view(1, n, 1, 1) * 4 + quadrant
+    t = tiles.reshape(n * 4, -1).t()[:, row]                              # [8, 4, n, H, W]
+    inside = ((t[0] >= 0) & (cx >= t[2]) & (cx < t[4]) & (cy >= t[3]) & (cy < t[5])
+              & (cx >= 0) & (cy >= 0) & (cx < fr[:, :, 1]) & (cy < fr[:, :, 0]))
+    flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0).long()
+    vals = atlas[:, flat.flatten()].view(3, *flat.shape).float()
+    vals = torch.where(inside, vals, float(PAD_VALUE))
+    weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
+    out = (vals * weights).sum(1).round_().clamp_(0, 255)                 # [3, n, H, W]
+    shown = ((xf >= wd[:, 4]) & (xf < wd[:, 5]) & (yf >= wd[:, 6]) & (yf < wd[:, 7])
+             & (xs < w_b) & (ys < h_b))
+    return torch.where(shown, out, float(PAD_VALUE)).to(torch.uint8).transpose(0, 1)
+
+
+def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
+    """A recipe batch's images on ``device``: uint8 Tensor[B, 3, H, W], RGB, as the workers make them.
+
+    Args:
+        batch: from `recipes.collate_recipes` (its tensors on the CPU, as the loader yields them).
+        device: the training device.
+    """
+    device = torch.device(device)
+    atlas, offsets, shapes = decode_sources(batch, device)
+    rows = batch["aug_sources"].tolist()
+    targets = [(r[4], r[5]) for r in rows]
+    atlas, offsets = resize_sources(atlas, offsets, shapes, targets)
+    b = batch["aug_tiles"].shape[0]
+    shape = batch["aug_shape"]
+    height, width = (int(v) for v in shape.max(0).values.tolist())
+    tiles = batch["aug_tiles"]                                            # [B, 2, 4, 7] (src, x1, y1, x2, y2, sx, sy)
+    src = tiles[..., 0]
+    offs = torch.tensor(offsets + [0], dtype=torch.int64)
+    widths = torch.tensor([w for _, w in targets] + [1], dtype=torch.int64)
+    table = torch.stack([torch.where(src >= 0, offs[src], -1), widths[src], tiles[..., 1], tiles[..., 2],
+                         tiles[..., 3], tiles[..., 4], tiles[..., 5] - tiles[..., 1],
+                         tiles[..., 6] - tiles[..., 2]], -1)              # [B, 2, 4, 8] on the host
+    frame = batch["aug_frame"].clamp(max=2**31 - 1).to(torch.int32)
+    if atlas.shape[1] >= 2**31:
+        raise ValueError(f"a batch of {atlas.shape[1]:,} source pixels: int32 indices hold 2**31; use a smaller batch")
+    table = table.to(torch.int32)
+    mixed = bool((batch["aug_mix"] < 1).any())
+    views = 2 if mixed else 1
+    warp = (batch["aug_windows"][..., 0] == -1e9)                         # the full warps (not pastes)
+    host = dict(table=table[:, :views], frame=frame[:, :views], inverse=batch["aug_inverse"][:, :views].float(),
+                windows=batch["aug_windows"][:, :views].float(), warp=warp[:, :views], flips=batch["aug_flip"],
+                shape=shape)
+    on = {k: v.to(device, non_blocking=True) for k, v in host.items()}
+    images = torch.empty((b, 3, height, width), dtype=torch.uint8, device=device)
+    step = max(1, CHUNK // max(1, height * width))
+    mix = batch["aug_mix"].to(device, non_blocking=True)
+    for lo in range(0, b, step):
+        s = slice(lo, lo + step)
+        out = [_warp_view(atlas, on["table"][s, k], on["frame"][s, k], on["inverse"][s, k], on["windows"][s, k],
+                          on["warp"][s, k], on["flips"][s], on["shape"][s], (height, width)) for k in range(views)]
+        if mixed:                        # cv2.addWeighted on uint8: float weights, rounded to nearest
+            r = mix[s].float().view(-1, 1, 1, 1)
+            out[0] = (out[0].float() * r + out[1].float() * (1 - mix[s]).float().view(-1, 1, 1, 1)).round_().clamp_(
+                0, 255).to(torch.uint8)
+        images[s] = out[0]
+    if "hsv_lut" in batch:
+        images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=True))
+        if bool((shape != torch.tensor([height, width])).any()):         # the collate's grey around smaller images
+            ys = torch.arange(height, device=device).view(1, 1, -1, 1)
+            xs = torch.arange(width, device=device).view(1, 1, 1, -1)
+            sh = on["shape"].view(b, 2, 1, 1)
+            images = torch.where((ys < sh[:, 0:1]) & (xs < sh[:, 1:2]), images, PAD_VALUE).to(torch.uint8)
+    return images

@@ -1,0 +1,262 @@
+"""The loader's half of the device augmentation: every random number and every label, no pixels.
+
+With ``build_dataloader(..., augment_on="device")`` an augmenting dataset's items carry a recipe
+instead of an image. `train_recipe` follows `DetectionDataset._train_sample` step by step: the
+same generator calls in the same order (Mosaic coin, partners from the same recent-image buffer,
+Mosaic centre, affine draw, MixUp coin, partner and Beta ratio, HSV gains, flip coins), and the
+labels through the same functions (`mosaic4_canvas`, `affine_plan` / `affine_boxes`, `scale_boxes`),
+so boxes and classes are the workers path's bit for bit. Only the pixels are left: a JPEG file's
+bytes (decoded on the device), or the decoded, resized image where the workers already hold one
+(RAM / disk cache) or the file is not a JPEG. `collate_recipes` packs a batch of recipes into a
+few tensors that `yolokit.data.device_augment.augment_batch` turns into the images.
+
+A recipe's image is one or two *views* (the second: the MixUp partner), each an input frame
+(the Mosaic's 2*imgsz canvas, or the letterboxed shape) holding up to four tiles (a source image
+placed at a rectangle, the Mosaic's quadrants split at its centre), and the map from the frame to
+the output: the inverse of the matrix the workers warp with (or of the one their paste realises,
+with the input window it reads and the output window it writes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from yolokit.data.images import ImageError
+from yolokit.data.mosaic import mosaic4_canvas
+from yolokit.data.transforms import affine_boxes, affine_plan, hsv_lut, scale_boxes
+from yolokit.ops.geometry import letterbox_plan
+
+RECIPE_KEY = "recipe"
+_FAR = 1 << 30       # a centre no pixel reaches: one quadrant, one tile
+_WIDE = 1e9          # a window that clamps nothing
+
+
+class Source:
+    """A source image without its pixels yet: `shape` (h, w, 3) as loaded (long side imgsz), and
+    `jpeg` (the file's bytes, uint8) or `pixels` (decoded, resized BGR [h, w, 3])."""
+
+    def __init__(self, index: int, shape: tuple[int, int], jpeg: np.ndarray | None = None,
+                 pixels: np.ndarray | None = None, decoded: tuple[int, int] | None = None) -> None:
+        self.index, self.shape = index, (int(shape[0]), int(shape[1]), 3)
+        self.jpeg, self.pixels = jpeg, pixels
+        self.decoded = decoded or (pixels.shape[:2] if pixels is not None else self.shape[:2])   # before resizing
+
+
+def _loaded_size(ds, i: int) -> tuple[int, int]:
+    h0, w0 = (int(v) for v in ds.index.shapes[i])
+    r = ds.imgsz / max(h0, w0)
+    return (h0, w0) if r == 1 else (max(1, round(h0 * r)), max(1, round(w0 * r)))
+
+
+def _read_source(ds, i: int) -> Source:
+    path = ds.index.paths[i]
+    try:
+        data = np.fromfile(str(path), dtype=np.uint8)
+    except OSError as err:
+        raise ImageError(f"unreadable file ({err.strerror or err})") from err
+    if data.size == 0:
+        raise ImageError("empty file")
+    if data.size > 3 and data[0] == 0xFF and data[1] == 0xD8 and not _turned(data):   # the device decodes it
+        return Source(i, _loaded_size(ds, i), jpeg=data, decoded=tuple(int(v) for v in ds.index.shapes[i]))
+    image = ds._read_resized(i)                                     # other formats: decoded here
+    return Source(i, image.shape[:2], pixels=image)
+
+
+def _turned(jpeg: np.ndarray) -> bool:
+    """Whether a JPEG's EXIF orientation turns it (nvJPEG ignores the tag: such files are decoded here)."""
+    if b"Exif" not in jpeg[:65536].tobytes():
+        return False
+    import io
+
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(jpeg.tobytes())) as im:
+            return im.getexif().get(0x0112, 1) != 1
+    except Exception:  # Pillow signals bad data many ways: the workers' decoder decides
+        return True
+
+
+def load_source(ds, i: int):
+    """`DetectionDataset.load` without the decode: the same caches, the same recent-image buffer
+    (so Mosaic partners are drawn from the same keys), the same labels."""
+    if ds._ram is not None or ds._disk is not None:
+        image = ds._ram.get(i) if ds._ram is not None else ds._disk.get(i, ds._read_resized)
+        image = ds._read_resized(i) if image is None else image
+        src = Source(i, image.shape[:2], pixels=image)
+    elif i in ds._buffer:
+        src = ds._buffer[i]
+    else:
+        src = _read_source(ds, i)
+        if ds.buffer_size:
+            ds._buffer[i] = src
+            if len(ds._buffer) > ds.buffer_size:
+                del ds._buffer[next(iter(ds._buffer))]  # oldest first
+    h0, w0 = (int(v) for v in ds.index.shapes[i])
+    h, w = src.shape[:2]
+    if abs(h / w - h0 / w0) > 0.02 * h0 / w0:
+        ds._warn_shape(i, (h0, w0), (h, w))
+    ratio = (w / w0, h / h0)
+    labels = ds.index.labels[i]
+    return src, scale_boxes(labels[:, 1:5], ratio, (0, 0)), labels[:, 0].astype(np.int64), ratio
+
+
+def _load_any(ds, i: int):
+    n = len(ds)
+    for k in range(n):
+        j = (i + k) % n
+        try:
+            return (*load_source(ds, j), j)
+        except ImageError as err:
+            ds._warn_once(ds.index.paths[j], str(err))
+    from yolokit.data.sources import DatasetError
+    raise DatasetError("no image of the dataset can be read any more")
+
+
+def _view(ds, i: int, rng: np.random.Generator):
+    """`DetectionDataset._geometric_view` as a recipe: (view dict, boxes, classes, ratio_pad, i)."""
+    hyp, s = ds.hyp, ds.imgsz
+    affine = dict(degrees=hyp.degrees, translate=hyp.translate, scale=hyp.scale,
+                  shear=hyp.shear, perspective=hyp.perspective)
+    if not ds.rect and ds.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
+        src, boxes, classes, ratio, i = _load_any(ds, i)
+        samples = [(src, boxes, classes)]
+        for j in ds._partners(rng):
+            samples.append(_load_any(ds, j)[:3])
+        canvas, boxes, classes = mosaic4_canvas(samples, s, rng)
+        plan = affine_plan(rng, canvas.shape[:2], (s, s), **affine)
+        boxes, classes = affine_boxes(plan, boxes, classes)
+        tiles = [(t[0], *t[1:]) for t in canvas._tiles]
+        centre = (tiles[0][3], tiles[0][4])
+        return dict(frame=canvas.shape[:2], centre=centre, tiles=tiles, plan=plan), boxes, classes, \
+            (ratio, (0.0, 0.0)), i
+    shape = ds.rect_shape(i) if ds.rect else (s, s)
+    src, boxes, classes, ratio, i = _load_any(ds, i)
+    lb = letterbox_plan(src.shape[:2], shape)
+    r2, pad = lb.ratio_pad
+    boxes = scale_boxes(boxes, r2, pad)
+    if lb.size != src.shape[:2]:          # the letterbox resizes too: the device resizes the source once
+        src = Source(src.index, lb.size, src.jpeg, src.pixels, src.decoded)
+    plan = affine_plan(rng, lb.shape, lb.shape, **affine)
+    boxes, classes = affine_boxes(plan, boxes, classes)
+    left, top = lb.pad[:2]
+    tile = (src, left, top, left + lb.size[1], top + lb.size[0], 0, 0)
+    return dict(frame=lb.shape, centre=(_FAR, _FAR), tiles=[tile], plan=plan), boxes, classes, \
+        ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i
+
+
+def train_recipe(ds, i: int, rng: np.random.Generator) -> dict:
+    """Item ``i`` of an augmenting dataset as a recipe: the item dict with ``recipe`` instead of ``image``."""
+    hyp = ds.hyp
+    view, boxes, classes, ratio_pad, i = _view(ds, i, rng)
+    views, mix = [view], 1.0
+    if hyp.mixup > 0 and not ds.rect and rng.random() < hyp.mixup:
+        other = _view(ds, int(rng.integers(len(ds))), rng)
+        mix = float(rng.beta(32.0, 32.0))
+        views.append(other[0])
+        boxes = np.concatenate([boxes, other[1]]).astype(np.float32)
+        classes = np.concatenate([classes, other[2]]).astype(np.int64)
+    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+    out_h, out_w = views[0]["plan"].out_shape
+    flips = [False, False]
+    if rng.random() < hyp.fliplr:
+        boxes, flips[0] = boxes.copy(), True
+        boxes[:, 0], boxes[:, 2] = out_w - boxes[:, 2], out_w - boxes[:, 0]
+    if rng.random() < hyp.flipud:
+        boxes, flips[1] = boxes.copy(), True
+        boxes[:, 1], boxes[:, 3] = out_h - boxes[:, 3], out_h - boxes[:, 1]
+    recipe = dict(views=views, mix=mix, lut=lut, flips=flips, shape=(out_h, out_w))
+    return {RECIPE_KEY: recipe, "boxes": torch.from_numpy(np.ascontiguousarray(boxes, np.float32).reshape(-1, 4)),
+            "classes": torch.from_numpy(np.ascontiguousarray(classes, np.int64).reshape(-1)),
+            "path": ds.index.paths[i], "orig_shape": tuple(int(v) for v in ds.index.shapes[i]),
+            "ratio_pad": ratio_pad, "index": i}
+
+
+def _view_rows(view: dict, source_id) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One view's rows: tiles int64 [4, 7], frame int64 [4], inverse float64 [3, 3], windows float64 [8]."""
+    tiles = np.full((4, 7), -1, np.int64)
+    for k, (src, x1, y1, x2, y2, sx, sy) in enumerate(view["tiles"]):
+        tiles[k] = (source_id(src), x1, y1, x2, y2, sx, sy)
+    plan = view["plan"]
+    (fh, fw), (oh, ow) = view["frame"], plan.out_shape
+    frame = np.array([fh, fw, *view["centre"]], np.int64)
+    windows = np.array([-_WIDE, _WIDE, -_WIDE, _WIDE, 0, ow, 0, oh], np.float64)
+    if plan.kind == "paste":             # reads input [a, b) x [c, d), writes output [x_lo, x_hi) x [y_lo, y_hi)
+        (a, b, x_lo, x_hi), (c, d, y_lo, y_hi) = plan.spans
+        windows[:] = (a, b - 1, c, d - 1, max(x_lo, 0), min(x_hi, ow), max(y_lo, 0), min(y_hi, oh))
+    elif plan.kind == "empty":
+        windows[4:] = 0
+    return tiles, frame, np.linalg.inv(plan.box_m if plan.kind == "paste" else plan.m), windows
+
+
+def collate_recipes(items: list[dict]) -> dict:
+    """A batch of recipe items: the batch contract's labels and metadata, and the recipe tensors.
+
+    Keys besides ``targets``, ``paths``, ``orig_shapes``, ``ratio_pad``, ``indices``, ``max_boxes``:
+        aug_jpeg      uint8 Tensor[total bytes], the JPEG files one after the other
+        aug_pixels    uint8 Tensor[3, total pixels], the decoded sources, RGB planes, one after the other
+        aug_sources   int64 Tensor[S, 6]: (0 jpeg / 1 pixels, its bytes or pixels, decoded h, w, target h, w)
+        aug_tiles     int64 Tensor[B, 2, 4, 7]: per view, tile (source or -1, x1, y1, x2, y2, sx, sy)
+        aug_frame     int64 Tensor[B, 2, 4]: per view, the input frame's (h, w) and the Mosaic centre
+        aug_inverse   float64 Tensor[B, 2, 3, 3]: per view, output pixel centre -> input pixel centre
+        aug_windows   float64 Tensor[B, 2, 8]: per view, input clamp (x0, x1, y0, y1), output window
+        aug_mix       float64 Tensor[B]: weight of view 0 (1: no MixUp)
+        aug_flip      bool Tensor[B, 2]: left-right, top-bottom
+        aug_shape     int64 Tensor[B, 2]: each image's (h, w)
+        hsv_lut       uint8 Tensor[B, 3, 256], when the HSV ranges are set
+    """
+    sources: dict[tuple, int] = {}
+    rows_src, jpegs, pixels = [], [], []
+    jpeg_at, pixel_at = 0, 0
+
+    def source_id(src: Source) -> int:
+        nonlocal jpeg_at, pixel_at
+        key = (src.index, src.shape)
+        if key not in sources:
+            sources[key] = len(rows_src)
+            if src.jpeg is not None:
+                jpegs.append(src.jpeg)
+                rows_src.append((0, jpeg_at, *src.decoded, *src.shape[:2]))
+                jpeg_at += src.jpeg.size
+            else:
+                image = src.pixels
+                rows_src.append((1, pixel_at, *image.shape[:2], *src.shape[:2]))
+                pixels.append(np.ascontiguousarray(image[..., ::-1].transpose(2, 0, 1)).reshape(3, -1))
+                pixel_at += image.shape[0] * image.shape[1]
+        return sources[key]
+
+    b = len(items)
+    tiles = np.full((b, 2, 4, 7), -1, np.int64)
+    frame = np.zeros((b, 2, 4), np.int64)
+    inverse = np.tile(np.eye(3), (b, 2, 1, 1))
+    windows = np.zeros((b, 2, 8), np.float64)
+    rows, luts = [], []
+    for n, it in enumerate(items):
+        rec = it[RECIPE_KEY]
+        for v, view in enumerate(rec["views"]):
+            tiles[n, v], frame[n, v], inverse[n, v], windows[n, v] = _view_rows(view, source_id)
+        luts.append(rec["lut"])
+        g = len(it["classes"])
+        if g:
+            rows.append(torch.cat([torch.full((g, 1), float(n)), it["classes"].reshape(g, 1).float(),
+                                   it["boxes"].float()], 1))
+    recs = [it[RECIPE_KEY] for it in items]
+    batch = {
+        "targets": torch.cat(rows) if rows else torch.zeros((0, 6)),
+        "paths": [it["path"] for it in items],
+        "orig_shapes": [tuple(it["orig_shape"]) for it in items],
+        "ratio_pad": [it["ratio_pad"] for it in items],
+        "indices": [int(it["index"]) for it in items],
+        "max_boxes": max((len(it["classes"]) for it in items), default=0),
+        "aug_jpeg": torch.from_numpy(np.concatenate(jpegs)) if jpegs else torch.zeros(0, dtype=torch.uint8),
+        "aug_pixels": torch.from_numpy(np.concatenate(pixels, 1)) if pixels else torch.zeros((3, 0), dtype=torch.uint8),
+        "aug_sources": torch.tensor(rows_src, dtype=torch.int64).reshape(-1, 6),
+        "aug_tiles": torch.from_numpy(tiles), "aug_frame": torch.from_numpy(frame),
+        "aug_inverse": torch.from_numpy(inverse), "aug_windows": torch.from_numpy(windows),
+        "aug_mix": torch.tensor([r["mix"] for r in recs], dtype=torch.float64),
+        "aug_flip": torch.tensor([r["flips"] for r in recs], dtype=torch.bool).reshape(b, 2),
+        "aug_shape": torch.tensor([r["shape"] for r in recs], dtype=torch.int64).reshape(b, 2),
+    }
+    if any(lut is not None for lut in luts):
+        batch["hsv_lut"] = torch.from_numpy(np.stack(luts))
+    return batch

@@ -1,0 +1,224 @@
+"""The device augmentation (augment_on="device"): the workers path's labels exactly, its images
+within a grey level, one batched pass whose kernel count does not grow with the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, to_device
+from yolokit.data.device_augment import augment_batch
+
+NO_HSV = dict(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+CASES = {
+    "mosaic": {},
+    "no-mosaic": dict(mosaic=0.0),
+    "rotate-shear-perspective-flipud": dict(degrees=10.0, shear=2.0, perspective=0.001, flipud=0.5),
+    "mixup": dict(mixup=1.0),
+}
+
+
+def _batches(yaml, augment_on, *, seed=0, batch=8, imgsz=64, hyp=None, epochs=1, **kw):
+    """The first batch of each epoch (and the dataset), `workers` or `device`."""
+    loader_kw = {k: kw.pop(k) for k in ("rect", "workers") if k in kw}
+    ds = DetectionDataset(yaml, "train", imgsz=imgsz, augment=True, hyp=AugmentConfig(**(hyp or {})), **kw)
+    loader = build_dataloader(ds, batch, workers=loader_kw.pop("workers", 0), seed=seed, uint8_images=True,
+                              augment_on=augment_on, **loader_kw)
+    return [next(iter(loader)) for _ in range(epochs)], ds
+
+
+def _compare(a: dict, b: dict, *, mean_levels: float) -> torch.Tensor:
+    """Labels equal, images within `mean_levels` grey levels per image; returns |difference| per pixel."""
+    assert torch.equal(a["targets"], b["targets"])                   # boxes, classes, the ones dropped
+    assert a["indices"] == b["indices"] and a["ratio_pad"] == b["ratio_pad"] and a["max_boxes"] == b["max_boxes"]
+    images = augment_batch(b, "cpu")
+    assert images.dtype == torch.uint8 and images.shape == a["images_uint8"].shape
+    diff = (images.int() - a["images_uint8"].int()).abs()
+    per_image = diff.float().mean((1, 2, 3))
+    assert per_image.max() <= mean_levels, per_image.tolist()
+    return diff
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_labels_and_images_within_a_grey_level(shapes_yaml, case, seed):
+    (a,), _ = _batches(shapes_yaml, "workers", seed=seed, hyp=CASES[case])
+    (b,), _ = _batches(shapes_yaml, "device", seed=seed, hyp=CASES[case])
+    diff = _compare(a, b, mean_levels=1.0)
+    # single pixels move more only where the HSV hue of a saturated colour crosses a sector
+    assert (diff > 2).float().mean() < 0.04
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_geometry_matches_opencv_to_rounding(shapes_yaml, cache, tmp_path):
+    # decoded by OpenCV in both (the cache's images), no HSV: the Mosaic, warp, paste and flips differ
+    # by OpenCV's fixed-point rounding only (one level), and a pure paste at scale 1 is exact
+    caching = dict(cache_images=cache, cache_dir=tmp_path / "cache") if cache == "disk" else dict(cache_images=cache)
+    (a,), _ = _batches(shapes_yaml, "workers", hyp=NO_HSV, **caching)
+    (b,), _ = _batches(shapes_yaml, "device", hyp=NO_HSV, **caching)
+    assert b["aug_jpeg"].numel() == 0 and b["aug_pixels"].shape[1] > 0         # the workers' decoded images
+    diff = _compare(a, b, mean_levels=0.3)
+    assert diff.max() <= 1
+    still = dict(NO_HSV, mosaic=0.0, scale=0.0, translate=0.0)
+    (a,), _ = _batches(shapes_yaml, "workers", hyp=still, imgsz=128)
+    (b,), _ = _batches(shapes_yaml, "device", hyp=still, imgsz=128)
+    assert _compare(a, b, mean_levels=0.0).max() == 0
+
+
+def test_jpeg_decode_and_resize_within_two_levels(shapes_yaml):
+    # the files decoded by torchvision's libjpeg-turbo, resized 128 -> 64 here: two levels at most
+    (a,), _ = _batches(shapes_yaml, "workers", hyp=NO_HSV)
+    (b,), _ = _batches(shapes_yaml, "device", hyp=NO_HSV)
+    assert b["aug_jpeg"].numel() > 0 and b["aug_pixels"].shape[1] == 0        # the device decoded every image
+    assert _compare(a, b, mean_levels=0.4).max() <= 2
+
+
+def test_turned_and_other_files_are_decoded_by_the_workers(tmp_path):
+    from PIL import Image
+
+    from .conftest import draw_rects, write_yolo_dataset
+
+    image = draw_rects((48, 64), [(8, 8, 40, 30), (44, 20, 60, 44)])
+    label = "0 0.375 0.396 0.5 0.458\n1 0.8125 0.667 0.25 0.5\n"
+    yaml = write_yolo_dataset(tmp_path / "set", {"a.png": (image, label), "b.jpg": (image, label),
+                                                 "c.jpg": (None, label)})
+    exif = Image.Exif()
+    exif[0x0112] = 6                                                    # turned a quarter: upright 64 x 48
+    Image.fromarray(image[..., ::-1]).save(tmp_path / "set/images/train/c.jpg", exif=exif, quality=95)
+    (a,), ds = _batches(yaml, "workers", batch=3, seed=1, buffer_size=0, hyp=dict(mosaic=0.0))
+    (b,), _ = _batches(yaml, "device", batch=3, seed=1, buffer_size=0, hyp=dict(mosaic=0.0))
+    assert sorted(ds.shapes.tolist()) == [[48, 64], [48, 64], [64, 48]]
+    kinds = sorted(b["aug_sources"][:, 0].tolist())
+    assert kinds == [0, 1, 1]                                           # only b.jpg's bytes go to the device
+    _compare(a, b, mean_levels=1.0)
+
+
+def test_rect_batches(shapes_yaml):
+    loaders = []
+    for augment_on in ("workers", "device"):
+        ds = DetectionDataset(shapes_yaml, "train", imgsz=128, augment=True)
+        loaders.append(build_dataloader(ds, 4, workers=0, seed=3, uint8_images=True, rect=True, augment_on=augment_on))
+    shapes = set()
+    for a, b in zip(*loaders, strict=True):
+        shapes.add(tuple(a["images_uint8"].shape[2:]))
+        _compare(a, b, mean_levels=1.0)
+    assert len(shapes) > 1 and any(h != w for h, w in shapes)            # batch shapes, not one square
+
+
+def test_close_mosaic_switches_the_device_path_too(shapes_yaml):
+    ds_a = DetectionDataset(shapes_yaml, "train", imgsz=64, augment=True)
+    ds_b = DetectionDataset(shapes_yaml, "train", imgsz=64, augment=True)
+    la = build_dataloader(ds_a, 8, workers=0, seed=5, uint8_images=True)
+    lb = build_dataloader(ds_b, 8, workers=0, seed=5, uint8_images=True, augment_on="device")
+    first = next(iter(lb))
+    assert (first["aug_frame"][:, 0, 0] == 128).all()                  # Mosaic: the 2 * imgsz canvas
+    next(iter(la))
+    ds_a.mosaic = ds_b.mosaic = False                                  # what the trainer does for the last epochs
+    a, b = next(iter(la)), next(iter(lb))
+    assert (b["aug_frame"][:, 0, 0] == 64).all() and (b["aug_tiles"][:, 0, 1:, 0] == -1).all()   # one tile
+    _compare(a, b, mean_levels=1.0)
+
+
+def test_multi_scale_after_the_pass(shapes_yaml):
+    from yolokit.train.scales import MultiScale
+
+    (a,), _ = _batches(shapes_yaml, "workers", seed=4)
+    (b,), _ = _batches(shapes_yaml, "device", seed=4)
+    scale = MultiScale(64, 32, seed=0)
+    step = next(s for s in range(50) if scale.size(0, s) != 64)           # a step whose size is not imgsz
+    ia, ta = scale(to_device(a, "cpu")["images"], a["targets"], 0, step)
+    ib, tb = scale(to_device(b, "cpu")["images"], b["targets"], 0, step)
+    assert ia.shape == ib.shape and ia.shape[-1] != 64 and torch.equal(ta, tb)
+    assert ((ia - ib).abs().mean((1, 2, 3)) * 255).max() <= 1.0
+
+
+def test_resume_mid_epoch_gives_the_same_recipes(shapes_yaml):
+    # buffer_size=0: Mosaic partners from the whole set (with the recent-image buffer a resumed epoch
+    # draws partners among other images, on both paths alike)
+    ds = DetectionDataset(shapes_yaml, "train", imgsz=64, augment=True, hyp=AugmentConfig(mixup=0.5), buffer_size=0)
+    loader = build_dataloader(ds, 4, workers=0, seed=7, uint8_images=True, augment_on="device")
+    loader.set_epoch(2)
+    full = list(loader)
+    loader.set_epoch(2, start_step=3)
+    resumed = list(loader)
+    assert len(resumed) == len(full) - 3
+    for x, y in zip(full[3:], resumed, strict=True):
+        assert torch.equal(x["targets"], y["targets"]) and torch.equal(x["aug_inverse"], y["aug_inverse"])
+        assert torch.equal(x["hsv_lut"], y["hsv_lut"]) and torch.equal(x["aug_mix"], y["aug_mix"])
+        assert torch.equal(augment_batch(x, "cpu"), augment_batch(y, "cpu"))
+
+
+def test_worker_processes_ship_the_same_recipes(shapes_yaml):
+    (a,), _ = _batches(shapes_yaml, "device", seed=2, workers=0)
+    (b,), _ = _batches(shapes_yaml, "device", seed=2, workers=2)
+    assert torch.equal(a["targets"], b["targets"]) and torch.equal(a["aug_jpeg"], b["aug_jpeg"])
+    assert torch.equal(augment_batch(a, "cpu"), augment_batch(b, "cpu"))
+
+
+def test_to_device_gives_the_batch_contract(shapes_yaml):
+    (b,), _ = _batches(shapes_yaml, "device")
+    out = to_device(b, "cpu")
+    assert out["images"].dtype == torch.float32 and out["images"].shape == (8, 3, 64, 64)
+    assert out["images"].min() >= 0 and out["images"].max() <= 1
+    assert not any(k.startswith("aug_") for k in out) and "hsv_lut" not in out
+    assert set(out) >= {"images", "targets", "paths", "orig_shapes", "ratio_pad", "indices", "max_boxes"}
+
+
+def test_refuses_what_it_cannot_do(shapes_yaml):
+    ds = DetectionDataset(shapes_yaml, "train", imgsz=64, augment=True)
+    with pytest.raises(ValueError, match="augment_on must be"):
+        build_dataloader(ds, 2, workers=0, augment_on="gpu")
+    ds.albumentations = object()
+    with pytest.raises(ValueError, match="albumentations"):
+        build_dataloader(ds, 2, workers=0, augment_on="device")
+    val = DetectionDataset(shapes_yaml, "val", imgsz=64)                  # nothing to augment: workers as before
+    batch = next(iter(build_dataloader(val, 2, workers=0, uint8_images=True, augment_on="device")))
+    assert "images_uint8" in batch and "aug_tiles" not in batch
+
+
+class _Count(TorchDispatchMode):
+    """Counts the kernels (aten ops that are not views) run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        aliases = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+        if func.namespace == "aten" and not aliases:
+            self.kernels += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["jpeg", "ram-cache"])
+def test_kernel_count_does_not_grow_with_the_batch(shapes_yaml, cached):
+    hyp = dict(mixup=0.5)
+    counts = {}
+    for n in (8, 64):
+        batch = _batches(shapes_yaml, "device", batch=n, hyp=hyp, cache_images="ram" if cached else False)[0][0]
+        assert len(batch["indices"]) == min(n, 24) and bool((batch["aug_mix"] < 1).any())
+        augment_batch(batch, "cpu")                                    # once first: the HSV tables are built once
+        with _Count() as count:
+            augment_batch(batch, "cpu")
+        counts[n] = count.kernels
+    # the same kernels for 8 and 64 images: the count grows with the chunks of CHUNK pixels the resize
+    # and the warp are cut into (one each here), never per image; views (the decode list's per-image
+    # reshape) are free; the decode is not an aten op (on the CPU torchvision decodes file by file
+    # in Python, on CUDA the list goes to nvJPEG in one call)
+    assert counts[8] == counts[64] < 500, counts
+
+
+@pytest.mark.gpu
+def test_the_pass_never_syncs_on_cuda(shapes_yaml):
+    (b,), _ = _batches(shapes_yaml, "device", hyp=dict(mixup=0.5))
+    (a,), _ = _batches(shapes_yaml, "workers", hyp=dict(mixup=0.5))
+    augment_batch(b, "cuda")                                           # warm: nvJPEG, tables
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        images = augment_batch(b, "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    diff = (images.cpu().int() - a["images_uint8"].int()).abs().float().mean((1, 2, 3))
+    assert diff.max() <= 1.0, diff.tolist()
