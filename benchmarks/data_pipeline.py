@@ -15,6 +15,9 @@ batch contract, converted in the workers. `--uint8` also times yolokit with
 and `--hsv-on-device` with `hsv_on_device=True` as well (what the trainer does on CUDA: the
 workers draw each image's HSV gains, `to_device` applies them on the GPU; that step is not in
 these figures, which time the loader alone: `--device-hsv-cost` times it on this machine's torch).
+`--augment-on-device` also times yolokit with `augment_on="device"`: the workers read each file's
+bytes, draw the numbers and make the labels, and ship recipes; the pixels (decode, Mosaic, warp,
+HSV, flips) are made by `to_device` on the training device, which these figures leave out.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from harness.pipeline import epochs, hsv_step_seconds, time_batches
 from harness.timing import header
 
 
-def yolokit_loader(yaml, args, *, uint8: bool = False, hsv_on_device: bool = False):
+def yolokit_loader(yaml, args, *, uint8: bool = False, hsv_on_device: bool = False, augment_on: str = "workers"):
     from yolokit.data import DetectionDataset, build_dataloader
 
     ds = DetectionDataset(yaml, "train", imgsz=args.imgsz, augment=True, cache_images=args.cache or False)
-    return build_dataloader(ds, args.batch, workers=args.workers, seed=0, uint8_images=uint8 or hsv_on_device,
-                            hsv_on_device=hsv_on_device)
+    device = augment_on == "device"
+    return build_dataloader(ds, args.batch, workers=args.workers, seed=0,
+                            uint8_images=uint8 or hsv_on_device or device, hsv_on_device=hsv_on_device,
+                            augment_on=augment_on)
 
 
 def main() -> None:
@@ -48,6 +53,8 @@ def main() -> None:
     p.add_argument("--uint8", action="store_true", help="also time yolokit with uint8_images=True")
     p.add_argument("--hsv-on-device", action="store_true",
                    help="also time yolokit with uint8_images and hsv_on_device (the trainer on CUDA)")
+    p.add_argument("--augment-on-device", action="store_true",
+                   help="also time yolokit with augment_on='device' (the workers ship recipes; pixels on the device)")
     p.add_argument("--device-hsv-cost", default=None, metavar="DEVICE",
                    help="also time the HSV step of to_device on DEVICE (cpu, cuda)")
     p.add_argument("--photos", action="store_true",
@@ -69,6 +76,8 @@ def main() -> None:
         runs["yolokit uint8_images"] = lambda: yolokit_loader(yaml, args, uint8=True)
     if args.hsv_on_device:
         runs["yolokit hsv_on_device"] = lambda: yolokit_loader(yaml, args, hsv_on_device=True)
+    if args.augment_on_device:
+        runs["yolokit augment_on device"] = lambda: yolokit_loader(yaml, args, augment_on="device")
     if args.ultralytics:
         from harness import reference
 
@@ -79,7 +88,8 @@ def main() -> None:
     results = {name: [] for name in loaders}
     for _ in range(args.repeats):  # interleave, so load from elsewhere hits all alike
         for name, loader in loaders.items():  # each run from a new epoch; epochs repeat as needed
-            timed = time_batches(epochs(loader), args.batches, args.warmup)
+            timed = time_batches(epochs(loader), args.batches, args.warmup, loader=loader,
+                                 key="aug_mix" if name.endswith("augment_on device") else None)
             results[name].append((timed.units / timed.seconds, timed.cpu_seconds / timed.units * 1000))
 
     print(header(extra))
@@ -91,11 +101,14 @@ def main() -> None:
         rates, cpu = [v[0] for v in vals], [v[1] for v in vals]
         runs_text = " ".join(f"{v:.1f}" for v in rates)
         print(f"{name:<24}{np.median(rates):>16.1f}{np.median(cpu):>21.2f}   {runs_text}")
-    print("CPU ms/img: user+system time of the main process and its workers per image; "
+    print("CPU ms/img: user+system time of the main process and the timed loader's workers per image; "
           "less sensitive than img/s to other load on the machine.")
     if args.hsv_on_device:
         print("yolokit hsv_on_device: the HSV step is left to to_device (on the training device), "
               "so it is not in its figures.")
+    if args.augment_on_device:
+        print("yolokit augment_on device: the workers' side only (file bytes, numbers, labels); the pixels are "
+              "made by to_device on the training device, not in these figures.")
     if args.device_hsv_cost:
         print(f"to_device's HSV step on {args.device_hsv_cost}, batch {args.batch} at {args.imgsz}: "
               f"{hsv_step_seconds(args.batch, args.imgsz, args.device_hsv_cost) / args.batch * 1000:.2f} ms per image")

@@ -22,17 +22,27 @@ def dataset_yaml(*, images: int, imgsz: int) -> Path:
     return make_shapes(n_train=images, n_val=16, imgsz=imgsz, seed=0)
 
 
-def time_batches(batches: Iterator[dict], count: int, warmup: int, *, key: str | None = None) -> Timed:
+def loader_workers(loader: object) -> list[int]:
+    """The process ids of a DataLoader's live workers (its persistent or current iterator's)."""
+    iterator = getattr(loader, "_iterator", None) or getattr(loader, "iterator", None)
+    return [w.pid for w in getattr(iterator, "_workers", []) if w.pid is not None]
+
+
+def time_batches(batches: Iterator[dict], count: int, warmup: int, *, key: str | None = None,
+                 loader: object | None = None) -> Timed:
     """Seconds, images and CPU seconds (this process and its workers) of ``count`` batches
-    drawn after ``warmup`` batches of ``batches``."""
+    drawn after ``warmup`` batches of ``batches``; with ``loader``, only that loader's workers
+    count (other loaders' persistent workers prefetch meanwhile)."""
     start, cpu, images = 0.0, 0.0, 0
+    children = None
     for done in range(warmup + count):
         if done == warmup:
-            start, cpu, images = time.perf_counter(), cpu_seconds(), 0
+            children = loader_workers(loader) if loader is not None else None
+            start, cpu, images = time.perf_counter(), cpu_seconds(children), 0
         batch = next(batches)
         names = (key,) if key else IMAGE_KEYS
         images += next(batch[k] for k in names if k in batch).shape[0]
-    return Timed(time.perf_counter() - start, images, cpu_seconds=cpu_seconds() - cpu)
+    return Timed(time.perf_counter() - start, images, cpu_seconds=cpu_seconds(children) - cpu)
 
 
 def epochs(loader: Iterable[dict]) -> Iterator[dict]:

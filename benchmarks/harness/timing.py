@@ -118,11 +118,17 @@ def resident_bytes(*, peak: bool = False) -> int | None:
         return None
 
 
-def cpu_seconds() -> float:
-    """User + system CPU time of this process and its live children (e.g. loader workers), Linux only."""
+def cpu_seconds(children: list[int] | None = None) -> float:
+    """User + system CPU time of this process and its live children (e.g. loader workers), Linux only.
+
+    ``children``: only these child processes (the workers of the loader being timed: another
+    loader's persistent workers still prefetch in the background, and their time is not its).
+    """
     tick = os.sysconf("SC_CLK_TCK")
     pids = ["self"]
-    for task in os.listdir("/proc/self/task"):
+    if children is not None:
+        pids += [str(pid) for pid in children]
+    for task in os.listdir("/proc/self/task") if children is None else ():
         try:
             with open(f"/proc/self/task/{task}/children") as f:
                 pids += f.read().split()

@@ -3,6 +3,7 @@ within a grey level, one batched pass whose kernel count does not grow with the 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -144,8 +145,8 @@ def test_resume_mid_epoch_gives_the_same_recipes(shapes_yaml):
     resumed = list(loader)
     assert len(resumed) == len(full) - 3
     for x, y in zip(full[3:], resumed, strict=True):
-        assert torch.equal(x["targets"], y["targets"]) and torch.equal(x["aug_inverse"], y["aug_inverse"])
-        assert torch.equal(x["hsv_lut"], y["hsv_lut"]) and torch.equal(x["aug_mix"], y["aug_mix"])
+        assert torch.equal(x["targets"], y["targets"]) and np.array_equal(x["aug_inverse"], y["aug_inverse"])
+        assert torch.equal(x["hsv_lut"], y["hsv_lut"]) and np.array_equal(x["aug_mix"], y["aug_mix"])
         assert torch.equal(augment_batch(x, "cpu"), augment_batch(y, "cpu"))
 
 
@@ -222,3 +223,27 @@ def test_the_pass_never_syncs_on_cuda(shapes_yaml):
         torch.cuda.set_sync_debug_mode(0)
     diff = (images.cpu().int() - a["images_uint8"].int()).abs().float().mean((1, 2, 3))
     assert diff.max() <= 1.0, diff.tolist()
+
+
+def test_only_jpegs_whose_exif_turns_them_are_decoded_in_the_workers():
+    import io
+
+    from PIL import Image
+
+    from yolokit.data.recipes import _has_exif, _turned
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), np.uint8))
+
+    def jpeg(orientation=None):
+        out, exif = io.BytesIO(), Image.Exif()
+        if orientation is None:
+            image.save(out, "JPEG")
+        else:
+            exif[0x0112] = orientation
+            image.save(out, "JPEG", exif=exif)
+        return np.frombuffer(out.getvalue(), np.uint8)
+
+    plain, upright, turned = jpeg(), jpeg(1), jpeg(6)
+    assert [_has_exif(plain), _has_exif(upright), _has_exif(turned)] == [False, True, True]
+    assert [_turned(plain), _turned(upright), _turned(turned)] == [False, False, True]
+    assert _has_exif(turned[:12])       # cut inside its headers: Pillow decides (and the workers decode it)

@@ -43,7 +43,7 @@ def _spy(monkeypatch) -> list[dict]:
     seen, to_device = [], step_module.to_device
 
     def loaded(batch, device, **kw):
-        seen.append({k: batch[k].clone() for k in ("aug_frame", "aug_shape") if k in batch})
+        seen.append({k: torch.as_tensor(batch[k]).clone() for k in ("aug_frame", "aug_shape") if k in batch})
         out = to_device(batch, device, **kw)
         seen[-1]["images"] = tuple(out["images"].shape)
         return out

@@ -12,7 +12,7 @@ slot (a fresh, unkept buffer when none is free: it never waits), marks the slot 
 serial and sends ``(slot, serial)`` with the batch under `SLOT_KEY`. In the training process
 `BatchBuffers.received` takes that key out of each batch and frees the slot once nothing there
 uses the buffer: at once when the pin-memory thread has copied the batch, else as soon as the
-images' storage is gone (checked at every batch), so a batch a user keeps is never written over.
+images' storage (or, with ``augment_on="device"``, the JPEG bytes') is gone (checked at every batch), so a batch a user keeps is never written over.
 A slot is freed only while it still holds that serial: a restarted worker's new buffer in the
 same slot is not freed by the end of the old one.
 """
@@ -98,7 +98,7 @@ class BatchBuffers:
         slot = batch.pop(SLOT_KEY, None) if isinstance(batch, dict) else None
         if slot is None or self.table is None:
             return batch
-        images = batch.get("images_uint8", batch.get("images"))
+        images = next((batch[k] for k in ("images_uint8", "images", "aug_jpeg") if k in batch), None)
         if images is None or images.is_pinned():            # the pin-memory thread copied it out
             self._free(*slot)
         else:

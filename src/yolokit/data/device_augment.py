@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 
 from yolokit.data.color import apply_hsv_lut_batch
@@ -42,9 +43,15 @@ from yolokit.data.images import PAD_VALUE
 CHUNK = 1 << 22          # pixels per warp or resize step: bounds the temporaries (~2 GB at the peak)
 
 
+def _host_tensors(batch: dict) -> dict:
+    """The batch with its recipe arrays (numpy, as the loader hands them over) as CPU tensors."""
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+
 def decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, list[int], list[tuple[int, int]]]:
     """Every source of the batch decoded on ``device``: uint8 [3, P] (RGB planes, one after the
     other), each source's offset in it and its decoded (h, w) (host numbers: nothing is read back)."""
+    batch = _host_tensors(batch)
     rows = batch["aug_sources"].tolist()
     jpeg_rows = [r for r in rows if r[0] == 0]
     parts, sizes = [], {}
@@ -165,7 +172,7 @@ def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
         batch: from `recipes.collate_recipes` (its tensors on the CPU, as the loader yields them).
         device: the training device.
     """
-    device = torch.device(device)
+    device, batch = torch.device(device), _host_tensors(batch)
     atlas, offsets, shapes = decode_sources(batch, device)
     rows = batch["aug_sources"].tolist()
     targets = [(r[4], r[5]) for r in rows]

@@ -41,7 +41,7 @@ from yolokit.data.workers import init_worker, signals_deferred
 
 def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = None) -> dict:
     if items and RECIPE_KEY in items[0]:               # augment_on="device": the pixels are to_device's
-        return collate_recipes(items)
+        return collate_recipes(items, buffers)
     b = len(items)
     h = max(it["image"].shape[1] for it in items)
     w = max(it["image"].shape[2] for it in items)
