@@ -81,6 +81,7 @@ def test_the_library_validates_without_pycocotools_or_albumentations(image_env, 
     assert lines[2].startswith("albumentations:") and "albumentations" in lines[2]
 
 
+@pytest.mark.extended   # benchmarks/gpu.py's smoke run (tests/bench) collects and skips them too, by default
 def test_the_gpu_marked_tests_collect_without_them(image_env):
     done = run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider"],
                image_env)

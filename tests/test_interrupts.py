@@ -117,6 +117,8 @@ def test_a_second_ctrl_c_stops_at_once(shapes, tmp_path):
     assert took < 15, took
 
 
+@pytest.mark.extended   # the ranks' agreement to stop: test_resume_iters (SIGTERM on one rank, bit for bit);
+# two processes stopped from the terminal: test_a_second_ctrl_c_stops_at_once
 def test_two_processes_stop_together_and_resume(shapes, tmp_path):
     run = tmp_path / "run"
     code, text, took = interrupt(yolokit(*train_args(shapes, str(run), "--devices", "2", "--workers", "1")),

@@ -76,6 +76,10 @@ EXTENDED = {
     "freeze=10": "tests/train/test_freeze.py, tests/train/test_compare.py",
     "save_period_iters=500": "tests/train/test_resume_iters.py",
     "devices=4": "tests/train/test_distributed_training.py",
+    "rect=True, multi_scale=True": "tests/train/test_rect_multiscale.py",
+    'weights="best.pt", data=': "tests/train/test_weights.py",
+    "distributed.broadcast_module(model)": "tests/test_examples.py (examples/custom_loop.py, two processes)",
+    'augment_on="device"))': "tests/train/test_augment_on.py, tests/data/test_device_augment.py",
 }
 
 

@@ -85,7 +85,7 @@ def _count_graph_breaks(fn, *args) -> tuple[int, int]:
     return explained.graph_count, explained.graph_break_count
 
 
-@pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny"])
+@pytest.mark.parametrize("name", ["yolov8n", pytest.param("yolov3-tiny", marks=pytest.mark.extended)])
 def test_forward_is_one_graph_with_checkpointing_and_channels_last(name):
     torch.manual_seed(0)
     model = yolokit.create_model(name).train()
@@ -193,6 +193,7 @@ def test_last_smaller_batch_compiles_once_more():
     assert counter.frame_count == 2
 
 
+@pytest.mark.extended   # the trainer validates uncompiled; this bounds a user's compiled eval model
 def test_rectangular_eval_batches_do_not_recompile_every_batch():
     """Compiled eval over rectangular shapes: H and W become dynamic after the first changes.
 

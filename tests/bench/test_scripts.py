@@ -203,15 +203,19 @@ SCRIPTS = {
                             "--repeats", "1"],
                            [rf"normal \(10 boxes/image\) assigner +peak +{NUMBER} MiB +{NUMBER} ms"]),
     "data_pipeline.py": (["--imgsz", "64", "--images", "8", "--batch", "4", "--batches", "2", "--warmup", "1",
-                          "--repeats", "1", "--workers", "0", "--uint8"],
-                         [rf"^yolokit +{NUMBER} +{NUMBER}", rf"^yolokit uint8_images +{NUMBER} +{NUMBER}"]),
+                          "--repeats", "1", "--workers", "0", "--uint8", "--augment-on-device"],
+                         [rf"^yolokit +{NUMBER} +{NUMBER}", rf"^yolokit uint8_images +{NUMBER} +{NUMBER}",
+                          rf"^yolokit augment_on device +{NUMBER} +{NUMBER}"]),
     "predict_memory.py": (["--counts", "3", "--size", "64", "--imgsz", "64", "--batch", "2", "--modes", "streamed"],
                           [rf"^\| 3 \| streamed \| {NUMBER} \| {NUMBER} \|$"]),
 }
 
 
+# By default one script runs (the loader's, with every path); the others, benchmarks run by hand,
+# run with -m extended (gpu.py, which a GPU session runs unattended, runs by default above).
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "data_pipeline.py" else [pytest.mark.extended])
+                                  for n in sorted(SCRIPTS)])
 def test_script_runs_from_the_checkout(name):
     args, patterns = SCRIPTS[name]
     text = run_script(name, *args)

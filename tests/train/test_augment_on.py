@@ -107,6 +107,7 @@ def test_a_crashed_run_on_the_device_path_resumes_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # the recipes are per rank as the images are; a crashed run resumes bit for bit above
 @pytest.mark.usefixtures("clean_env")
 def test_two_processes_augment_on_the_device(shapes128, tmp_path):
     """Two ranks (gloo on the CPU), each making its own micro-batches' images on its device: the

@@ -126,6 +126,7 @@ def check_run(client, run: Path, experiment: str, tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # a real `mlflow server` process (19 s); the SQL store below takes the same path
 def test_a_tracking_server_receives_a_run_and_its_resume(server, shapes, tmp_path):
     uri, home = server
     env = {**subprocess_env(), "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "team"}

@@ -66,7 +66,8 @@ def assert_same_run(reference, other):
     assert _rows(other) == _rows(reference)
 
 
-@pytest.mark.parametrize("name, strides", [("yolov8n-p2.yaml", (4, 8, 16, 32)), ("yolo11n.yaml", (8, 16, 32))])
+@pytest.mark.parametrize("name, strides", [pytest.param("yolov8n-p2.yaml", (4, 8, 16, 32), marks=pytest.mark.extended),
+                                           ("yolo11n.yaml", (8, 16, 32))])   # the P2 head builds in tests/models
 def test_a_yaml_model_resumes_bit_for_bit_and_trains_the_same_on_two_processes(shapes, tmp_path, one_thread,
                                                                                  name, strides):
     reference = tmp_path / "reference"

@@ -12,7 +12,8 @@ slot (a fresh, unkept buffer when none is free: it never waits), marks the slot 
 serial and sends ``(slot, serial)`` with the batch under `SLOT_KEY`. In the training process
 `BatchBuffers.received` takes that key out of each batch and frees the slot once nothing there
 uses the buffer: at once when the pin-memory thread has copied the batch, else as soon as the
-images' storage (or, with ``augment_on="device"``, the JPEG bytes') is gone (checked at every batch), so a batch a user keeps is never written over.
+images' storage (with ``augment_on="device"``, the JPEG bytes') is gone (checked at every batch),
+so a batch a user keeps is never written over.
 A slot is freed only while it still holds that serial: a restarted worker's new buffer in the
 same slot is not freed by the end of the old one.
 """
