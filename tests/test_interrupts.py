@@ -98,7 +98,7 @@ def assert_resumes(shapes: str, run: Path, tmp_path: Path, *extra: str) -> None:
     assert [r["epoch"] for r in rows] == ["1", "2"] and (run / "weights" / "model.pt").is_file()
 
 
-@pytest.mark.parametrize("sig", ["INT", "TERM"])
+@pytest.mark.parametrize("sig", ["INT", pytest.param("TERM", marks=pytest.mark.extended)])   # TERM: test_resume_iters
 def test_train_stops_at_a_step_saves_and_resumes(shapes, tmp_path, sig):
     run = tmp_path / "run"
     code, text, took = interrupt(yolokit(*train_args(shapes, str(run))), checkpointed(run), sig, cwd=tmp_path)
@@ -150,7 +150,7 @@ def test_val_stops_with_one_line(shapes, tmp_path):
     assert_stopped_cleanly(code, text, "INT", "yolokit val: stopped by SIGINT")
 
 
-@pytest.mark.parametrize("source, sig", [("folder", "TERM"), ("video", "INT")])
+@pytest.mark.parametrize("source, sig", [("folder", "TERM"), pytest.param("video", "INT", marks=pytest.mark.extended)])
 def test_predict_stops_with_one_line_and_keeps_what_it_wrote(tmp_path, source, sig):
     rng = np.random.default_rng(0)
     if source == "folder":

@@ -1,7 +1,8 @@
 """Every Python block of README.md runs as a user runs it: as a script, to its end, exit code 0.
 
-Each block runs in a subprocess (with a timeout) in a fresh folder that holds what its
-placeholder paths name, so the README needs no edits to run:
+Each block runs as ``python block.py`` would, in a process of its own (with a timeout; forked
+from one that imported torch and yolokit once, see ``RUNNER``), in a fresh folder that holds what
+its placeholder paths name, so the README needs no edits to run:
 
 - ``path/to/data.yaml`` and ``data.yaml``: a small shapes set (16 + 8 images of 64 px);
 - ``path/to/images``: a folder of 3 images; ``clip.mp4``: a 6-frame video;
@@ -145,21 +146,84 @@ def test_the_substitutions_only_shorten():
     assert shorter("max_epochs=5, batch=16") == "max_epochs=5, batch=16"
 
 
+# A process that has imported torch and yolokit once, and forks a child per block: the child
+# runs the block's file as ``python file.py`` would (``__main__``, its folder first on sys.path,
+# a new session, the interpreter's normal exit), without paying the 2 s of ``import torch``
+# again for every block. No torch op runs before the fork, so no thread pool is copied.
+RUNNER = r"""
+import json, os, runpy, sys, traceback
+import torch, yolokit, yolokit.accel, yolokit.data, yolokit.interop, yolokit.models, yolokit.predict, yolokit.train
+import yolokit.val
+for request in sys.stdin:
+    script, cwd, log = json.loads(request)
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.chdir(cwd)
+        sys.argv, sys.path[0] = [script], cwd
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit:
+            raise
+        except BaseException:
+            traceback.print_exc()
+            sys.exit(1)
+        sys.exit(0)
+    print(json.dumps({"pid": pid}), flush=True)
+    print(json.dumps({"code": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}), flush=True)
+"""
+
+
+@pytest.fixture(scope="session")
+def runner(staged):
+    """``run(script, cwd, timeout) -> (exit code, output)`` through one RUNNER process."""
+    import json
+    import os
+    import select
+    import signal
+
+    _, env = staged
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=env, text=True, bufsize=1)
+
+    def reply(timeout: float) -> dict | None:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else ""
+        assert not ready or line, f"the README runner ended (exit code {proc.poll()})"
+        return json.loads(line) if line else None
+
+    def run(script: Path, cwd: Path, timeout: float) -> tuple[int | None, str]:
+        log = cwd / f"{script.stem}.log"
+        proc.stdin.write(json.dumps([str(script), str(cwd), str(log)]) + "\n")
+        proc.stdin.flush()
+        pid = reply(30)["pid"]
+        done = reply(timeout)
+        if done is None:                          # past its time: the block and what it started
+            os.killpg(pid, signal.SIGKILL)
+            reply(30)
+        return (done["code"] if done else None), log.read_text(errors="replace")
+
+    yield run
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
 @pytest.mark.parametrize("line, code", [pytest.param(line, code, id=f"README.md:{line}",
                                                      marks=[pytest.mark.extended] if _is_extended(code) else [])
                                         for line, code in BLOCKS])
-def test_readme_block_runs_as_a_script(staged, tmp_path, line, code):
-    files, env = staged
+def test_readme_block_runs_as_a_script(staged, runner, tmp_path, line, code):
+    files, _ = staged
     work = tmp_path / "work"
     shutil.copytree(files, work)
     script = work / f"readme_block_{line}.py"
     script.write_text(shorter(code))
-    try:
-        done = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True,
-                              timeout=300, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"README.md:{line} did not finish in 300 s:\n{(exc.stderr or b'')[-3000:]!r}")
-    assert done.returncode == 0, f"README.md:{line}\n{shorter(code)}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    returncode, output = runner(script, work, timeout=300)
+    assert returncode is not None, f"README.md:{line} did not finish in 300 s:\n{output[-3000:]}"
+    assert returncode == 0, f"README.md:{line}\n{shorter(code)}\n{output[-5000:]}"
 
 
 @pytest.mark.parametrize("line, code", [(line, code) for line, code in BLOCKS if _is_extended(code)],

@@ -47,6 +47,7 @@ def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # 29 s; before a GPU pass run `pytest -m extended tests/bench` (benchmarks/NOTES-gpu.md)
 def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     out = tmp_path / "gpu-results.json"
     text = run_script("gpu.py", "--all", "--cpu-smoke", "--out", str(tmp_path))
