@@ -265,6 +265,14 @@ class DetectionDataset(Dataset):
                                interpolation=interp)
         return image
 
+    def _remember(self, i: int, item: Any) -> Any:
+        """``item`` (image ``i``, or its recipe source) into the recent-image buffer, oldest out first."""
+        if self.buffer_size:
+            self._buffer[i] = item
+            if len(self._buffer) > self.buffer_size:
+                del self._buffer[next(iter(self._buffer))]
+        return item
+
     def load(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
         """Image i resized to long side imgsz, with its labels.
 
@@ -283,11 +291,7 @@ class DetectionDataset(Dataset):
         elif i in self._buffer:
             image = self._buffer[i]
         else:
-            image = self._read_resized(i)
-            if self.buffer_size:
-                self._buffer[i] = image
-                if len(self._buffer) > self.buffer_size:
-                    del self._buffer[next(iter(self._buffer))]  # oldest first
+            image = self._remember(i, self._read_resized(i))
         h0, w0 = (int(v) for v in self.index.shapes[i])
         h, w = image.shape[:2]
         if abs(h / w - h0 / w0) > 0.02 * h0 / w0:

@@ -37,6 +37,17 @@ def is_image_file(path: str | os.PathLike) -> bool:
     return os.path.splitext(os.fspath(path))[1].lower() in IMAGE_SUFFIXES   # no Path: called per file of a scan
 
 
+def read_bytes(path: str | Path) -> np.ndarray:
+    """A file's bytes as uint8 [N]. Raises ImageError (unreadable, empty)."""
+    try:
+        data = np.fromfile(str(path), dtype=np.uint8)
+    except OSError as err:
+        raise ImageError(f"unreadable file ({err.strerror or err})") from err
+    if data.size == 0:
+        raise ImageError("empty file")
+    return data
+
+
 def read_image(path: str | os.PathLike) -> np.ndarray:
     """Decode an image file into upright 8-bit BGR.
 
@@ -49,12 +60,7 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     Raises:
         ImageError: the file is missing, unreadable or cannot be decoded.
     """
-    try:
-        data = np.fromfile(str(path), dtype=np.uint8)
-    except OSError as err:
-        raise ImageError(f"unreadable file ({err.strerror or err})") from err
-    if data.size == 0:
-        raise ImageError("empty file")
+    data = read_bytes(path)
     image = cv2.imdecode(data, cv2.IMREAD_COLOR)
     if image is None:  # a few valid files (e.g. some rotated TIFFs) trip OpenCV
         image = _read_with_pillow(path)

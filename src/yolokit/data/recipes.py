@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from yolokit.data.buffers import SLOT_KEY, BatchBuffers, fresh_shared
-from yolokit.data.images import ImageError
+from yolokit.data.images import ImageError, read_bytes
 from yolokit.data.mosaic import mosaic4_canvas
 from yolokit.data.transforms import affine_boxes, affine_plan, hsv_lut, scale_boxes
 from yolokit.ops.geometry import letterbox_plan
@@ -51,13 +51,7 @@ def _loaded_size(ds, i: int) -> tuple[int, int]:
 
 
 def _read_source(ds, i: int) -> Source:
-    path = ds.index.paths[i]
-    try:
-        data = np.fromfile(str(path), dtype=np.uint8)
-    except OSError as err:
-        raise ImageError(f"unreadable file ({err.strerror or err})") from err
-    if data.size == 0:
-        raise ImageError("empty file")
+    data = read_bytes(ds.index.paths[i])
     if data.size > 3 and data[0] == 0xFF and data[1] == 0xD8 and not _turned(data):   # the device decodes it
         return Source(i, _loaded_size(ds, i), jpeg=data, decoded=tuple(int(v) for v in ds.index.shapes[i]))
     image = ds._read_resized(i)                                     # other formats: decoded here
@@ -101,11 +95,7 @@ def load_source(ds, i: int):
     elif i in ds._buffer:
         src = ds._buffer[i]
     else:
-        src = _read_source(ds, i)
-        if ds.buffer_size:
-            ds._buffer[i] = src
-            if len(ds._buffer) > ds.buffer_size:
-                del ds._buffer[next(iter(ds._buffer))]  # oldest first
+        src = ds._remember(i, _read_source(ds, i))
     h0, w0 = (int(v) for v in ds.index.shapes[i])
     h, w = src.shape[:2]
     if abs(h / w - h0 / w0) > 0.02 * h0 / w0:
