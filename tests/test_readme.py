@@ -256,3 +256,20 @@ def test_an_extended_block_names_only_what_exists(line, code):
                 target = {"yolokit": "yolokit"}.get(node.func.value.id)
                 if target:
                     assert hasattr(importlib.import_module(target), node.func.attr), f"README.md:{line}: {name}"
+
+
+
+def test_the_runner_reports_what_a_script_run_reports(runner, tmp_path):
+    """A block that raises, exits with a code, or overruns its time fails its test, as `python block.py` would."""
+    cases = {"raises": ("import yolokit\nprint('before')\nraise ValueError('boom')\n", 1, "ValueError: boom"),
+             "exits": ("import sys\nprint(__name__)\nsys.exit(3)\n", 3, "__main__"),
+             "passes": ("import sys, os\nprint(sys.path[0] == os.getcwd(), sys.argv[0].endswith('passes.py'))\n", 0,
+                        "True True")}
+    for name, (code, expected, said) in cases.items():
+        script = tmp_path / f"{name}.py"
+        script.write_text(code)
+        returncode, output = runner(script, tmp_path, timeout=60)
+        assert returncode == expected and said in output, (name, returncode, output)
+    (tmp_path / "sleeps.py").write_text("import time\ntime.sleep(60)\n")
+    returncode, _ = runner(tmp_path / "sleeps.py", tmp_path, timeout=1)
+    assert returncode is None                             # past its time: killed, reported as not finished
