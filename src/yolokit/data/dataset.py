@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
@@ -308,15 +308,15 @@ class DetectionDataset(Dataset):
             logger.warning("%s: decoded size %s differs in aspect from the indexed %s; "
                            "boxes scaled per axis", path, got, recorded)
 
-    def _load_any(
-        self, i: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[float, float], int]:
-        """`load(i)`, or the next readable image when i cannot be read (reported once)."""
+    def _load_any(self, i: int, load: Callable[[int], tuple] | None = None) -> tuple:
+        """`load(i)` (default `self.load`; the recipes pass theirs), or the next readable image when i
+        cannot be read (reported once), with the index read last."""
+        load = load or self.load
         n = len(self)
         for k in range(n):
             j = (i + k) % n
             try:
-                return (*self.load(j), j)
+                return (*load(j), j)
             except ImageError as err:
                 self._warn_once(self.index.paths[j], str(err))
         raise DatasetError("no image of the dataset can be read any more")

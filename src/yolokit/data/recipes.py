@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from yolokit.data.buffers import SLOT_KEY, BatchBuffers, fresh_shared
-from yolokit.data.images import ImageError, read_bytes
+from yolokit.data.images import read_bytes
 from yolokit.data.mosaic import mosaic4_canvas
 from yolokit.data.transforms import affine_boxes, affine_plan, hsv_lut, scale_boxes
 from yolokit.ops.geometry import letterbox_plan
@@ -106,15 +106,7 @@ def load_source(ds, i: int):
 
 
 def _load_any(ds, i: int):
-    n = len(ds)
-    for k in range(n):
-        j = (i + k) % n
-        try:
-            return (*load_source(ds, j), j)
-        except ImageError as err:
-            ds._warn_once(ds.index.paths[j], str(err))
-    from yolokit.data.sources import DatasetError
-    raise DatasetError("no image of the dataset can be read any more")
+    return ds._load_any(i, lambda j: load_source(ds, j))
 
 
 def _view(ds, i: int, rng: np.random.Generator):
