@@ -1,16 +1,19 @@
-"""The GPU pass: every measurement of the GPU pass issue, in sections that fit the lent GPU's commands.
+"""The GPU pass: every measurement of the GPU pass issue, in sections run in order of priority within a budget.
 
     python benchmarks/gpu.py --plan                        # here: the device commands to run, in order
-    python benchmarks/gpu.py --command 1 --out $OUT        # there: command 1 of the plan (sections, in order)
+    python benchmarks/gpu.py --all --budget 480 --out $OUT # there: the sections in order, as many as fit 480 s
     python benchmarks/gpu.py --sections mfu reference      # some sections only
     python benchmarks/gpu.py --all --cpu-smoke             # every code path on the CPU, tiny sizes, no caps
 
-A lent GPU runs commands of at most 10 minutes, 30 minutes in all. The pass is three commands
-(``COMMANDS``) of at most 8 minutes of sections each (the caps), 20 minutes of caps in all,
-about 24.5 with the machine's start and the transfers; ``--plan`` prints them with the carried
-wheels of the reference (``benchmarks/gpu_wheels.py`` fetches them here, first).
+A lent GPU runs commands of at most 10 minutes, and a session gets 15 minutes of device time
+(``LEASE_S``), a machine's start included. The sections' caps add up to more than one session
+can hold (``CAPS``, 870 s), so a command takes ``--budget``: the sections run in order, each only
+if its cap fits in what is left of the budget, and those that do not fit are written to the
+results as ``left`` with the command that runs them (at once, if the session's device time
+allows, else first thing in the next session with a GPU). ``--plan`` prints the commands with
+the carried wheels of the reference (``benchmarks/gpu_wheels.py`` fetches them here, first).
 
-Sections, in order (modules in ``benchmarks/gpu/``), each row printed with its target:
+Sections, in order of priority (modules in ``benchmarks/gpu/``), each row printed with its target:
 
 ==============  =====================================================================  ========  =========
 section         what                                                                   target    H100 est.
@@ -29,9 +32,12 @@ loader          NVML utilisation training yolov8s (and yolov8n) from the real lo
 augment         augment_on="device": the batched pass (nvJPEG decode .. HSV) and the   (none)    30 s
                 decode alone, img/s at b64; peak memory per image; loader CPU per
                 image, OpenCV images / recipes
+reference       step time yolokit / Ultralytics (yolov8s fp16 and bf16, yolov8n fp16)  <= 0.9    60 s
+epoch           the trainer itself, yolov8s 640 bf16 b64 on a COCO-sized synthetic set (-)       2 min
+                (118,287 images): img/s, data%, GPU busy over 45 s of the epoch; the
+                first scan of its labels
 mfu             yolov8l 640 b32 bf16 channels_last, eager and compiled: training       >= 20%    2-4 min
                 FLOP/s over the measured bf16 matmul peak
-reference       step time yolokit / Ultralytics (yolov8s fp16 and bf16, yolov8n fp16)  <= 0.9    60 s
 ==============  =====================================================================  ========  =========
 
 Budget. The estimates assume H100 training at ~600-900 img/s for yolov8s in bf16, ~200-300
@@ -67,14 +73,14 @@ import traceback
 from pathlib import Path
 
 import torch
-from gpu import augment, feeding, flops, memory, precision, suite
+from gpu import augment, epoch, feeding, flops, memory, precision, suite
 from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
 from yolokit.train import TrainConfig
 from yolokit.train.plan import Processes, device_settings
 
-SECTIONS = {
+SECTIONS = {   # in order of priority: what decides defaults and meets targets first, the longest last
     "tests": suite.gpu_tests,
     "precision": precision.mixed_precision,
     "channels_last": precision.channels_last,
@@ -82,14 +88,17 @@ SECTIONS = {
     "batch": memory.batch_finder,
     "loader": feeding.utilisation,
     "augment": augment.device_pass,
-    "mfu": flops.mfu,
     "reference": flops.reference,
+    "epoch": epoch.coco_epoch,
+    "mfu": flops.mfu,
 }
-CAPS = {"tests": 180, "precision": 75, "channels_last": 150, "checkpointing": 75, "batch": 180, "loader": 120,
-        "augment": 90, "mfu": 240, "reference": 90}  # seconds; 1,200 in all
-COMMANDS = {1: ["tests", "precision", "channels_last", "checkpointing"], 2: ["batch", "loader", "augment"],
-            3: ["mfu", "reference"]}   # the device commands: at most 480 s of caps each
-COMMAND_CAP_S = 480
+CAPS = {"tests": 90, "precision": 60, "channels_last": 75, "checkpointing": 60, "batch": 120, "loader": 75,
+        "augment": 30, "reference": 60, "epoch": 150, "mfu": 150}  # seconds; 870 in all
+LEASE_S = 900        # a session's device time: 15 minutes, the machine's start, idle waits and transfers included
+START_S = 120        # a machine's start and the working tree's transfer
+SETUP_S = 40         # a command's own start: the reference's wheels, python, CUDA, the header
+COMMAND_S = 600      # the most one device command may run
+FIRST_BUDGET_S = 480  # the first command's caps: leaves LEASE_S - START_S - SETUP_S - 480 = 260 s for the rest
 WHEELS = ".whl"   # benchmarks/gpu_wheels.py fetches the reference's wheels here (ignored by git)
 
 
@@ -134,28 +143,52 @@ def default_out() -> Path:
     return Path(out) if out else Path(__file__).resolve().parent
 
 
+def command(names: list[str] | None, budget: int) -> str:
+    """One device command: the reference's carried wheels installed, then the sections (all: None) within ``budget``."""
+    which = "--all" if names is None else "--sections " + " ".join(names)
+    return (f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ref "
+            f"{WHEELS}/*.whl && printf '#!/bin/sh\\nPYTHONPATH=/tmp/ref:$PYTHONPATH exec python3 \"$@\"\\n' "
+            f"> /tmp/refpy && chmod +x /tmp/refpy; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1; "
+            f"python3 benchmarks/gpu.py {which} --budget {budget} --out $OUT --reference-python /tmp/refpy")
+
+
+def fitting(names: list[str], budget: float) -> list[str]:
+    """The sections, in order, that the budget's caps hold when each is run only if its cap fits what is left."""
+    chosen, left = [], budget
+    for name in names:
+        if CAPS[name] <= left:
+            chosen.append(name)
+            left -= CAPS[name]
+    return chosen
+
+
 def plan() -> str:
     """The device commands of the pass, in order, as the device tool's ``run`` takes them."""
-    reference = (f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
-                 f"--target /tmp/ref {WHEELS}/*.whl && printf '#!/bin/sh\\nPYTHONPATH=/tmp/ref:$PYTHONPATH exec "
-                 f"python3 \"$@\"\\n' > /tmp/refpy && chmod +x /tmp/refpy; ")
-    lines = ["# here, once: python benchmarks/gpu_wheels.py   (the reference's wheels into .whl/, carried)",
-             "# then, with the device tool's run (carry [\".whl\"] for command 3), each within 10 minutes:"]
-    for n, names in COMMANDS.items():
-        prep = reference if "reference" in names else ""
-        ref = " --reference-python /tmp/refpy" if "reference" in names else ""
-        caps = sum(CAPS[name] for name in names)
-        lines.append(f"# command {n}: {', '.join(names)} (caps {caps} s)")
-        lines.append(f"{prep}export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1; "
-                     f"python3 benchmarks/gpu.py --command {n} --out $OUT{ref}")
-    return "\n".join(lines)
+    first = fitting(list(SECTIONS), FIRST_BUDGET_S)
+    rest = [n for n in SECTIONS if n not in first]
+    after = LEASE_S - START_S - SETUP_S - FIRST_BUDGET_S
+    return "\n".join([
+        "# here, once: python benchmarks/gpu_wheels.py   (the reference's wheels into .whl/, carried by every command)",
+        f"# a session's device time is {LEASE_S} s: a machine's start (~{START_S} s), then commands of at most "
+        f"{COMMAND_S} s each, run with carry [\"{WHEELS}\"]",
+        f"# command 1 (timeout_s {FIRST_BUDGET_S + SETUP_S + 40}): the sections in order while their caps fit "
+        f"{FIRST_BUDGET_S} s ({', '.join(first)})",
+        command(None, FIRST_BUDGET_S),
+        f"# command 2, at once while the machine is warm if status's budget_left_s allows (about {after} s were "
+        f"planned: budget = budget_left_s - {SETUP_S + 60}), else first in the next session with a GPU: the "
+        f"sections gpu-results.json lists as \"left\" (planned: {', '.join(rest)}; caps "
+        f"{sum(CAPS[n] for n in rest)} s)",
+        command(rest, sum(CAPS[n] for n in rest)),
+    ])
 
 
-def write_results(folder: Path, described: str, s: Settings, sections: dict, rows: list[Row], total: float) -> Path:
-    """``gpu-results.json`` and ``gpu-results.txt`` (the table) in ``folder``, with every section so far."""
+def write_results(folder: Path, described: str, s: Settings, sections: dict, rows: list[Row], total: float,
+                  left: list[str]) -> Path:
+    """``gpu-results.json`` and ``gpu-results.txt`` (the table) in ``folder``, with every section so far
+    and the sections ``left`` for the next command (their caps did not fit the budget)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = {**dict(line.split(": ", 1) for line in described.splitlines()), "settings": vars(s).copy(),
-           "total_s": total, "sections": sections}
+           "total_s": total, "sections": sections, "left": left}
     (folder / "gpu-results.json").write_text(json.dumps(out, indent=1, default=str))
     (folder / "gpu-results.txt").write_text(f"{described}\n\n{table(rows)}\n")
     return folder / "gpu-results.json"
@@ -166,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="every section, in order (the default)")
     which.add_argument("--sections", nargs="+", choices=list(SECTIONS), help="these sections only")
-    which.add_argument("--command", type=int, choices=list(COMMANDS), help="the sections of one command of the plan")
     which.add_argument("--plan", action="store_true", help="print the device commands of the pass and exit")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of caps this command may spend: a section runs only if its cap fits what is "
+                             "left, the others are listed as left for the next command")
     parser.add_argument("--no-tests", action="store_true", help="skip the pytest -m gpu run")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder of gpu-results.json and .txt, written after every section (default: $OUT)")
@@ -184,23 +219,34 @@ def main(argv: list[str] | None = None) -> int:
               f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
               f"--cpu-smoke runs its code paths on the CPU.", file=sys.stderr)
         return 2
-    names = COMMANDS[args.command] if args.command else (args.sections or list(SECTIONS))
+    names = [n for n in SECTIONS if n in (args.sections or SECTIONS)]   # in order of priority
     names = [n for n in names if not (args.no_tests and n == "tests")]
     s = settings(args.cpu_smoke)
     described = header({"ultralytics": flops.reference_version() or "not importable"})
     print(described)
     folder = args.out or default_out()
-    start, rows, sections = time.perf_counter(), [], {}
+    start, rows, sections, left = time.perf_counter(), [], {}, []
+    path = write_results(folder, described, s, sections, rows, 0.0, left)
     for name in names:
+        if args.budget is not None and time.perf_counter() - start + CAPS[name] > args.budget:
+            left.append(name)   # its cap does not fit what is left of the budget: the next command's
+            print(f"\n== {name}: left for the next command (cap {CAPS[name]} s; "
+                  f"{max(0.0, args.budget - (time.perf_counter() - start)):.0f} s of the budget left) ==", flush=True)
+            continue
         got, elapsed = run_section(name, s, args.reference_python)
         rows += got
         sections[name] = {"elapsed_s": elapsed, "cap_s": CAPS[name], "rows": [r.as_dict() for r in got]}
-        path = write_results(folder, described, s, sections, rows, time.perf_counter() - start)
+        path = write_results(folder, described, s, sections, rows, time.perf_counter() - start, left)
     total = time.perf_counter() - start
+    path = write_results(folder, described, s, sections, rows, total, left)
     print(f"\n== GPU pass: {len(rows)} rows in {total / 60:.1f} minutes "
           f"({sum(r.ok is True for r in rows)} pass, {sum(r.ok is False for r in rows)} FAIL) ==")
     print(table(rows))
     print(f"results written to {path} and {path.with_suffix('.txt')}")
+    if left:
+        print(f"left for the next command ({', '.join(left)}; caps {sum(CAPS[n] for n in left)} s), with budget "
+              f"= the session's budget_left_s - {SETUP_S + 60} (or the caps, in a new session):\n"
+              f"{command(left, sum(CAPS[n] for n in left))}")
     return 1 if any(r.what == "error" for r in rows) else 0
 
 

@@ -7,6 +7,8 @@ its end, so no loader keeps working (prefetching) while the other one is timed.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,6 +22,71 @@ IMAGE_KEYS = ("images", "images_uint8", "img")
 def dataset_yaml(*, images: int, imgsz: int) -> Path:
     """The shapes set with ``images`` training images of long side ``imgsz`` (generated once, cached)."""
     return make_shapes(n_train=images, n_val=16, imgsz=imgsz, seed=0)
+
+
+COCO_TRAIN = 118_287   # images in COCO's train2017
+
+
+def coco_sized_yaml(root: Path, *, images: int = COCO_TRAIN, distinct: int = 512, val: int = 256,
+                    seed: int = 0) -> Path:
+    """A detection set of COCO's size and shape, generated once under ``root``: ``images`` training
+    images (640x480 photo-like JPEGs, ~100 KB, with 1-15 boxes of 80 classes, many small, as
+    COCO's ~7 a picture) that are hard links to ``distinct`` generated ones, each with its own
+    label file; ``val`` more images for validation. Every name is indexed, read and decoded as a
+    real file; only the page cache sees fewer bytes than COCO's 19 GB (a machine with 128 GB of
+    memory holds COCO in it after one epoch anyway)."""
+    import cv2
+    import numpy as np
+
+    yaml, done = root / "data.yaml", root / "complete"
+    if done.is_file() and done.read_text() == f"{images} {distinct} {val} {seed}":
+        return yaml
+    for folder in ("images", "labels", "distinct"):   # another size's files, or a run cut short
+        shutil.rmtree(root / folder, ignore_errors=True)
+    done.unlink(missing_ok=True)
+    rng = np.random.default_rng(seed)
+    base = np.linspace(0, 255, 640, dtype=np.float32)[None, :, None] * np.ones((480, 1, 3), np.float32)
+    made = root / "distinct"
+    for folder in (made, root / "images" / "train", root / "labels" / "train", root / "images" / "val",
+                   root / "labels" / "val"):
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def draw(stem: Path) -> None:
+        image = (base * rng.uniform(0.3, 1.0, 3) + rng.uniform(0, 60, 3)).clip(0, 255).astype(np.uint8)
+        rows = []
+        for _ in range(int(rng.integers(1, 16))):
+            w, h = np.minimum(rng.lognormal(-2.3, 0.8, 2), 0.9)   # median ~0.1 of the side: many small boxes
+            cx, cy = rng.uniform(w / 2, 1 - w / 2), rng.uniform(h / 2, 1 - h / 2)
+            p1 = (int((cx - w / 2) * 640), int((cy - h / 2) * 480))
+            p2 = (int((cx + w / 2) * 640), int((cy + h / 2) * 480))
+            cv2.rectangle(image, p1, p2, [int(v) for v in rng.integers(0, 255, 3)], -1)
+            rows.append(f"{int(rng.integers(0, 80))} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
+        image = (image + rng.normal(0, 6, image.shape[:2] + (1,))).clip(0, 255).astype(np.uint8)   # grain
+        cv2.imwrite(str(stem.with_suffix(".jpg")), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        stem.with_suffix(".txt").write_text("\n".join(rows) + "\n")
+
+    for i in range(distinct):
+        draw(made / f"{i:06d}")
+    for i in range(val):
+        draw(made / f"val{i:06d}")
+        for suffix, folder in ((".jpg", "images"), (".txt", "labels")):
+            _replace_link(made / f"val{i:06d}{suffix}", root / folder / "val" / f"{i:06d}{suffix}")
+    for i in range(images):
+        for suffix, folder in ((".jpg", "images"), (".txt", "labels")):
+            _replace_link(made / f"{i % distinct:06d}{suffix}", root / folder / "train" / f"{i:06d}{suffix}")
+    names = ", ".join(f"c{k}" for k in range(80))
+    yaml.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{names}]\n")
+    done.write_text(f"{images} {distinct} {val} {seed}")
+    return yaml
+
+
+def _replace_link(source: Path, name: Path) -> None:
+    """``name`` a hard link to ``source`` (a copy where the file system has no hard links)."""
+    name.unlink(missing_ok=True)
+    try:
+        os.link(source, name)
+    except OSError:
+        name.write_bytes(source.read_bytes())
 
 
 def loader_workers(loader: object) -> list[int]:

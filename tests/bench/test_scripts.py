@@ -36,8 +36,8 @@ def test_run_py_writes_json(tmp_path):
     assert all(r["case"] == "nms" and r["ratio"] is None and r["ours"][0] > 0 for r in saved["results"])
 
 
-GPU_SECTIONS = ["tests", "precision", "channels_last", "checkpointing", "batch", "loader", "augment", "mfu",
-                "reference"]
+GPU_SECTIONS = ["tests", "precision", "channels_last", "checkpointing", "batch", "loader", "augment", "reference",
+                "epoch", "mfu"]   # in order of priority
 
 
 def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
@@ -112,6 +112,15 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     assert keep_up["value"] == pytest.approx(keep_up["data"]["gpu_images_per_s"] / keep_up["data"]["per_core"])
     assert loader["loader img/s per core (per CPU-second)"]["value"] > 0
 
+    epoch = rows["epoch"]   # the trainer itself on the smoke-sized COCO-like set: 32 images, batch 2
+    rate = epoch["yolov8s COCO-sized epoch, batch 2: img/s (the trainer)"]
+    assert rate["value"] == pytest.approx(rate["data"]["images"] / rate["data"]["seconds"]) and rate["value"] > 0
+    assert rate["data"]["images"] == 2 * 6 and rate["data"]["train_images"] == 32   # 6 batches after the first 2
+    assert (rate["data"]["steps"], rate["data"]["batches"]) == (9, 16)   # the window's end stopped the trainer
+    assert 0 <= epoch["waiting for data (data%)"]["value"] <= 100
+    assert epoch["GPU busy (NVML)"]["note"] == "n/a on the CPU"
+    assert epoch["first scan of 32 labels"]["value"] > 0
+
     mfu = rows["mfu"]
     eager = mfu["yolov8l MFU, bf16 channels_last"]
     assert eager["data"]["train_gflops_per_image"] == pytest.approx(3 * 165.2 / 100, rel=0.05)  # 3 x forward at 64 px
@@ -149,19 +158,49 @@ def _gpu_script():
     return module
 
 
-def test_gpu_pass_plan_fits_the_device():
-    """Commands of at most 8 minutes of sections each (a device command stops at 10), 2 or 3 of them,
-    every section in one, within 25 minutes in all; --plan prints them."""
+def test_gpu_pass_plan_fits_a_session_of_device_time():
+    """A session's 15 minutes hold a machine's start, the first command and what is left for a
+    second; every section is in one of the two commands; --plan prints them."""
     gpu = _gpu_script()
-    assert 2 <= len(gpu.COMMANDS) <= 3 and sorted(n for c in gpu.COMMANDS.values() for n in c) == sorted(GPU_SECTIONS)
-    assert all(sum(gpu.CAPS[n] for n in names) <= gpu.COMMAND_CAP_S <= 480 for names in gpu.COMMANDS.values())
-    assert sum(gpu.CAPS.values()) + 90 * len(gpu.COMMANDS) <= 25 * 60   # a machine start and transfers per command
+    assert list(gpu.SECTIONS) == GPU_SECTIONS and set(gpu.CAPS) == set(GPU_SECTIONS)
+    first = gpu.fitting(GPU_SECTIONS, gpu.FIRST_BUDGET_S)
+    assert first[:5] == ["tests", "precision", "channels_last", "checkpointing", "batch"]   # targets and defaults first
+    assert gpu.START_S + gpu.SETUP_S + gpu.FIRST_BUDGET_S + 60 <= gpu.COMMAND_S + gpu.START_S <= gpu.LEASE_S
+    assert gpu.LEASE_S - gpu.START_S - gpu.SETUP_S - gpu.FIRST_BUDGET_S >= 240   # a rerun, or a second command
+    assert all(cap <= gpu.FIRST_BUDGET_S for cap in gpu.CAPS.values())
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu.py"), "--plan"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    commands = [line for line in done.stdout.splitlines() if "benchmarks/gpu.py --command" in line]
-    assert [re.search(r"--command (\d)", c).group(1) for c in commands] == [str(n) for n in gpu.COMMANDS]
-    assert all("--out $OUT" in c for c in commands) and "--reference-python /tmp/refpy" in commands[-1]
+    commands = [line for line in done.stdout.splitlines() if "benchmarks/gpu.py" in line and not line.startswith("#")]
+    assert len(commands) == 2 and all(len(c) <= 2000 for c in commands)   # the device tool's limit on a command
+    assert "--all --budget 480 " in commands[0]
+    rest = [n for n in GPU_SECTIONS if n not in first]
+    assert f"--sections {' '.join(rest)} --budget {sum(gpu.CAPS[n] for n in rest)} " in commands[1]
+    assert all("--out $OUT" in c and "--reference-python /tmp/refpy" in c and ".whl/*.whl" in c for c in commands)
+
+
+def test_gpu_pass_runs_what_fits_its_budget_and_names_the_rest(tmp_path, monkeypatch, capsys):
+    """--budget: a section runs only if its cap fits what is left; a smaller later one still runs;
+    the JSON and the console name the sections left, with the command that runs them."""
+    from types import SimpleNamespace
+
+    gpu = _gpu_script()
+    ran, now = [], [0.0]
+
+    def section(name, s, reference_python):   # each section spends 90% of its cap
+        ran.append(name)
+        now[0] += 0.9 * gpu.CAPS[name]
+        return [gpu.Row(name, "a row", 1.0)], 0.9 * gpu.CAPS[name]
+
+    monkeypatch.setattr(gpu, "run_section", section)
+    monkeypatch.setattr(gpu, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(gpu, "CAPS", {**gpu.CAPS, "precision": 50, "channels_last": 60, "checkpointing": 40})
+    assert gpu.main(["--sections", "checkpointing", "channels_last", "precision", "--budget", "95", "--cpu-smoke",
+                     "--out", str(tmp_path)]) == 0
+    assert ran == ["precision", "checkpointing"]   # in priority order; 45 spent: 60 > 50 left, 40 <= 50
+    saved = json.loads((tmp_path / "gpu-results.json").read_text())
+    assert saved["left"] == ["channels_last"] and list(saved["sections"]) == ran
+    assert "--sections channels_last --budget 60 " in capsys.readouterr().out
 
 
 def test_gpu_pass_writes_its_results_after_every_section(tmp_path, monkeypatch):
