@@ -123,3 +123,30 @@ def test_two_processes_augment_on_the_device(shapes128, tmp_path):
     assert [r["rank"] for r in ranks] == [0, 1]
     assert len(ranks[0]["digests"]) == 4 and ranks[0]["digests"] == ranks[1]["digests"]
     assert len(set(ranks[0]["digests"])) == 4                            # the weights moved at every step
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_a_step_split_after_running_out_of_memory_keeps_its_images_and_labels(shapes128, tmp_path, monkeypatch):
+    """The first step runs out of memory once: its recipe batch is split in two micro-batches that
+    make, between them, the same images and labels as the whole batch (the sources stay whole in
+    each, the per-image recipes are cut)."""
+    real, calls, failed = step_module.forward_backward, [], []
+
+    def forward_backward(net, criterion, precision, images, targets, **kw):
+        calls.append((images.clone(), targets.clone()))
+        if len(calls) == 1:
+            failed.append(len(images))
+            raise torch.OutOfMemoryError("injected: the first micro-batch of 4 images")
+        return real(net, criterion, precision, images, targets, **kw)
+
+    monkeypatch.setattr(step_module, "forward_backward", forward_backward)
+    cfg = TrainConfig(data=shapes128, model="yolov8n", imgsz=64, batch=4, nbs=4, epochs=1, workers=0, plots=False,
+                      out=str(tmp_path / "run"), augment_on="device", warmup_epochs=0.0)
+    with pytest.warns(RuntimeWarning, match="out of memory"):
+        Trainer(cfg).fit()
+    (whole, labels), (first, first_labels), (second, second_labels) = calls[:3]
+    assert failed == [4] and len(first) == len(second) == 2
+    assert torch.equal(torch.cat([first, second]), whole)             # the same pixels, bit for bit
+    second_labels[:, 0] += 2
+    assert torch.equal(torch.cat([first_labels, second_labels]), labels)
+    assert len(calls) == 5 and all(len(c[0]) == 2 for c in calls[1:])   # 8 images: the next batch split too

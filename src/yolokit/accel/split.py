@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 INDEX_KEYS = ("targets",)  # batch-dict keys holding flat rows (image_index, ...), see ARCHITECTURE
+# batch-dict keys every micro-batch keeps whole: the sources the device augmentation's per-image
+# recipes (``aug_tiles`` ...) point into by number (``yolokit.data.recipes``)
+SHARED_KEYS = ("aug_sources", "aug_jpeg", "aug_pixels", "aug_files")
 
 
 def batch_len(batch: Any) -> int:
@@ -14,8 +18,8 @@ def batch_len(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return batch.shape[0]
     if isinstance(batch, dict):
-        for key in ("images", "images_uint8"):
-            if isinstance(batch.get(key), torch.Tensor):
+        for key in ("images", "images_uint8", "aug_tiles"):   # aug_tiles: a numpy array, one row an image
+            if hasattr(batch.get(key), "shape"):
                 return batch[key].shape[0]
     for v in batch.values() if isinstance(batch, dict) else batch:
         if isinstance(v, torch.Tensor) and v.dim() > 0:
@@ -24,12 +28,14 @@ def batch_len(batch: Any) -> int:
 
 
 def _slice(value: Any, n: int, lo: int, hi: int, key: Any = None) -> Any:
+    if key in SHARED_KEYS:
+        return value
     if key in INDEX_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2:
         rows = value[(value[:, 0] >= lo) & (value[:, 0] < hi)].clone()
         rows[:, 0] -= lo
         return rows
-    if isinstance(value, torch.Tensor):
-        return value[lo:hi] if value.dim() > 0 and value.shape[0] == n else value
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return value[lo:hi] if value.ndim > 0 and value.shape[0] == n else value
     if isinstance(value, dict):
         return {k: _slice(v, n, lo, hi, k) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and len(value) == n:
@@ -40,10 +46,11 @@ def _slice(value: Any, n: int, lo: int, hi: int, key: Any = None) -> Any:
 def split_batch(batch: Any, parts: int) -> list[Any]:
     """Split a batch into ``parts`` micro-batches along the image dimension.
 
-    Tensors whose first dimension is the batch size ``B`` are sliced; in a dict, the
-    ``targets`` Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` are selected by
-    image index and re-indexed from 0; per-image lists (``paths``, ``orig_shapes``) are
-    sliced; anything else is passed through. A top-level list/tuple is a tuple of fields.
+    Tensors and numpy arrays whose first dimension is the batch size ``B`` are sliced; in a
+    dict, the ``targets`` Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` are
+    selected by image index and re-indexed from 0; per-image lists (``paths``, ``orig_shapes``)
+    are sliced; the device augmentation's sources (``SHARED_KEYS``) stay whole in every part;
+    anything else is passed through. A top-level list/tuple is a tuple of fields.
     With ``parts == 1`` the batch itself is returned (no copy).
 
     Args:
