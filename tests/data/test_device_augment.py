@@ -196,6 +196,73 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_batch_split_after_running_out_of_memory_makes_the_same_images(shapes_yaml, parts):
+    # the Accumulator's replay cuts a loader batch into micro-batches (3 of 8 images: 3, 3, 2): the
+    # per-image recipes are cut, the sources they point into stay whole in each
+    from yolokit.accel.split import SHARED_KEYS, batch_len, split_batch
+
+    (b,), _ = _batches(shapes_yaml, "device", hyp=dict(mixup=0.5))
+    whole = to_device(b, "cpu")
+    micro = split_batch(b, parts)
+    assert batch_len(b) == 8 and [batch_len(m) for m in micro] == [8 // parts + (i < 8 % parts) for i in range(parts)]
+    assert all(m[k] is b[k] for m in micro for k in SHARED_KEYS)
+    made = [to_device(m, "cpu") for m in micro]
+    assert torch.equal(torch.cat([m["images"] for m in made]), whole["images"])
+    at, labels = 0, []
+    for m in made:
+        rows = m["targets"].clone()
+        rows[:, 0] += at
+        labels.append(rows)
+        at += len(m["images"])
+    assert torch.equal(torch.cat(labels), whole["targets"])
+
+
+def _own_set(tmp_path):
+    from yolokit.data import make_shapes
+
+    return make_shapes(tmp_path / "set", seed=0, n_train=16, n_val=2, imgsz=128)
+
+
+def test_a_jpeg_cut_short_since_indexing_is_left_to_the_workers(tmp_path, caplog):
+    # a file cut short after the index was made: the device path does what the workers path does
+    # (here neither decoder can read it: another image is used, with the same labels on both paths)
+    yaml = _own_set(tmp_path)
+    paths = sorted((yaml.parent / "images" / "train").glob("*.jpg"))
+    sets = [DetectionDataset(yaml, "train", imgsz=64, augment=True) for _ in range(2)]   # indexed while whole
+    cut = paths[3]
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    loaders = [build_dataloader(ds, 8, workers=0, seed=0, uint8_images=True, augment_on=where)
+               for ds, where in zip(sets, ("workers", "device"), strict=True)]
+    with caplog.at_level("WARNING", logger="yolokit.data"):
+        a, b = (next(iter(loader)) for loader in loaders)
+    assert str(cut) not in b["aug_files"] and len(b["aug_files"]) > 0      # not sent to the device's decoder
+    assert f"excluded at run time: {cut}" in caplog.text
+    _compare(a, b, mean_levels=1.0)                                  # the same labels, images within a level
+
+
+def test_a_jpeg_the_device_rejects_is_decoded_on_the_host_and_named(tmp_path, caplog):
+    import cv2
+
+    yaml = _own_set(tmp_path)
+    (b,), _ = _batches(yaml, "device", hyp=NO_HSV)
+    name = b["aug_files"][0]
+    rows = [r for r in b["aug_sources"].tolist() if r[0] == 0]
+    start, end = rows[0][1], rows[1][1]
+    data = b["aug_jpeg"][start:end].clone()
+    good = augment_batch(b, "cpu")
+    middle = start + (end - start) // 2          # a marker libjpeg-turbo refuses inside the image data;
+    b["aug_jpeg"][middle:middle + 2] = torch.tensor([0xFF, 0x1C], dtype=torch.uint8)   # its end marker stays
+    with caplog.at_level("WARNING", logger="yolokit.data"):
+        damaged = augment_batch(b, "cpu")
+        again = augment_batch(b, "cpu")
+    assert damaged.shape == good.shape and torch.equal(damaged, again)
+    assert caplog.text.count(name) == 1 and "decoded by OpenCV on the host instead" in caplog.text
+    assert cv2.imdecode(data.numpy(), cv2.IMREAD_COLOR) is not None
+    unchanged = [i for i in range(len(good)) if torch.equal(good[i], damaged[i])]
+    assert 0 < len(unchanged) < len(good)           # only the images drawn from that file changed
+
+
 @pytest.mark.parametrize("cached", [False, True], ids=["jpeg", "ram-cache"])
 def test_kernel_count_does_not_grow_with_the_batch(shapes_yaml, cached):
     hyp = dict(mixup=0.5)

@@ -4,7 +4,9 @@
 batches to `to_device`, which calls `augment_batch` on the training device. One batched pass:
 
 1. decode: the batch's JPEG files with one `torchvision.io.decode_jpeg` call on a list (nvJPEG on
-   CUDA); the sources the workers decoded (caches, other formats) come as one uint8 tensor;
+   CUDA); the sources the workers decoded (caches, other formats, JPEGs without their end marker)
+   come as one uint8 tensor; a file the decoder still rejects is decoded by OpenCV on the host
+   (grey if OpenCV cannot either), named once in the log;
 2. resize: every source to its loaded size (long side imgsz), as `cv2.resize(INTER_LINEAR)` does,
    one bilinear gather over all of them;
 3. warp: every output pixel's input point through its view's inverse matrix (the Mosaic canvas or
@@ -32,8 +34,11 @@ image's own, which the batch shapes avoid) resizes once from the file here, twic
 
 from __future__ import annotations
 
+import logging
+import re
 import warnings
 
+import cv2
 import numpy as np
 import torch
 
@@ -41,6 +46,8 @@ from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.images import PAD_VALUE
 
 CHUNK = 1 << 22          # pixels per warp or resize step: bounds the temporaries (~2 GB at the peak)
+logger = logging.getLogger("yolokit.data")
+_UNDECODABLE: set[str] = set()   # files reported once per process
 
 
 def _host_tensors(batch: dict) -> dict:
@@ -59,10 +66,7 @@ def decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, lis
         data = batch["aug_jpeg"]
         ends = [r[1] for r in jpeg_rows[1:]] + [data.numel()]
         files = list(torch.split(data, [e - r[1] for r, e in zip(jpeg_rows, ends, strict=True)]))
-        from torchvision.io import ImageReadMode, decode_jpeg
-        with warnings.catch_warnings():      # torchvision 0.29 points to torchcodec; the call itself stays
-            warnings.simplefilter("ignore", DeprecationWarning)
-            images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+        images = _decode(files, jpeg_rows, batch.get("aug_files") or [], device)
         for r, im in zip(jpeg_rows, images, strict=True):
             sizes[(0, r[1])] = (int(im.shape[1]), int(im.shape[2]))
         parts = [im.reshape(3, -1) for im in images]
@@ -77,6 +81,46 @@ def decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, lis
     offsets = [jpeg_at[r[1]] if r[0] == 0 else at + r[1] for r in rows]
     shapes = [sizes[(0, r[1])] if r[0] == 0 else (r[2], r[3]) for r in rows]
     return atlas, offsets, shapes
+
+
+def _decode(files: list[torch.Tensor], rows: list[list[int]], names: list[str],
+            device: torch.device) -> list[torch.Tensor]:
+    """The JPEG files decoded on ``device`` in one call: uint8 [3, h, w] each. When the call fails
+    (a file damaged since the workers checked its end), the files are decoded one by one and each
+    that still fails is decoded by OpenCV on the host, as the workers would, or is grey
+    (``PAD_VALUE``, its boxes kept) when OpenCV cannot either; each such file is named once in the
+    log. The run goes on, as the workers path goes on."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def one_call(data):
+        with warnings.catch_warnings():      # torchvision 0.29 points to torchcodec; the call itself stays
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+
+    try:
+        return one_call(files)
+    except RuntimeError:
+        pass
+    images = []
+    for k, (data, row) in enumerate(zip(files, rows, strict=True)):
+        try:
+            images.append(one_call(data))
+            continue
+        except RuntimeError as err:
+            reason = re.sub(r"^.*\.(?:cpp|cu):\d+, ", "", str(err).strip().splitlines()[-1])   # no source line
+        bgr = cv2.imdecode(data.numpy(), cv2.IMREAD_COLOR)
+        if bgr is not None and bgr.shape[:2] == (row[2], row[3]):
+            images.append(torch.from_numpy(np.ascontiguousarray(bgr[..., ::-1].transpose(2, 0, 1))).to(device))
+            done = "decoded by OpenCV on the host instead"
+        else:
+            images.append(torch.full((3, row[2], row[3]), PAD_VALUE, dtype=torch.uint8, device=device))
+            done = "OpenCV cannot decode it either: grey in this batch, its boxes kept"
+        name = names[k] if k < len(names) else f"JPEG source {k} of the batch"
+        if name not in _UNDECODABLE:
+            _UNDECODABLE.add(name)
+            logger.warning("%s: the JPEG decoder on %s rejects it (%s); %s. Check or replace the file",
+                           name, device, reason, done)
+    return images
 
 
 def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, height: torch.Tensor,

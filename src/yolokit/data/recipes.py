@@ -35,11 +35,11 @@ _WIDE = 1e9          # a window that clamps nothing
 
 class Source:
     """A source image without its pixels yet: `shape` (h, w, 3) as loaded (long side imgsz), and
-    `jpeg` (the file's bytes, uint8) or `pixels` (decoded, resized BGR [h, w, 3])."""
+    `jpeg` (the file's bytes, uint8, and its `path`) or `pixels` (decoded, resized BGR [h, w, 3])."""
 
     def __init__(self, index: int, shape: tuple[int, int], jpeg: np.ndarray | None = None,
-                 pixels: np.ndarray | None = None, decoded: tuple[int, int] | None = None) -> None:
-        self.index, self.shape = index, (int(shape[0]), int(shape[1]), 3)
+                 pixels: np.ndarray | None = None, decoded: tuple[int, int] | None = None, path: str = "") -> None:
+        self.index, self.shape, self.path = index, (int(shape[0]), int(shape[1]), 3), path
         self.jpeg, self.pixels = jpeg, pixels
         self.decoded = decoded or (pixels.shape[:2] if pixels is not None else self.shape[:2])   # before resizing
 
@@ -51,11 +51,22 @@ def _loaded_size(ds, i: int) -> tuple[int, int]:
 
 
 def _read_source(ds, i: int) -> Source:
-    data = read_bytes(ds.index.paths[i])
-    if data.size > 3 and data[0] == 0xFF and data[1] == 0xD8 and not _turned(data):   # the device decodes it
-        return Source(i, _loaded_size(ds, i), jpeg=data, decoded=tuple(int(v) for v in ds.index.shapes[i]))
-    image = ds._read_resized(i)                                     # other formats: decoded here
-    return Source(i, image.shape[:2], pixels=image)
+    path = ds.index.paths[i]
+    data = read_bytes(path)
+    if data.size > 3 and data[0] == 0xFF and data[1] == 0xD8 and _ends(data) and not _turned(data):
+        return Source(i, _loaded_size(ds, i), jpeg=data, decoded=tuple(int(v) for v in ds.index.shapes[i]),
+                      path=path)                                  # the device decodes it
+    image = ds._read_resized(i)             # other formats, and JPEGs cut short since indexing: decoded here,
+    return Source(i, image.shape[:2], pixels=image)   # or ImageError (another image is used, as the workers do)
+
+
+def _ends(jpeg: np.ndarray) -> bool:
+    """Whether a JPEG ends with its end-of-image marker (trailing zero padding allowed): a file cut
+    short (written or copied while training) fails the device's whole decode call, so the workers
+    decode it instead, as they would any file, and another image is used if they cannot."""
+    tail = jpeg[-64:]
+    last = np.flatnonzero(tail)
+    return len(last) > 0 and last[-1] > 0 and tail[last[-1]] == 0xD9 and tail[last[-1] - 1] == 0xFF
 
 
 def _has_exif(jpeg: np.ndarray) -> bool:
@@ -190,6 +201,7 @@ def collate_recipes(items: list[dict], buffers: BatchBuffers | None = None) -> d
 
     Keys besides ``targets``, ``paths``, ``orig_shapes``, ``ratio_pad``, ``indices``, ``max_boxes``:
         aug_jpeg      uint8 Tensor[total bytes], the JPEG files one after the other
+        aug_files     list of their paths (for the device's message when one cannot be decoded)
         aug_pixels    uint8 Tensor[3, total pixels], the decoded sources, RGB planes, one after the other
         aug_sources   int64 array[S, 6]: (0 jpeg / 1 pixels, its bytes or pixels, decoded h, w, target h, w)
         aug_tiles     int64 array[B, 2, 4, 7]: per view, tile (source or -1, x1, y1, x2, y2, sx, sy)
@@ -206,7 +218,7 @@ def collate_recipes(items: list[dict], buffers: BatchBuffers | None = None) -> d
     from the worker, against 0.1 ms so).
     """
     sources: dict[tuple, int] = {}
-    rows_src, jpegs, pixels = [], [], []
+    rows_src, jpegs, pixels, files = [], [], [], []
     jpeg_at, pixel_at = 0, 0
 
     def source_id(src: Source) -> int:
@@ -216,6 +228,7 @@ def collate_recipes(items: list[dict], buffers: BatchBuffers | None = None) -> d
             sources[key] = len(rows_src)
             if src.jpeg is not None:
                 jpegs.append(src.jpeg)
+                files.append(src.path)
                 rows_src.append((0, jpeg_at, *src.decoded, *src.shape[:2]))
                 jpeg_at += src.jpeg.size
             else:
@@ -261,6 +274,7 @@ def collate_recipes(items: list[dict], buffers: BatchBuffers | None = None) -> d
         "indices": [int(it["index"]) for it in items],
         "max_boxes": max((len(it["classes"]) for it in items), default=0),
         "aug_jpeg": jpeg,
+        "aug_files": files,
         "aug_pixels": torch.from_numpy(np.concatenate(pixels, 1)) if pixels else torch.zeros((3, 0), dtype=torch.uint8),
         "aug_sources": np.array(rows_src, dtype=np.int64).reshape(-1, 6),
         "aug_tiles": tiles, "aug_frame": frame, "aug_inverse": inverse, "aug_windows": windows,
