@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 INDEX_KEYS = ("targets",)  # batch-dict keys holding flat rows (image_index, ...), see ARCHITECTURE
@@ -27,6 +26,11 @@ def batch_len(batch: Any) -> int:
     raise ValueError("cannot find the batch size: no tensor in the batch")
 
 
+def _is_array(value: Any) -> bool:
+    """A numpy array (accel imports torch only: known by its type's module, not imported)."""
+    return type(value).__module__ == "numpy" and hasattr(value, "ndim")
+
+
 def _slice(value: Any, n: int, lo: int, hi: int, key: Any = None) -> Any:
     if key in SHARED_KEYS:
         return value
@@ -34,7 +38,7 @@ def _slice(value: Any, n: int, lo: int, hi: int, key: Any = None) -> Any:
         rows = value[(value[:, 0] >= lo) & (value[:, 0] < hi)].clone()
         rows[:, 0] -= lo
         return rows
-    if isinstance(value, (torch.Tensor, np.ndarray)):
+    if isinstance(value, torch.Tensor) or _is_array(value):
         return value[lo:hi] if value.ndim > 0 and value.shape[0] == n else value
     if isinstance(value, dict):
         return {k: _slice(v, n, lo, hi, k) for k, v in value.items()}
