@@ -91,8 +91,9 @@ def coco_epoch(s: Settings, clock: Clock) -> list[Row]:
     yaml = coco_sized_yaml(ROOT if s.cuda else ROOT.with_name("yolokit-coco-smoke"), images=images,
                            distinct=distinct, val=val)
     made = time.perf_counter() - start
-    start = time.perf_counter()
-    yolo_index(yaml, "train", cache=False)
+    (yaml.parent / "labels" / "train.yolokit.cache").unlink(missing_ok=True)   # a first scan, whose cache the
+    start = time.perf_counter()                                                  # trainer then reads
+    yolo_index(yaml, "train")
     scan = time.perf_counter() - start
     print(f"  {images:,} training images ({distinct} distinct) ready in {made:.0f} s; first scan {scan:.1f} s",
           flush=True)
