@@ -137,6 +137,7 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # 9 s of GPU-pass tooling, run before a GPU pass with the all-section smoke above
 def test_gpu_py_reference_in_another_interpreter_and_no_cuda(tmp_path):
     out = tmp_path / "gpu-results.json"
     text = run_script("gpu.py", "--sections", "reference", "--cpu-smoke", "--reference-python", sys.executable,
