@@ -20,7 +20,6 @@ import statistics
 import time
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 
@@ -28,25 +27,14 @@ def make_folder(root: Path, n: int) -> Path:
     yaml = root / "data.yaml"
     if yaml.is_file() and len(list((root / "images" / "train").glob("*.jpg"))) == n:
         return yaml
+    from harness.pipeline import photo_like
+
     rng = np.random.default_rng(0)
     (root / "images" / "train").mkdir(parents=True, exist_ok=True)
     (root / "labels" / "train").mkdir(parents=True, exist_ok=True)
-    base = np.linspace(0, 255, 640, dtype=np.float32)[None, :, None] * np.ones((480, 1, 3), np.float32)
     for i in range(n):
-        image = (base * rng.uniform(0.3, 1.0, 3) + rng.uniform(0, 60, 3)).clip(0, 255).astype(np.uint8)
-        rows = []
-        for _ in range(int(rng.integers(1, 6))):
-            w, h = rng.uniform(0.05, 0.4, 2)
-            cx, cy = rng.uniform(w / 2, 1 - w / 2), rng.uniform(h / 2, 1 - h / 2)
-            c = int(rng.integers(0, 3))
-            p1 = (int((cx - w / 2) * 640), int((cy - h / 2) * 480))
-            p2 = (int((cx + w / 2) * 640), int((cy + h / 2) * 480))
-            cv2.rectangle(image, p1, p2, [int(v) for v in rng.integers(0, 255, 3)], -1)
-            rows.append(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
-        noise = rng.normal(0, 6, image.shape[:2] + (1,))          # texture: photo-like file sizes and decode cost
-        image = (image + noise).clip(0, 255).astype(np.uint8)
-        cv2.imwrite(str(root / "images" / "train" / f"{i:06d}.jpg"), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
-        (root / "labels" / "train" / f"{i:06d}.txt").write_text("\n".join(rows) + "\n")
+        photo_like(rng, root / "images" / "train" / f"{i:06d}.jpg", root / "labels" / "train" / f"{i:06d}.txt",
+                   boxes=(1, 6), classes=3, sizes=lambda: rng.uniform(0.05, 0.4, 2))
     yaml.write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b, c]\n")
     return yaml
 

@@ -35,7 +35,6 @@ def coco_sized_yaml(root: Path, *, images: int = COCO_TRAIN, distinct: int = 512
     label file; ``val`` more images for validation. Every name is indexed, read and decoded as a
     real file; only the page cache sees fewer bytes than COCO's 19 GB (a machine with 128 GB of
     memory holds COCO in it after one epoch anyway)."""
-    import cv2
     import numpy as np
 
     yaml, done = root / "data.yaml", root / "complete"
@@ -45,25 +44,14 @@ def coco_sized_yaml(root: Path, *, images: int = COCO_TRAIN, distinct: int = 512
         shutil.rmtree(root / folder, ignore_errors=True)
     done.unlink(missing_ok=True)
     rng = np.random.default_rng(seed)
-    base = np.linspace(0, 255, 640, dtype=np.float32)[None, :, None] * np.ones((480, 1, 3), np.float32)
     made = root / "distinct"
     for folder in (made, root / "images" / "train", root / "labels" / "train", root / "images" / "val",
                    root / "labels" / "val"):
         folder.mkdir(parents=True, exist_ok=True)
 
-    def draw(stem: Path) -> None:
-        image = (base * rng.uniform(0.3, 1.0, 3) + rng.uniform(0, 60, 3)).clip(0, 255).astype(np.uint8)
-        rows = []
-        for _ in range(int(rng.integers(1, 16))):
-            w, h = np.minimum(rng.lognormal(-2.3, 0.8, 2), 0.9)   # median ~0.1 of the side: many small boxes
-            cx, cy = rng.uniform(w / 2, 1 - w / 2), rng.uniform(h / 2, 1 - h / 2)
-            p1 = (int((cx - w / 2) * 640), int((cy - h / 2) * 480))
-            p2 = (int((cx + w / 2) * 640), int((cy + h / 2) * 480))
-            cv2.rectangle(image, p1, p2, [int(v) for v in rng.integers(0, 255, 3)], -1)
-            rows.append(f"{int(rng.integers(0, 80))} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
-        image = (image + rng.normal(0, 6, image.shape[:2] + (1,))).clip(0, 255).astype(np.uint8)   # grain
-        cv2.imwrite(str(stem.with_suffix(".jpg")), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
-        stem.with_suffix(".txt").write_text("\n".join(rows) + "\n")
+    def draw(stem: Path) -> None:   # median ~0.1 of the side: many small boxes, as COCO's
+        photo_like(rng, stem.with_suffix(".jpg"), stem.with_suffix(".txt"), boxes=(1, 16), classes=80,
+                   sizes=lambda: np.minimum(rng.lognormal(-2.3, 0.8, 2), 0.9))
 
     for i in range(distinct):
         draw(made / f"{i:06d}")
@@ -78,6 +66,30 @@ def coco_sized_yaml(root: Path, *, images: int = COCO_TRAIN, distinct: int = 512
     yaml.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{names}]\n")
     done.write_text(f"{images} {distinct} {val} {seed}")
     return yaml
+
+
+def photo_like(rng, image_path: Path, label_path: Path, *, boxes: tuple[int, int], classes: int, sizes) -> None:
+    """A 640x480 JPEG photo-like in size and decode cost (a gradient, filled rectangles, grain;
+    about 100 KB) and its YOLO labels: ``boxes`` [low, high) rectangles of ``classes`` classes,
+    each (w, h) from ``sizes()``, drawn from ``rng``."""
+    import cv2
+    import numpy as np
+
+    base = np.linspace(0, 255, 640, dtype=np.float32)[None, :, None] * np.ones((480, 1, 3), np.float32)
+    image = (base * rng.uniform(0.3, 1.0, 3) + rng.uniform(0, 60, 3)).clip(0, 255).astype(np.uint8)
+    rows = []
+    for _ in range(int(rng.integers(*boxes))):
+        w, h = sizes()
+        cx, cy = rng.uniform(w / 2, 1 - w / 2), rng.uniform(h / 2, 1 - h / 2)
+        c = int(rng.integers(0, classes))
+        p1 = (int((cx - w / 2) * 640), int((cy - h / 2) * 480))
+        p2 = (int((cx + w / 2) * 640), int((cy + h / 2) * 480))
+        cv2.rectangle(image, p1, p2, [int(v) for v in rng.integers(0, 255, 3)], -1)
+        rows.append(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
+    noise = rng.normal(0, 6, image.shape[:2] + (1,))          # texture: photo-like file sizes and decode cost
+    image = (image + noise).clip(0, 255).astype(np.uint8)
+    cv2.imwrite(str(image_path), image, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    label_path.write_text("\n".join(rows) + "\n")
 
 
 def _replace_link(source: Path, name: Path) -> None:
