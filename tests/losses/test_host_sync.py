@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from _host_sync import count_host_syncs  # tests/ is put on sys.path by tests/losses/conftest.py
+
+from yolokit.ops.pick import pick
 
 
 def test_counts_reads_and_data_dependent_shapes():
@@ -26,14 +29,41 @@ def test_counts_reads_and_data_dependent_shapes():
         x.numpy()
     assert syncs == {"_local_scalar_dense": 3, "nonzero": 2, "index (bool mask)": 1, "index_put (bool mask)": 1,
                      "masked_select": 1, "_unique2": 1, "bincount": 1, "repeat_interleave": 1, "tolist": 1,
-                     "numpy": 1}
+                     "numpy": 1, "host value written by indexing": 1,   # y[mask] = torch.tensor(0.0)
+                     "host data into the step": 1}                      # the repeats, made from a list
+
+
+def test_counts_the_device_waiting_for_the_host():
+    """What makes CUDA wait for the host: an accumulating index_put (the backward of x[i, j]), a Python
+    value written through index tensors, and host data made into a tensor inside the block."""
+    x, i, j = torch.rand(4, 5, requires_grad=True), torch.tensor([0, 2, 2]), torch.tensor([1, 3, 3])
+    flags, table = torch.zeros(4, 5, dtype=torch.bool), np.arange(3.0)
+    with count_host_syncs() as syncs:
+        x[i, j].sum().backward()                               # index's backward: index_put(accumulate=True)
+        torch.zeros(4, 5).index_put_((i, j), torch.ones(3), accumulate=True)
+        flags[i, j] = True                                     # True becomes a host tensor, copied
+        flags[i, j] = torch.tensor([True, False, True])        # a list made into a tensor, then written
+        torch.tensor([1.0, 2.0]) * 2                            # host data into the block
+        torch.from_numpy(table) + 1
+        torch.as_tensor([[1, 2]]).sum()
+    assert syncs == {"index_put (accumulate)": 2, "host value written by indexing": 2, "host data into the step": 3}
+
+
+def test_a_slice_fill_and_host_data_made_before_are_not_counted():
+    x, kept = torch.zeros(4, 5), torch.tensor([1.0, 2.0])      # made outside the block: nothing crosses in it
+    with count_host_syncs() as syncs:
+        x[:, 0] = 1.0                                          # a fill with the value read on the host
+        x[1] = 2
+        x[:2, :2] = kept[:, None]
+    assert not syncs, dict(syncs)
 
 
 def test_plain_tensor_work_is_not_counted():
     x, idx = torch.rand(4, 5, requires_grad=True), torch.tensor([0, 2])
     mask = x.detach() > 0.5
     with count_host_syncs() as syncs:
-        y = (x * 2 + 1).sigmoid()[idx].sum(0)  # arithmetic, integer indexing, reductions
+        y = pick((x * 2 + 1).sigmoid(), idx).sum(0)  # arithmetic, integer indexing (pick's backward), reductions
+        x.detach()[idx, 1:]                          # integer indexing without a backward
         z = torch.where(mask, x, 0.0).masked_fill(~mask, -1.0).topk(2, dim=1).values
         index = idx.expand(4, 2)
         w = x.gather(1, index) + torch.zeros(4, 5).scatter_reduce(1, index, x[:, :2], "amax")[:, :2]

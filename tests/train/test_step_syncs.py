@@ -1,9 +1,12 @@
-"""The trainer's steady-state step reads nothing back from the device.
+"""The trainer's step never makes the host wait for the device, nor the device for the host.
 
-Every call that makes up a training step (``train_step``: the micro-batches, the loss meter,
-the gradient sync, the optimizer step with its learning rate, clipping, skip-on-inf and EMA
-update; ``after_step``: the ranks' exchange) runs under ``count_host_syncs``; the reads the
-trainer makes on purpose (every 16 batches and at the end of the epoch) are outside those calls.
+Every call that makes up a training step (``train_step``: the micro-batches' forward, loss and
+backward, the loss meter, the gradient sync, the optimizer step with its learning rate,
+clipping, skip-on-inf and EMA update; ``after_step``: the ranks' exchange) runs under
+``count_host_syncs`` (tests/_host_sync.py: reads back, data-dependent shapes, accumulating
+index_put, host values written through indexing, host data made into tensors), for yolov8n,
+yolov3-tiny and a model YAML; the reads the trainer makes on purpose (every 16 batches and at
+the end of the epoch) are outside those calls.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ def _counted(monkeypatch, owner, name, counts: Counter, calls: Counter):
     monkeypatch.setattr(owner, name, wrapper)
 
 
-@pytest.mark.parametrize("model,precision", [("yolov8n", "fp32"), ("yolov3-tiny", "fp32"), ("yolov8n", "fp16")])
+@pytest.mark.parametrize("model,precision", [("yolov8n", "fp32"), ("yolov3-tiny", "fp32"), ("yolov8n", "fp16"),
+                                             ("yolo11n.yaml", "fp32")])
 def test_a_training_step_reads_nothing_back(shapes, tmp_path, monkeypatch, model, precision):
     counts, calls = Counter(), Counter()
     for owner, name in ((trainer_module, "train_step"), (Trainer, "after_step")):

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from yolokit.ops.cache import ConstantCache
+from yolokit.ops.cache import ConstantCache, upload
 
 
 class AnchorMatch(NamedTuple):
@@ -71,11 +71,11 @@ class AnchorMatcher(nn.Module):
     def _tables(self, shapes: tuple[tuple[int, int], ...], device: torch.device) -> tuple[Tensor, ...]:
         """Anchor sizes, levels and indices, level strides and map sizes on ``device`` (built once per shapes)."""
         flat = [(lvl, j, wh) for lvl, level in enumerate(self.anchors) for j, wh in enumerate(level)]
-        return (torch.tensor([wh for _, _, wh in flat], device=device),                    # [sum A, 2]
-                torch.tensor([lvl for lvl, _, _ in flat], device=device),
-                torch.tensor([j for _, j, _ in flat], device=device),
-                torch.tensor(self.strides, dtype=torch.float32, device=device),
-                torch.tensor(shapes, dtype=torch.float32, device=device))                   # [L, 2] (h, w)
+        return (upload([wh for _, _, wh in flat], device=device),                          # [sum A, 2]
+                upload([lvl for lvl, _, _ in flat], device=device),
+                upload([j for _, j, _ in flat], device=device),
+                upload(self.strides, torch.float32, device),
+                upload(shapes, torch.float32, device))                                      # [L, 2] (h, w)
 
     def extra_repr(self) -> str:
         return f"anchors={self.anchors}, strides={self.strides}"

@@ -134,7 +134,9 @@ def pad_targets(targets: Tensor, batch_size: int, *, max_boxes: int | None = Non
         counts = torch.zeros(batch_size, dtype=torch.long, device=device).index_add_(0, image, torch.ones_like(image))
     labels = torch.zeros(batch_size, g, dtype=torch.long, device=device)
     boxes = torch.zeros(batch_size, g, 4, dtype=torch.float32, device=device)
-    mask = torch.zeros(batch_size, g, dtype=torch.bool, device=device)
+    # an image's boxes fill its slots from 0: slot s is real where s < the image's count. (Writing a
+    # Python True through the indices instead copies a host scalar to the device and waits for it.)
+    mask = torch.arange(g, device=device) < counts[:, None]
     if targets.shape[0]:
         image_sorted, order = torch.sort(image, stable=True)
         starts = counts.cumsum(0) - counts
@@ -142,5 +144,4 @@ def pad_targets(targets: Tensor, batch_size: int, *, max_boxes: int | None = Non
         rows = targets[order].float()
         labels[image_sorted, slot] = rows[:, 1].long()
         boxes[image_sorted, slot] = rows[:, 2:6]
-        mask[image_sorted, slot] = True
     return PaddedTargets(labels, boxes, mask)

@@ -13,7 +13,8 @@ from yolokit.losses.anchor_matcher import AnchorMatcher
 from yolokit.losses.base import DetectionLoss, pad_targets
 from yolokit.ops.anchors import anchor_to_box, grid_points
 from yolokit.ops.boxes import ciou
-from yolokit.ops.cache import ConstantCache
+from yolokit.ops.cache import ConstantCache, upload
+from yolokit.ops.pick import pick
 
 BOX_LOSSES = ("ciou", "mse")
 
@@ -108,14 +109,17 @@ class YOLOv3Loss(DetectionLoss):
             t, o, logits = m.reshape(b, a, 5 + c, h * w).split((4, 1, c), dim=2)  # [B, A, 4|1|C, HW]
             cells, anchor_wh = self._constants.get((h, w, level, device), lambda h=h, w=w, anchors=anchors: (
                 grid_points([(h, w)], [1], offset=0.0, device=device)[0],           # [HW, 2] (column, row)
-                torch.tensor(anchors, dtype=torch.float32, device=device)))         # [A, 2]: one copy, then cached
+                upload(anchors, torch.float32, device)))                            # [A, 2]: one copy, then cached
             # every GT row, weighted 1 where it trains at this level and 0 elsewhere (no count is read back)
             here = match.level == level
             img = match.image
             anc = torch.where(here, match.anchor, 0)
             cell = torch.where(here, match.cell_y * w + match.cell_x, 0)
 
-            obj_target = o.new_zeros(b, a, h * w).index_put_((img, anc, cell), here.float(), accumulate=True)
+            # scatter_add_ on flat offsets, not index_put_(accumulate=True): on CUDA that one reads the
+            # indices' range back and sorts them, and both wait for the device
+            at = (img * a + anc) * (h * w) + cell
+            obj_target = o.new_zeros(b * a * h * w).scatter_add_(0, at, here.float()).view(b, a, h * w)
             positive = obj_target > 0
             obj_target = positive.float()
             with torch.no_grad():
@@ -130,12 +134,12 @@ class YOLOv3Loss(DetectionLoss):
             key = torch.where(here, (img * a + anc) * (h * w) + cell, b * a * h * w)
             first = torch.full((b * a * h * w + 1,), len(rows), dtype=torch.long, device=device)
             first = first.scatter_reduce_(0, key, rows, "amin")[key]
-            cls_target = o.new_zeros(len(rows), c).index_put_((first, labels), here.float(), accumulate=True)
+            cls_target = o.new_zeros(len(rows) * c).scatter_add_(0, first * c + labels, here.float()).view(len(rows), c)
             cls_target.clamp_(max=1.0)
-            bce = F.binary_cross_entropy_with_logits(logits[img, anc, :, cell], cls_target, reduction="none")
+            bce = F.binary_cross_entropy_with_logits(pick(logits, img, anc, None, cell), cls_target, reduction="none")
             cls = cls + (bce.sum(-1) * (here & (first == rows))).sum()
 
-            t_gt = t[img, anc, :, cell]  # [N, 4]
+            t_gt = pick(t, img, anc, None, cell)  # [N, 4]: t[img, anc, :, cell], its backward without a sort
             if self.box == "ciou":
                 pred = anchor_to_box(t_gt, cells[cell], stride, anchor_wh[anc])
                 box = box + ((1.0 - ciou(pred, gt_xyxy)) * here).sum()

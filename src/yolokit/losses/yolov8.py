@@ -12,6 +12,7 @@ from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner
 from yolokit.losses.base import DetectionLoss, pad_targets
 from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import ciou
+from yolokit.ops.pick import pick
 
 
 class YOLOv8Loss(DetectionLoss):
@@ -112,10 +113,11 @@ class YOLOv8Loss(DetectionLoss):
         score_sum = weight.sum().clamp(min=1.0)
         # BCE-with-logits summed over every point and class against targets that are `weight`
         # on the GT class of foreground points and 0 elsewhere: sum softplus(x) - sum x * target.
-        fg_cls_logits = cls_logits[fg_image, fg_label, fg_point]
+        # pick, not cls_logits[...]: the backward of advanced indexing sorts on CUDA, which waits for the device
+        fg_cls_logits = pick(cls_logits, fg_image, fg_label, fg_point)
         cls = (F.softplus(cls_logits).sum() - (fg_cls_logits * weight).sum()) / score_sum
 
-        fg_logits = box_logits[fg_image, :, :, fg_point]  # [M, 4, R]
+        fg_logits = pick(box_logits, fg_image, None, None, fg_point)  # [M, 4, R]
         fg_stride = point_strides[fg_point, None]
         fg_points = points[fg_point]
         pred = dist_to_box(dfl_expectation(fg_logits) * fg_stride, fg_points)  # [M, 4] pixels

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from yolokit.models.layers import V8_STYLE, Conv, DWConv
 from yolokit.ops.anchors import anchor_to_box, dfl_expectation, dist_to_box, grid_points
-from yolokit.ops.cache import ConstantCache
+from yolokit.ops.cache import ConstantCache, upload
 
 
 class DFL(nn.Module):
@@ -156,7 +156,7 @@ class AnchorHead(nn.Module):
             p = m.view(b, len(a), 5 + self.num_classes, h * w).transpose(2, 3)  # [B, A, HW, 5 + C]
             cells, wh_anchor = self._grids.get((h, w, a, p.dtype, p.device), lambda h=h, w=w, a=a, p=p: (
                 grid_points([(h, w)], [1], offset=0.0, dtype=p.dtype, device=p.device)[0],
-                torch.tensor(a, dtype=p.dtype, device=p.device).view(1, len(a), 1, 2)))
+                upload(a, p.dtype, p.device).view(1, len(a), 1, 2)))
             scores = p[..., 4:5].sigmoid() * p[..., 5:].sigmoid()
             out.append(torch.cat((anchor_to_box(p, cells, s, wh_anchor), scores), dim=-1).flatten(1, 2))
         return torch.cat(out, dim=1)
