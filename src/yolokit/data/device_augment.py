@@ -16,9 +16,20 @@ batches to `to_device`, which calls `augment_batch` on the training device. One 
    OpenCV's conversions exactly).
 
 No step loops over the images in Python (the JPEG list goes to one decode call), and no step reads
-the device: every size comes from the recipes on the host. The work is cut into chunks of about
-`CHUNK` output pixels to bound the temporaries, so the number of kernels grows with the batch's
-pixels over `CHUNK` only.
+the device: every size comes from the recipes on the host.
+
+On CUDA the pass runs on a stream of its own, the caller's stream waiting for it with an event
+(`yolokit.data.pass_stream` says why: nvJPEG's decoder is not ordered after queued work).
+
+Every gather index is inside its source by construction: a tile's pixels are read only where the
+output point falls inside the tile, each tile is checked on the host against its source's size
+(a recipe outside raises, naming the files), and the indices are clamped to the source before the
+gather, so a gather can never trip a device-side assert. ``YOLOKIT_CHECK_INDICES=1`` in the
+environment (or ``CHECK_INDICES = True``) checks every gather index against its source instead,
+reading each back (slow: for debugging), and names the tensor and the batch's files.
+
+The work is cut into chunks of about `CHUNK` output pixels to bound the temporaries, so the number
+of kernels grows with the batch's pixels over `CHUNK` only.
 
 Against the workers' OpenCV images (the same recipes, so the same parameters and labels) a sample
 differs by 0.1-0.4 grey levels on average (tests/data/test_device_augment.py bounds it at 1). The
@@ -35,6 +46,7 @@ image's own, which the batch shapes avoid) resizes once from the file here, twic
 from __future__ import annotations
 
 import logging
+import os
 import re
 import warnings
 
@@ -44,10 +56,34 @@ import torch
 
 from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.images import PAD_VALUE
+from yolokit.data.pass_stream import on_pass_stream, raise_if_the_device_failed, settle
 
 CHUNK = 1 << 22          # pixels per warp or resize step: bounds the temporaries (~2 GB at the peak)
+CHECK_INDICES = os.environ.get("YOLOKIT_CHECK_INDICES", "0") not in ("", "0")   # the debug switch (docstring)
 logger = logging.getLogger("yolokit.data")
 _UNDECODABLE: set[str] = set()   # files reported once per process
+
+
+def _files(batch: dict) -> str:
+    names = list(dict.fromkeys([*batch.get("paths", []), *(batch.get("aug_files") or [])]))
+    return ", ".join(str(n) for n in names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+
+
+def _gather(source: torch.Tensor, index: torch.Tensor, what: str, batch: dict) -> torch.Tensor:
+    """``source[:, index]`` of a uint8 [3, N] atlas, flat: float [3, index.numel()]. The indices are clamped
+    into the source (they are inside it by construction: a clamp makes a device-side assert impossible
+    even so); with ``CHECK_INDICES`` they are checked instead, and one outside raises, naming the tensor
+    and the batch's files."""
+    n, flat = source.shape[1], index.reshape(-1)
+    if CHECK_INDICES:
+        if flat.numel():
+            low, high = (int(v) for v in torch.stack((flat.min(), flat.max())).tolist())
+            if low < 0 or high >= n:
+                raise IndexError(f"device augmentation: {what} index {low if low < 0 else high} outside its "
+                                 f"source of {n:,} pixels; the batch's files: {_files(batch)}")
+    else:
+        flat = flat.clamp(0, max(n - 1, 0))
+    return source.index_select(1, flat).float()
 
 
 def _host_tensors(batch: dict) -> dict:
@@ -55,9 +91,14 @@ def _host_tensors(batch: dict) -> dict:
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
 
 
-def decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, list[int], list[tuple[int, int]]]:
+def decode_sources(batch: dict, device: torch.device | str) -> tuple[torch.Tensor, list[int], list[tuple[int, int]]]:
     """Every source of the batch decoded on ``device``: uint8 [3, P] (RGB planes, one after the
-    other), each source's offset in it and its decoded (h, w) (host numbers: nothing is read back)."""
+    other), each source's offset in it and its decoded (h, w) (host numbers: nothing is read back).
+    On CUDA on the pass's own stream, as `augment_batch` (the module's docstring says why)."""
+    return on_pass_stream(_decode_sources, batch, torch.device(device))
+
+
+def _decode_sources(batch: dict, device: torch.device) -> tuple[torch.Tensor, list[int], list[tuple[int, int]]]:
     batch = _host_tensors(batch)
     rows = batch["aug_sources"].tolist()
     jpeg_rows = [r for r in rows if r[0] == 0]
@@ -99,14 +140,16 @@ def _decode(files: list[torch.Tensor], rows: list[list[int]], names: list[str],
 
     try:
         return one_call(files)
-    except RuntimeError:
-        pass
+    except RuntimeError as err:
+        raise_if_the_device_failed(err, device, names)
     images = []
     for k, (data, row) in enumerate(zip(files, rows, strict=True)):
+        settle(device)                  # the retries allocate on this stream too: nothing queued reads a block
         try:
             images.append(one_call(data))
             continue
         except RuntimeError as err:
+            raise_if_the_device_failed(err, device, names)
             reason = re.sub(r"^.*\.(?:cpp|cu):\d+, ", "", str(err).strip().splitlines()[-1])   # no source line
         bgr = cv2.imdecode(data.numpy(), cv2.IMREAD_COLOR)
         if bgr is not None and bgr.shape[:2] == (row[2], row[3]):
@@ -124,7 +167,7 @@ def _decode(files: list[torch.Tensor], rows: list[list[int]], names: list[str],
 
 
 def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, height: torch.Tensor,
-              x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+              x: torch.Tensor, y: torch.Tensor, batch: dict) -> torch.Tensor:
     """Each point's bilinear value in its image (border pixels repeated, as `cv2.resize`): float [3, ...]."""
     x, y = x.clamp(min=0), y.clamp(min=0)
     x0, y0 = torch.minimum(x.floor(), width - 1), torch.minimum(y.floor(), height - 1)
@@ -133,14 +176,18 @@ def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, heig
     x1, y1 = torch.minimum(x0 + 1, width.long() - 1), torch.minimum(y0 + 1, height.long() - 1)
     w = width.long()
     idx = torch.stack([base + y0 * w + x0, base + y0 * w + x1, base + y1 * w + x0, base + y1 * w + x1])
-    v = atlas[:, idx.flatten()].view(3, *idx.shape).float()
+    v = _gather(atlas, idx, "resize", batch).view(3, *idx.shape)
     weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
     return (v * weights).sum(1)
 
 
 def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[int, int]],
-                   targets: list[tuple[int, int]]) -> tuple[torch.Tensor, list[int]]:
-    """Every source resized to its target (h, w) like `cv2.resize(INTER_LINEAR)`: the new atlas and offsets."""
+                   targets: list[tuple[int, int]], batch: dict | None = None) -> tuple[torch.Tensor, list[int]]:
+    """Every source resized to its target (h, w) like `cv2.resize(INTER_LINEAR)`: the new atlas and offsets.
+    ``batch``: its files are named if a gather index is found outside its source (``CHECK_INDICES``)."""
+    if any(o < 0 or o + h * w > atlas.shape[1] for o, (h, w) in zip(offsets, shapes, strict=True)):
+        raise ValueError(f"device augmentation: a source lies outside the batch's {atlas.shape[1]:,} decoded "
+                         f"pixels; the batch's files: {_files(batch or {})}")
     new_offsets, at = [], 0
     for th, tw in targets:
         new_offsets.append(at)
@@ -164,13 +211,13 @@ def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[i
         ox = local - oy * i[:, 2]
         x = (ox.float() + 0.5) * f[:, 3] - 0.5                           # cv2.resize's source point
         y = (oy.float() + 0.5) * f[:, 2] - 0.5
-        out[:, lo:lo + len(s)] = _bilinear(atlas, i[:, 0], f[:, 1], f[:, 0], x, y).round_().clamp_(0, 255)
+        out[:, lo:lo + len(s)] = _bilinear(atlas, i[:, 0], f[:, 1], f[:, 0], x, y, batch or {}).round_().clamp_(0, 255)
     return out, new_offsets
 
 
 def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, inverse: torch.Tensor,
                windows: torch.Tensor, warp: torch.Tensor, flips: torch.Tensor, shape: torch.Tensor,
-               size: tuple[int, int]) -> torch.Tensor:
+               size: tuple[int, int], batch: dict) -> torch.Tensor:
     """One view of n samples: uint8 [n, 3, H, W]. ``tiles`` int32 [n, 4, 8]: each quadrant's tile as (atlas
     offset or -1, width, x1, y1, x2, y2, sx - x1, sy - y1); ``frame`` int32 [n, 4]: (h, w, centre x, y)."""
     n, dev = tiles.shape[0], atlas.device
@@ -199,8 +246,8 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     t = tiles.reshape(n * 4, -1).t()[:, row]                              # [8, 4, n, H, W]
     inside = ((t[0] >= 0) & (cx >= t[2]) & (cx < t[4]) & (cy >= t[3]) & (cy < t[5])
               & (cx >= 0) & (cy >= 0) & (cx < fr[:, :, 1]) & (cy < fr[:, :, 0]))
-    flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0).long()
-    vals = atlas[:, flat.flatten()].view(3, *flat.shape).float()
+    flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0)      # int32: index_select takes it
+    vals = _gather(atlas, flat, "warp", batch).view(3, *flat.shape)
     vals = torch.where(inside, vals, float(PAD_VALUE))
     weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
     out = (vals * weights).sum(1).round_().clamp_(0, 255)                 # [3, n, H, W]
@@ -212,15 +259,42 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
 def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
     """A recipe batch's images on ``device``: uint8 Tensor[B, 3, H, W], RGB, as the workers make them.
 
+    On CUDA the pass runs on its own stream and the current stream waits for it (the module's
+    docstring says why); the images may be used on the current stream at once.
+
     Args:
         batch: from `recipes.collate_recipes` (its tensors on the CPU, as the loader yields them).
         device: the training device.
+
+    Raises:
+        ValueError: a recipe whose tile lies outside its source (names the batch's files).
+        IndexError: with ``CHECK_INDICES``, a gather index outside its source (names them too).
     """
-    device, batch = torch.device(device), _host_tensors(batch)
-    atlas, offsets, shapes = decode_sources(batch, device)
+    return on_pass_stream(_augment, batch, torch.device(device))
+
+
+def _check_tiles(table: torch.Tensor, targets: list[tuple[int, int]], batch: dict) -> None:
+    """Every tile of the table reads inside its source (host numbers): raises naming the files if not."""
+    src = batch["aug_tiles"][..., 0]
+    used = src >= 0
+    if not bool(used.any()):
+        return
+    hw = torch.tensor(targets + [(0, 0)], dtype=torch.int64)[torch.where(used, src, len(targets))]
+    x1, y1, x2, y2, sx, sy = (batch["aug_tiles"][..., k] for k in range(1, 7))
+    bad = used & ((x2 > x1) & (y2 > y1)) & ((sx < 0) | (sy < 0) | (sx + x2 - x1 > hw[..., 1])
+                                            | (sy + y2 - y1 > hw[..., 0]))
+    if bool(bad.any()):
+        image = int(bad.nonzero()[0, 0])
+        raise ValueError(f"device augmentation: a recipe of image {image} of the batch reads outside its source "
+                         f"(tile {batch['aug_tiles'][bad][0].tolist()}); the batch's files: {_files(batch)}")
+
+
+def _augment(batch: dict, device: torch.device) -> torch.Tensor:
+    batch = _host_tensors(batch)
+    atlas, offsets, shapes = _decode_sources(batch, device)
     rows = batch["aug_sources"].tolist()
     targets = [(r[4], r[5]) for r in rows]
-    atlas, offsets = resize_sources(atlas, offsets, shapes, targets)
+    atlas, offsets = resize_sources(atlas, offsets, shapes, targets, batch)
     b = batch["aug_tiles"].shape[0]
     shape = batch["aug_shape"]
     height, width = (int(v) for v in shape.max(0).values.tolist())
@@ -234,6 +308,7 @@ def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
     frame = batch["aug_frame"].clamp(max=2**31 - 1).to(torch.int32)
     if atlas.shape[1] >= 2**31:
         raise ValueError(f"a batch of {atlas.shape[1]:,} source pixels: int32 indices hold 2**31; use a smaller batch")
+    _check_tiles(table, targets, batch)
     table = table.to(torch.int32)
     mixed = bool((batch["aug_mix"] < 1).any())
     views = 2 if mixed else 1
@@ -248,7 +323,8 @@ def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
     for lo in range(0, b, step):
         s = slice(lo, lo + step)
         out = [_warp_view(atlas, on["table"][s, k], on["frame"][s, k], on["inverse"][s, k], on["windows"][s, k],
-                          on["warp"][s, k], on["flips"][s], on["shape"][s], (height, width)) for k in range(views)]
+                          on["warp"][s, k], on["flips"][s], on["shape"][s], (height, width), batch)
+               for k in range(views)]
         if mixed:                        # cv2.addWeighted on uint8: float weights, rounded to nearest
             r = mix[s].float().view(-1, 1, 1, 1)
             out[0] = (out[0].float() * r + out[1].float() * (1 - mix[s]).float().view(-1, 1, 1, 1)).round_().clamp_(
