@@ -1,51 +1,53 @@
-"""Counting the operations of a block of code that make the host wait for the device.
+"""Counting what, in a block of code, makes the host wait for the device or the device for the host.
 
-On a GPU, reading a value back (``t.item()``, ``float(t)``, ``bool(t)``, ``t.tolist()``)
-or running an operation whose output shape depends on the data (``nonzero``, boolean-mask
-indexing, ``unique``, ...) stops the host until the device has caught up. On the CPU the
-same calls cost nothing extra, so a CPU test cannot time them; it can count them, which
-is what ``count_host_syncs`` does:
+On a GPU, reading a value back (``t.item()``, ``float(t)``, ``bool(t)``, ``t.tolist()``) or
+running an operation whose output shape depends on the data (``nonzero``, boolean-mask
+indexing, ``unique``, ...) stops the host until the device has caught up; copying host data
+into the step from pageable memory (``torch.tensor(...)``, ``x[i] = True``) makes the device
+wait for the host. On the CPU the same calls cost nothing extra, so a CPU test cannot time
+them; it can count them, which is what ``count_host_syncs`` does:
 
     >>> with count_host_syncs() as syncs:
     ...     total, parts = loss(maps, targets)
-    >>> assert not syncs, dict(syncs)
+    >>> assert not syncs, syncs.details
 
-The counts are by name: an aten op's name (``_local_scalar_dense`` for item/int/float/bool,
-``nonzero``, ``masked_select``, ``bincount``, ...), ``index (bool mask)`` and ``index_put
-(bool mask)`` for boolean-mask indexing and assignment, ``tolist`` and ``numpy`` for the
-two conversions that read CPU memory without an aten op, and ``copy to cpu`` for a copy
-from another device to the CPU. Plain arithmetic, indexing with integer tensors,
-``gather``/``scatter`` and reductions that stay on the device are not counted.
+The aten ops are read from ``torch.profiler`` (CPU activity, with the calls' arguments), not
+from a ``TorchDispatchMode``: an active dispatch mode makes autograd take the formulas meant for
+tensor subclasses, which skip the reads some backward formulas make for plain tensors (``prod``'s
+backward looks for zeros with ``nonzero``), so a mode would hide exactly those. The counts are by
+name:
 
-The other direction, CUDA waiting for the host, is counted too, as far as a CPU run shows it:
-
+- an aten op's name for the ops that read back or have data-dependent shapes
+  (``_local_scalar_dense`` for item/int/float/bool, ``nonzero``, ``masked_select``,
+  ``bincount``, ``_unique2``, ...), named after the outermost op that asked for them:
+  ``index (bool mask)`` and ``index_put (bool mask)`` for boolean-mask indexing and assignment,
+  ``repeat_interleave`` for repeats given as a tensor without ``output_size``;
 - ``index_put (accumulate)``: an accumulating ``index_put_`` (the backward of ``x[i, j]``, or
-  called directly) reads its indices' range back and sorts them on CUDA;
+  called directly), which on CUDA reads its indices' range back and sorts them;
 - ``host value written by indexing``: ``x[i] = True`` with index tensors turns the Python value
-  into a host tensor that ``index_put_`` copies to the device, blocking (so does a
-  ``torch.tensor([...])`` written there);
+  into a host tensor that ``index_put_`` copies to the device, blocking; a Python value written
+  into a slice (``x[:, 0] = 1``, a fill that reads the value on the host) is not counted;
 - ``host data into the step``: ``torch.tensor(...)``, ``torch.as_tensor(list)`` or
-  ``torch.from_numpy`` inside the block (``aten.lift_fresh``); on CUDA each is a copy from
-  pageable host memory that waits. A Python value written into a slice (``x[:, 0] = 1``, a
-  ``fill_``) is not counted: that reads the value on the host and launches a fill;
-- ``pageable copy to the device``: a copy from unpinned host memory to another device (seen
-  where the block runs on a GPU).
+  ``torch.from_numpy`` inside the block: on CUDA each is a copy from pageable host memory that
+  waits. Constants a ``yolokit.ops.cache.ConstantCache`` builds are not counted: that happens
+  once per key, and ``ops.cache.upload`` copies them from pinned memory, asynchronously;
+- ``tolist`` and ``numpy``, the two conversions that read memory without an aten op.
 
-Host data made into tensors while a ``yolokit.ops.cache.ConstantCache`` builds an entry is not
-counted: that happens once per key, and ``ops.cache.upload`` copies it from pinned memory,
-asynchronously, on CUDA.
+A fused optimizer's CPU kernel (``aten::_fused_adamw_``, ...) reads its step count with ``item``;
+its CUDA kernel reads it on the device, so those reads are not counted. ``syncs.details`` says,
+for each count, the autograd function it ran in (for a backward) and the op.
+Copies between devices cannot be seen on the CPU; the ``gpu`` tests run the same steps under
+``torch.cuda.set_sync_debug_mode("error")``.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from yolokit.ops.cache import ConstantCache
 
@@ -56,104 +58,108 @@ _SYNC_OPS = frozenset({
     "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
     "equal", "is_nonzero", "_assert_async", "allclose",
 })
+_INDEX_PUT = frozenset({"index_put_", "index_put", "_index_put_impl_"})
+_CONSTANT, _SET_INDEXED, _SET_SLICE = "yolokit::constant", "yolokit::setitem_indexed", "yolokit::setitem_slice"
 
 
-def _has_bool_index(indices: Any) -> bool:
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+class SyncCounts(Counter):
+    """A Counter of sync names, and ``details``: one line per count."""
+
+    details: list[str]
 
 
-_INDEX_PUT = ("_index_put_impl_", "_index_put_impl", "index_put", "index_put_")
+def _ancestors(event) -> list:
+    chain, parent = [], event.cpu_parent
+    while parent is not None:
+        chain.append(parent)
+        parent = parent.cpu_parent
+    return chain
 
 
-def _accumulates(args, kwargs) -> bool:
-    return bool(kwargs.get("accumulate", args[3] if len(args) > 3 else False))
+def _concrete(event, k: int):
+    inputs = getattr(event, "concrete_inputs", None) or []
+    return inputs[k] if k < len(inputs) else None
 
 
-class _SyncCounter(TorchDispatchMode):
-    def __init__(self, counts: Counter[str]):
-        super().__init__()
-        self.counts = counts
-        self.lifted: dict[int, weakref.ref] = {}    # host data made into tensors in the block, not used yet
-        self.building = 0                           # inside ConstantCache.get's make: constants, once per key
-
-    def _lifted(self, t: Any) -> bool:
-        ref = self.lifted.pop(id(t), None) if isinstance(t, torch.Tensor) else None
-        return ref is not None and ref() is t
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        lifted = [a for a in args if self._lifted(a)]
-        # repeat_interleave without output_size syncs: its size is repeats.sum()
-        if name in _SYNC_OPS or (name == "repeat_interleave" and kwargs.get("output_size") is None):
-            self.counts[name] += 1
-        elif name in ("index", *_INDEX_PUT) and _has_bool_index(args[1]):
-            self.counts["index_put (bool mask)" if "put" in name else "index (bool mask)"] += 1
-        elif name in _INDEX_PUT and _accumulates(args, kwargs):
-            self.counts["index_put (accumulate)"] += 1
-        elif name in ("_to_copy", "copy_") and _crosses_to_cpu(func, args, kwargs):
-            self.counts["copy to cpu"] += 1
-        elif name in ("_to_copy", "copy_") and _pageable_to_device(func, args, kwargs):
-            self.counts["pageable copy to the device"] += 1
-        if lifted:
-            if name in _INDEX_PUT and any(a is args[2] for a in lifted):
-                self.counts["host value written by indexing"] += 1
-            elif name != "fill_":
-                self.counts["host data into the step"] += 1
-        out = func(*args, **kwargs)
-        if name in ("lift_fresh", "lift_fresh_copy") and isinstance(out, torch.Tensor) and not self.building:
-            self.lifted[id(out)] = weakref.ref(out)
-        return out
-
-
-def _pageable_to_device(func, args, kwargs) -> bool:
-    src = args[1] if func.overloadpacket.__name__ == "copy_" else args[0]
-    dst_device = args[0].device if func.overloadpacket.__name__ == "copy_" else kwargs.get("device")
-    return (isinstance(src, torch.Tensor) and src.device.type == "cpu" and dst_device is not None
-            and torch.device(dst_device).type not in ("cpu", "meta") and not src.is_pinned())
-
-
-def _crosses_to_cpu(func, args, kwargs) -> bool:
-    src = args[1] if func.overloadpacket.__name__ == "copy_" else args[0]
-    dst_device = args[0].device if func.overloadpacket.__name__ == "copy_" else kwargs.get("device")
-    return (isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst_device is not None
-            and torch.device(dst_device).type == "cpu")
+def _count(events, counts: SyncCounts) -> None:
+    reported: set[int] = set()
+    for event in events:
+        name = event.name.removeprefix("aten::")
+        chain = _ancestors(event)
+        names = [e.name for e in chain]
+        backward = next((n.split(": ", 1)[-1] for n in names if n.startswith("autograd::engine")), None)
+        where = f" in {backward}" if backward else ""
+        if name == "lift_fresh":
+            if _CONSTANT in names or _SET_SLICE in names:
+                continue
+            key = "host value written by indexing" if _SET_INDEXED in names else "host data into the step"
+        elif name in _INDEX_PUT and name == "_index_put_impl_" and _concrete(event, 3) is True:
+            key = "index_put (accumulate)"
+        elif name in _SYNC_OPS:
+            if any(n.startswith("aten::_fused_") for n in names):
+                continue      # a fused optimizer's CPU kernel reads its step count on the host; CUDA's reads it there
+            aten = [e for e in chain if e.name.startswith("aten::")]
+            outer = aten[-1] if aten else event          # the op the code called, that asked for the read
+            outer_name = outer.name.removeprefix("aten::")
+            if outer_name == "repeat_interleave" and _concrete(outer, 3) is not None:
+                continue                                 # output_size given: CUDA checks the repeats on the device
+            if id(outer) in reported:
+                continue                                 # one count per op the code called
+            reported.add(id(outer))
+            key = {"index": "index (bool mask)", "repeat_interleave": "repeat_interleave",
+                   "where": "nonzero", "item": "_local_scalar_dense", "is_nonzero": "_local_scalar_dense",
+                   }.get(outer_name, name)
+            if outer_name in _INDEX_PUT:
+                key = "index_put (bool mask)"
+            elif outer_name in _SYNC_OPS and outer_name != "is_nonzero":
+                key = outer_name
+        else:
+            continue
+        counts[key] += 1
+        counts.details.append(f"{key}{where}: {' < '.join([event.name, *names[:4]])}")
 
 
 @contextmanager
-def count_host_syncs() -> Iterator[Counter[str]]:
-    """Counts, by name, the host reads and data-dependent-shape ops run inside the block.
+def count_host_syncs() -> Iterator[SyncCounts]:
+    """Counts, by name, the host reads, data-dependent shapes and host data run inside the block.
 
     Yields:
-        A ``Counter`` filled while the block runs (empty when there was none).
+        A ``SyncCounts`` (a Counter), filled when the block ends (empty when there was none).
     """
-    counts: Counter[str] = Counter()
-    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+    counts = SyncCounts()
+    counts.details = []
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy", "__setitem__")}
     own = {name for name in originals if name in vars(torch.Tensor)}
 
     def reading(name: str):
         def read(self, *args, **kwargs):
             counts[name] += 1
+            counts.details.append(f"{name}: Tensor.{name}()")
             return originals[name](self, *args, **kwargs)
         return read
 
-    mode = _SyncCounter(counts)
+    def setitem(self, index, value):
+        if isinstance(value, torch.Tensor):
+            return originals["__setitem__"](self, index, value)
+        parts = index if isinstance(index, tuple) else (index,)
+        indexed = any(isinstance(i, torch.Tensor) for i in parts)
+        with record_function(_SET_INDEXED if indexed else _SET_SLICE):
+            return originals["__setitem__"](self, index, value)
+
     original_get = ConstantCache.get
 
     def get(cache, key, make):
         def build():
-            mode.building += 1
-            try:
+            with record_function(_CONSTANT):
                 return make()
-            finally:
-                mode.building -= 1
         return original_get(cache, key, build)
 
-    for name in originals:
-        setattr(torch.Tensor, name, reading(name))
+    patches = {"tolist": reading("tolist"), "numpy": reading("numpy"), "__setitem__": setitem}
+    for name, fn in patches.items():
+        setattr(torch.Tensor, name, fn)
     ConstantCache.get = get
     try:
-        with mode:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             yield counts
     finally:
         ConstantCache.get = original_get
@@ -162,3 +168,4 @@ def count_host_syncs() -> Iterator[Counter[str]]:
                 setattr(torch.Tensor, name, fn)
             else:
                 delattr(torch.Tensor, name)  # inherited from torch._C.TensorBase
+    _count(prof.events(), counts)

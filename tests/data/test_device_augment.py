@@ -283,15 +283,17 @@ def test_kernel_count_does_not_grow_with_the_batch(shapes_yaml, cached):
 
 @pytest.mark.gpu
 def test_the_pass_never_syncs_on_cuda_and_makes_the_cpu_pass_images(shapes_yaml, monkeypatch):
-    """On CUDA the pass waits for nothing under ``set_sync_debug_mode("error")``, and its images are
-    the CPU pass's within a grey level (mean per image).
+    """On CUDA the pass waits for nothing under ``set_sync_debug_mode("error")``; fed the same decoded
+    pixels, it makes the CPU pass's images; and what differs is nvJPEG's decode alone.
 
-    The reference is the pass on the CPU (torchvision's CPU decode of the same files), which the CPU
-    tests keep within a level of the workers' OpenCV images: the first H100 run measured the CUDA
-    pass 0.49-1.33 levels from the workers' images (mean per image), where the CPU pass is 0.1-0.4,
-    which points at nvJPEG's decode. So the difference is split here, each part printed: the decode
-    alone (nvJPEG against torchvision's CPU decode of the same files), and the pass's arithmetic on
-    CUDA fed the CPU-decoded pixels against the CPU pass, which must be a small part."""
+    Measured on an H200 (torch 2.11.0+cu130, torchvision 0.26, 2026-11-27), mean levels per image:
+    the pass's arithmetic on CUDA against the CPU's, on the same pixels, 0.000; nvJPEG's decode of the
+    batch's files against torchvision's CPU decode of the same files (libjpeg-turbo), 1.170 over all
+    their pixels; the whole CUDA pass against the CPU pass, at most 1.204, and against the workers'
+    OpenCV images at most 1.327 (the first H100 run: 1.33). So nvJPEG alone accounts for the
+    difference, and the one-level bound of the device path against the workers holds with the
+    decoder held equal: the pass on CUDA fed torchvision's CPU decode. nvJPEG's own difference is
+    bounded at 1.5 levels (a wrong image, from a race or a bad index, is tens of levels off)."""
     from yolokit.data import device_augment as da
 
     (b,), _ = _batches(shapes_yaml, "device", hyp=dict(mixup=0.5))
@@ -308,19 +310,20 @@ def test_the_pass_never_syncs_on_cuda_and_makes_the_cpu_pass_images(shapes_yaml,
     def mean_levels(x, y):
         return (x.cpu().int() - y.cpu().int()).abs().float().mean(tuple(range(1, x.dim())))
 
-    atlas_gpu, _, _ = da.decode_sources(b, "cuda")
-    atlas_cpu, _, _ = da.decode_sources(b, "cpu")
+    decode = mean_levels(da.decode_sources(b, "cuda")[0][None], da.decode_sources(b, "cpu")[0][None])
     real = da._decode
     monkeypatch.setattr(da, "_decode", lambda files, rows, names, device: [
         im.to(device) for im in real(files, rows, names, torch.device("cpu"))])
-    arithmetic = mean_levels(augment_batch(b, "cuda"), cpu)
-    whole, workers = mean_levels(images, cpu), mean_levels(images, a["images_uint8"])
-    decode = mean_levels(atlas_gpu[None], atlas_cpu[None])
+    same_pixels = augment_batch(b, "cuda")                             # fed torchvision's CPU decode
+    arithmetic, held_equal = mean_levels(same_pixels, cpu), mean_levels(same_pixels, a["images_uint8"])
+    whole = mean_levels(images, cpu)
     print(f"mean levels per image: decode alone (nvJPEG vs CPU) {decode.item():.3f}; arithmetic (CUDA vs CPU, "
           f"same pixels) max {arithmetic.max():.3f}; CUDA pass vs CPU pass max {whole.max():.3f}; vs workers "
-          f"max {workers.max():.3f}")
-    assert arithmetic.max() <= 0.25, arithmetic.tolist()
-    assert whole.max() <= 1.0, whole.tolist()
+          f"max {mean_levels(images, a['images_uint8']).max():.3f}; CPU-decoded pass on CUDA vs workers max "
+          f"{held_equal.max():.3f}")
+    assert arithmetic.max() <= 0.05, arithmetic.tolist()
+    assert held_equal.max() <= 1.0, held_equal.tolist()
+    assert decode.item() <= 1.5 and whole.max() <= 1.5, (decode.item(), whole.tolist())
 
 
 @pytest.mark.gpu

@@ -29,8 +29,7 @@ def test_counts_reads_and_data_dependent_shapes():
         x.numpy()
     assert syncs == {"_local_scalar_dense": 3, "nonzero": 2, "index (bool mask)": 1, "index_put (bool mask)": 1,
                      "masked_select": 1, "_unique2": 1, "bincount": 1, "repeat_interleave": 1, "tolist": 1,
-                     "numpy": 1, "host value written by indexing": 1,   # y[mask] = torch.tensor(0.0)
-                     "host data into the step": 1}                      # the repeats, made from a list
+                     "numpy": 1, "host data into the step": 2}   # y[mask] = torch.tensor(0.0), the repeats
 
 
 def test_counts_the_device_waiting_for_the_host():
@@ -42,11 +41,22 @@ def test_counts_the_device_waiting_for_the_host():
         x[i, j].sum().backward()                               # index's backward: index_put(accumulate=True)
         torch.zeros(4, 5).index_put_((i, j), torch.ones(3), accumulate=True)
         flags[i, j] = True                                     # True becomes a host tensor, copied
-        flags[i, j] = torch.tensor([True, False, True])        # a list made into a tensor, then written
+        flags[i, j] = torch.tensor([True, False, True])        # host data made into a tensor, then written
         torch.tensor([1.0, 2.0]) * 2                            # host data into the block
         torch.from_numpy(table) + 1
         torch.as_tensor([[1, 2]]).sum()
-    assert syncs == {"index_put (accumulate)": 2, "host value written by indexing": 2, "host data into the step": 3}
+    assert syncs == {"index_put (accumulate)": 2, "host value written by indexing": 1, "host data into the step": 4}
+    assert any(line.startswith("index_put (accumulate) in IndexBackward0") for line in syncs.details)
+
+
+def test_a_backward_that_reads_back_is_seen():
+    """prod's backward looks for zeros in its input with nonzero (on plain tensors: a dispatch mode would
+    send autograd down the formula for subclasses, which does not), and the count says which backward."""
+    x = torch.rand(6, 2, requires_grad=True)
+    with count_host_syncs() as syncs:
+        x.prod(-1).sum().backward()
+    assert sum(syncs.values()) >= 1, syncs.details
+    assert all("ProdBackward" in line for line in syncs.details), syncs.details
 
 
 def test_a_slice_fill_and_host_data_made_before_are_not_counted():

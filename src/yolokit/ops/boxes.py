@@ -86,9 +86,15 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
     boxes1, boxes2 = _upcast(boxes1), _upcast(boxes2)
     lt = torch.maximum(boxes1[:, None, :2], boxes2[None, :, :2])
     rb = torch.minimum(boxes1[:, None, 2:], boxes2[None, :, 2:])
-    inter = (rb - lt).clamp(min=0).prod(-1)
+    inter = _wh_area((rb - lt).clamp(min=0))
     union = box_area(boxes1)[:, None] + box_area(boxes2)[None, :] - inter
     return inter / (union + eps)
+
+
+def _wh_area(wh: Tensor) -> Tensor:
+    """``wh[..., 0] * wh[..., 1]``. Not ``wh.prod(-1)``: prod's backward looks for zeros in its input and
+    reads the answer back (on CUDA the host waits); a product's backward is two multiplications."""
+    return wh[..., 0] * wh[..., 1]
 
 
 def _aligned(boxes1: Tensor, boxes2: Tensor, eps: float) -> tuple[Tensor, ...]:
@@ -100,7 +106,7 @@ def _aligned(boxes1: Tensor, boxes2: Tensor, eps: float) -> tuple[Tensor, ...]:
                          f"and {tuple(boxes2.shape)}") from None
     lt = torch.maximum(boxes1[..., :2], boxes2[..., :2])
     rb = torch.minimum(boxes1[..., 2:], boxes2[..., 2:])
-    inter = (rb - lt).clamp(min=0).prod(-1)
+    inter = _wh_area((rb - lt).clamp(min=0))
     union = box_area(boxes1) + box_area(boxes2) - inter + eps
     enc_lt = torch.minimum(boxes1[..., :2], boxes2[..., :2])
     enc_rb = torch.maximum(boxes1[..., 2:], boxes2[..., 2:])
@@ -128,7 +134,7 @@ def giou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
         Tensor[...] in [-1, 1].
     """
     _, _, u, enc_lt, enc_rb, union = _aligned(boxes1, boxes2, eps)
-    enclosing = (enc_rb - enc_lt).clamp(min=0).prod(-1) + eps
+    enclosing = _wh_area((enc_rb - enc_lt).clamp(min=0)) + eps
     return u - (enclosing - union) / enclosing
 
 
