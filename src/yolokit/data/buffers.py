@@ -101,6 +101,8 @@ class BatchBuffers:
             return batch
         images = next((batch[k] for k in ("images_uint8", "images", "aug_jpeg") if k in batch), None)
         if images is None or images.is_pinned():            # the pin-memory thread copied it out
+            # The pin thread hands a batch on only once its copy is made, and slots are freed only
+            # here, so no worker writes this buffer again before the copy exists.
             self._free(*slot)
         else:
             self._held.append((StorageWeakRef(images.untyped_storage()), *slot))
