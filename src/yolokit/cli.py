@@ -22,7 +22,7 @@ import torch
 
 import yolokit
 from yolokit.accel import distributed
-from yolokit.accel.devices import resolve_device
+from yolokit.accel.devices import DeviceFailure, resolve_device
 from yolokit.accel.launcher import LaunchError
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, build_dataloader
@@ -329,6 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"yolokit {args.command}: error: {saved}", file=sys.stderr)
         return 1
+    except DeviceFailure as exc:          # a CUDA error: said where and with which files; the context is lost
+        if not getattr(exc, "reported", False):
+            print(f"yolokit {args.command}: error: {exc}", file=sys.stderr)
+        print(f"yolokit {args.command}: stopped: the device failed (exit 1)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)                       # not interpreter exit: freeing CUDA memory now would abort (134)
     except KeyboardInterrupt as exc:      # one line, no traceback
         interrupted = Interrupted.of(exc)
         if not interrupted.reported and distributed.is_main():

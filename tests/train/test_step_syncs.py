@@ -144,3 +144,51 @@ def test_a_cuda_training_step_never_waits_for_the_device(name, precision):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny", "yolo11n.yaml"])
+def test_a_step_reads_no_uninitialised_memory(name):
+    """The CPU stand-in for ``compute-sanitizer --tool initcheck`` on the step (which does not finish
+    one in its time on a GPU): with torch's ``fill_uninitialized_memory`` every ``torch.empty``
+    comes filled with NaN or the largest integer, so a read of memory nothing wrote changes the
+    loss, a gradient or the updated weights. Forward, loss, backward, the optimizer step and the
+    EMA update give the same numbers, bit for bit, filled or not."""
+    import torch.utils.deterministic as det
+
+    from yolokit.accel.amp import Precision
+    from yolokit.models import create_model
+    from yolokit.train.build import build_loss
+    from yolokit.train.ema import ModelEMA
+    from yolokit.train.optim import build_optimizer
+    from yolokit.train.step import forward_backward
+
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(2, 3, 64, 64, generator=gen)
+    xy = torch.rand(9, 2, generator=gen) * 40
+    targets = torch.cat([torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1.0])[:, None], torch.randint(0, 80, (9, 1),
+                         generator=gen).float(), xy, xy + 8 + torch.rand(9, 2, generator=gen) * 16], 1)
+    results = []
+    for fill in (False, True):
+        torch.manual_seed(0)
+        model = create_model(name, num_classes=80).train()
+        ema = ModelEMA(model)
+        criterion = build_loss(model, TrainConfig(model=name))
+        amp = Precision("fp32", torch.device("cpu"))
+        optimizer = build_optimizer(model, "sgd", 0.01, 0.9, 5e-4)
+        torch.use_deterministic_algorithms(True)
+        det.fill_uninitialized_memory = fill
+        try:
+            loss, parts = forward_backward(model, criterion, amp, images, targets, max_boxes=5, weight=2.0,
+                                           channels_last=True)
+            grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            amp.step(optimizer, clip_grad_norm=10.0, blocking=False)
+            optimizer.zero_grad(set_to_none=True)
+            ema.update(model)
+        finally:
+            torch.use_deterministic_algorithms(False)
+            det.fill_uninitialized_memory = False
+        results.append((loss, grads, [t.clone() for t in ema.module.state_dict().values()]))
+    (loss_a, grads_a, ema_a), (loss_b, grads_b, ema_b) = results
+    assert torch.isfinite(loss_b) and torch.equal(loss_a, loss_b)
+    assert len(grads_a) == len(grads_b) > 0 and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(ema_a, ema_b, strict=True))

@@ -12,6 +12,8 @@ CUDA machine) local rank r trains on ``cuda:r``; under ``cuda:N`` on ``cuda:N+r`
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 _NAMES = "use auto, cpu, cuda or cuda:N"
@@ -71,3 +73,32 @@ def use_device(device: torch.device) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+class DeviceFailure(RuntimeError):
+    """The device failed during a run (a CUDA error, not out of memory): the message says where, with
+    which files, and how to find the kernel; the CUDA error is its ``__cause__``."""
+
+
+# a failed kernel or library call: the process's CUDA context is unusable from here on
+_DEVICE_ERROR = re.compile(r"CUDA error|cudaError|CUDA_ERROR|device-side assert|illegal memory access"
+                           r"|CUBLAS_STATUS|CUDNN_STATUS|NCCL error|unspecified launch failure")
+_OUT_OF_MEMORY = re.compile(r"out of memory|ALLOC_FAILED|NOT_ENOUGH_WORKSPACE|cudaErrorMemoryAllocation")
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the device failing (``torch.AcceleratorError``, or a library's report of a failed
+    CUDA call), as opposed to out of memory, which a run may survive (:mod:`yolokit.accel.oom`).
+
+    Example:
+        >>> is_device_error(RuntimeError("CUDA error: device-side assert triggered"))
+        True
+        >>> is_device_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+        False
+    """
+    if isinstance(exc, torch.OutOfMemoryError) or not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    if _OUT_OF_MEMORY.search(text):
+        return False
+    return isinstance(exc, torch.AcceleratorError) or _DEVICE_ERROR.search(text) is not None

@@ -15,11 +15,15 @@ the last completed step.
 
 from __future__ import annotations
 
+import logging
 import math
+import sys
 import time
+from collections import deque
 from typing import Any
 
 from yolokit.accel import Interrupted, distributed
+from yolokit.accel.devices import DeviceFailure, is_device_error
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
 from yolokit.models import Detector
@@ -36,6 +40,8 @@ from yolokit.train.state import Parts, Progress, StepVotes
 from yolokit.train.step import train_step
 from yolokit.train.weights import export_final
 from yolokit.val import EvalResult, validate
+
+logger = logging.getLogger("yolokit.train")
 
 
 class Trainer:
@@ -86,6 +92,14 @@ class Trainer:
         except SaveError as exc:                 # a full disk: what is intact, and how to go on
             exc.advice = exc.advice or self.weights.advice()
             raise
+        except Exception as exc:                 # a CUDA error: say where, with which files, before unwinding
+            if not is_device_error(exc) or isinstance(exc, DeviceFailure):
+                raise
+            failure = DeviceFailure(self.where_the_device_failed(exc))
+            logger.error("%s", failure)          # freeing CUDA memory after such an error can abort the process
+            sys.stderr.flush()
+            failure.reported = True
+            raise failure from exc
         finally:
             parts.loader.close()                 # workers end now, not at interpreter exit
             parts.val_loader.close()
@@ -101,6 +115,8 @@ class Trainer:
         built = build_run(self.config, user_callbacks=self.user_callbacks, model=self.model)
         self.parts, self.progress, self.resume_meter = built.parts, built.progress, built.resume_meter
         self.out_of_time, self.retries_synced = False, 0
+        self.recent: deque[tuple[int, int, int, list[str]]] = deque(maxlen=2)   # (epoch, batch, step, files)
+        self.phase = "training"
         self.weights = WeightsFolder(self.parts, self.progress)
         self.monitor = EpochMonitor(self.parts.plan.device) if self.parts.settings.monitor else None
         _call(self.parts.callbacks, "on_setup_end", built.summary)
@@ -128,8 +144,10 @@ class Trainer:
         if self.monitor is not None:                                    # the device's readings, off this thread
             self.monitor.start()
         self.epoch_started, self.data_wait, ready = time.perf_counter(), 0.0, time.perf_counter()
+        self.phase = "training"
         for i, batch in enumerate(parts.loader):
             self.data_wait += time.perf_counter() - ready              # the host waited for data (no device sync)
+            self.recent.append((epoch, i, progress.steps, _batch_files(batch)))   # named if the device fails
             if train_step(parts, progress, meter, batch, epoch):
                 self.after_step(epoch)
                 if self.out_of_time:                                    # the time budget: every rank stops here
@@ -144,6 +162,28 @@ class Trainer:
         bad = max(distributed.all_gather_object(meter.longest_nonfinite_run()))
         parts.watchdog.check(bad_losses=bad, skipped_steps=parts.precision.check(), **self.diverged_where(epoch))
         return meter.epoch_means()
+
+    def where_the_device_failed(self, exc: BaseException) -> str:
+        """The message of a run the device stopped: the error, where (epoch, step, batch or validation), the
+        last two batches' files, how to find the failing kernel, and the checkpoint to resume from."""
+        what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        lines = [f"the device failed ({type(exc).__name__}: {what})"]
+        if self.recent:
+            epoch, i, steps, files = self.recent[-1]
+            where = (f"while validating after epoch {epoch + 1}" if self.phase == "validating" else
+                     f"in epoch {epoch + 1}, step {steps + 1}, at batch {i + 1} of {len(self.parts.loader)}")
+            lines[0] += f" {where}"
+            lines.append(f"the batch's images: {', '.join(files)}")
+            if len(self.recent) > 1:
+                lines.append(f"the batch before (epoch {self.recent[0][0] + 1}, batch {self.recent[0][1] + 1}): "
+                             f"{', '.join(self.recent[0][3])}")
+        lines.append("CUDA reports a failed kernel at a later call, so it may belong to the batch before: run "
+                     "again with CUDA_LAUNCH_BLOCKING=1 to stop at the kernel itself (and YOLOKIT_CHECK_INDICES=1 "
+                     "to check the device augmentation's gather indices)")
+        last = self.parts.run_dir / "weights" / "last.pt"
+        if last.exists():
+            lines.append(f"the last checkpoint is {last}: resume with yolokit train --resume {self.parts.run_dir}")
+        return "\n  ".join(lines)
 
     def read_meter(self) -> None:
         """The loss sums and skipped-step counts, read from the device; the step's losses to ``on_log``."""
@@ -219,7 +259,9 @@ class Trainer:
         device = self.monitor.stop(epoch, data_share, knobs) if self.monitor is not None else {}
         last = epoch + 1 == cfg.epochs
         evaluated = (epoch + 1) % cfg.val_interval == 0 or last
+        self.phase = "validating"
         improved = evaluated and progress.validated(self.validate(keep_samples=16 if last and cfg.plots else 0))
+        self.phase = "training"
         row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **progress.result.as_dict(),
                "fitness": progress.result.fitness, "lr": parts.optimizer.param_groups[0]["lr"],
                "steps": progress.steps, "seconds": time.perf_counter() - self.epoch_started,
@@ -240,6 +282,12 @@ class Trainer:
             _call(parts.callbacks, "on_early_stop", epoch, cfg.patience)
         self.agree(epoch)
         return stop
+
+
+def _batch_files(batch: dict, most: int = 8) -> list[str]:
+    """The files of a loader batch (its images, then the device augmentation's other sources), the first ``most``."""
+    names = list(dict.fromkeys([*map(str, batch.get("paths", [])), *map(str, batch.get("aug_files") or [])]))
+    return names[:most] + ([f"... {len(names) - most} more"] if len(names) > most else [])
 
 
 def _train_worker(config: TrainConfig, model: Detector | None) -> dict[str, Any]:
