@@ -1,6 +1,7 @@
 """The GPU pass: every measurement of the GPU pass issue, in sections run in order of priority within a budget.
 
     python benchmarks/gpu.py --plan                        # here: the device commands to run, in order
+                                                           # (issue 41's correct-on-GPU command first)
     python benchmarks/gpu.py --all --budget 480 --out $OUT # there: the sections in order, as many as fit 480 s
     python benchmarks/gpu.py --sections mfu reference      # some sections only
     python benchmarks/gpu.py --all --cpu-smoke             # every code path on the CPU, tiny sizes, no caps
@@ -55,6 +56,13 @@ imports, or in ``--reference-python``'s environment (the plan makes one from the
 wheels); otherwise its row says "skipped: ultralytics not importable". NVML
 (``nvidia-ml-py``) is optional; without it the utilisation rows say so.
 
+The correct-on-GPU command (issue 41, ``correct_command``) comes first in the plan: before any
+timing, it runs ``pytest -m gpu`` with full tracebacks, ``benchmarks/gpu/sanitize.py`` (the device
+augmentation and one training step) under ``compute-sanitizer --tool memcheck`` and then
+``--tool initcheck``, and the augment section 5 times, each in a fresh process (its device-side
+assert came in 1 run of 2). Each step writes its file under ``$OUT`` as it runs, and its exit
+status is added to ``$OUT/0-summary.txt`` when it ends.
+
 Output, written again after every section, so a command stopped at its limit still returns
 what it measured: ``gpu-results.json`` (the header, and per section its rows: value, unit,
 target, ok, note, details; elapsed seconds and cap) and ``gpu-results.txt`` (the table) in
@@ -100,6 +108,18 @@ SETUP_S = 40         # a command's own start: the reference's wheels, python, CU
 COMMAND_S = 600      # the most one device command may run
 FIRST_BUDGET_S = 480  # the first command's caps: leaves LEASE_S - START_S - SETUP_S - 480 = 260 s for the rest
 WHEELS = ".whl"   # benchmarks/gpu_wheels.py fetches the reference's wheels here (ignored by git)
+
+# Issue 41's correct-on-GPU command (correct_command), run first in the next session with a GPU.
+CORRECT_LIMITS = {"tests": 50, "memcheck": 30, "initcheck": 40, "augment": 18}  # seconds each step may run
+# seconds from a step's SIGINT (at its limit) to its SIGKILL: compute-sanitizer prints its error summary only
+# after Python has stopped, which takes a few seconds under it
+KILL_AFTER = {"tests": 1, "memcheck": 5, "initcheck": 5, "augment": 1}
+AUGMENT_RUNS = 5          # the augment section, each run in a fresh process: its abort came in 1 run of 2
+CORRECT_TIMEOUT_S = 240   # the device call's timeout_s: the steps' limits with their grace (226 s), the shell's own
+SANITIZE_ARGS = "--imgsz 128 --batch 2"   # small: under compute-sanitizer every kernel runs 10-100x slower
+INITCHECK_ARGS = SANITIZE_ARGS + " --no-step"   # the augmentation only (sanitize.NO_STEP_REASON)
+SHAPES_IMAGES, SHAPES_IMGSZ = 2048, 640   # the augment section's shapes set on CUDA (gpu.common.shapes_yaml)
+SHAPES_LIMIT_S = 60       # its making, in the background while the tests and sanitizers run (not added to the 228 s)
 
 
 def settings(smoke: bool) -> Settings:
@@ -152,6 +172,78 @@ def command(names: list[str] | None, budget: int) -> str:
             f"python3 benchmarks/gpu.py {which} --budget {budget} --out $OUT --reference-python /tmp/refpy")
 
 
+def correct_steps(limits: dict[str, int] | None = None) -> list[tuple[str, int, int]]:
+    """The correct-on-GPU command's steps in order: name, seconds it may run, seconds from SIGINT to SIGKILL."""
+    limits = {**CORRECT_LIMITS, **(limits or {})}
+    kinds = [("1-gpu-tests", "tests"), ("2-memcheck", "memcheck"), ("3-initcheck", "initcheck")]
+    kinds += [(f"4-augment-run{k}", "augment") for k in range(1, AUGMENT_RUNS + 1)]
+    return [(name, limits[kind], KILL_AFTER[kind]) for name, kind in kinds]
+
+
+def correct_command(limits: dict[str, int] | None = None) -> str:
+    """Issue 41's correct-on-GPU command, as the device tool's ``run`` takes it (at most 2,000 characters).
+
+    From the checkout's root on the GPU machine, with ``;`` between the steps so that one that
+    fails or is stopped does not stop the others:
+
+    1. ``pytest -m gpu -rA --tb=long`` over the files that mark tests ``gpu`` (as ``suite.py``
+       picks them), its output into ``$OUT/1-gpu-tests.log`` and a JUnit report into
+       ``$OUT/1-gpu-tests.xml``;
+    2. ``compute-sanitizer --tool memcheck`` on ``benchmarks/gpu/sanitize.py`` into ``$OUT/2-memcheck.txt``;
+    3. ``compute-sanitizer --tool initcheck`` on the same script into ``$OUT/3-initcheck.txt``;
+    4. ``benchmarks/gpu.py --sections augment --no-tests`` ``AUGMENT_RUNS`` times, each in a fresh
+       process, all appended to ``$OUT/4-augment-runs.txt`` between a header line and a line with
+       the run's exit status (an abort is 134); their ``gpu-results`` files go to a scratch folder.
+
+    Each step runs under ``timeout`` (``limits``, default ``CORRECT_LIMITS``): SIGINT when its time
+    is up, so Python prints where it was and compute-sanitizer its summary, and SIGKILL
+    ``KILL_AFTER`` seconds later. When a step ends, its exit status and seconds are added to
+    ``$OUT/0-summary.txt`` (124: stopped at its limit; 99: compute-sanitizer found errors).
+    Every file is written while its step runs, so a command stopped by the device tool still
+    returns what it wrote; the summary's last line, "all steps ended", is missing then. Six files
+    in all, directly under ``$OUT``; the device tool takes back at most 8.
+    """
+    steps = {name: f"{limit} {grace}" for name, limit, grace in correct_steps(limits)}
+    sanitize = f"python3 benchmarks/gpu/sanitize.py {SANITIZE_ARGS}"
+    # --error-exitcode: errors found show as exit 99 in the summary; --print-limit keeps the file short
+    # (the error count at its end still counts every error).
+    sanitizer = "compute-sanitizer --print-limit 30 --error-exitcode 99 --tool"
+    # PyTorch's caching allocator keeps freed blocks and hands them out again, so a read past a tensor's
+    # end or after its free lands in memory the process still owns, which memcheck cannot tell from a
+    # good read; and initcheck counts a recycled block as written by its former tenant. With
+    # PYTORCH_NO_CUDA_MEMORY_CACHING=1 every tensor is its own cudaMalloc, which both tools track
+    # exactly. Each cudaFree then waits for the device, so these runs cannot show a race between
+    # streams over reused blocks: the plain augment runs below are for that.
+    uncached = "env PYTORCH_NO_CUDA_MEMORY_CACHING=1"
+    # The augment section's shapes set (2,048 images at 640 px, as gpu.common.shapes_yaml has it on
+    # CUDA) is made in the background while the tests run, so the first augment run does not pay
+    # for it within its limit; without CUDA nothing is made (the section exits 2 there).
+    shapes = ('import sys; sys.path[:0] = ["benchmarks"]; import torch; from harness.pipeline import dataset_yaml; '
+              f'torch.cuda.is_available() and dataset_yaml(images={SHAPES_IMAGES}, imgsz={SHAPES_IMGSZ})')
+    files = "$(grep -rlF mark.gpu tests --include='test_*.py' | sort)"   # suite.py's choice of files
+    return "; ".join([
+        # the checkout's library; Python's lines written as printed; compute-sanitizer where CUDA puts it
+        "export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin",
+        "S=$OUT/0-summary.txt A=$OUT/4-augment-runs.txt W=$(mktemp -d)",
+        'echo "correct-on-GPU command (issue 41), started $(date -u +%FT%TZ)" > $S',
+        # r NAME LIMIT GRACE COMMAND...: the command under timeout (SIGINT after LIMIT seconds, SIGKILL GRACE
+        # seconds later), then its exit status and seconds added to the summary
+        'r() { local n=$1 l=$2 k=$3 t=$SECONDS; shift 3; timeout -k $k -s INT $l "$@"; local e=$?; '
+        'echo "$n: exit $e after $((SECONDS-t)) s (limit $l s)" >> $S; return $e; }',
+        f"timeout {SHAPES_LIMIT_S} python3 -c '{shapes}' > $W/shapes.log 2>&1 & G=$!",
+        f"r 1-gpu-tests {steps['1-gpu-tests']} python3 -m pytest -m gpu -rA --tb=long -p no:cacheprovider "
+        f"--junitxml=$OUT/1-gpu-tests.xml {files} 2>&1 | tee $OUT/1-gpu-tests.log",
+        f"r 2-memcheck {steps['2-memcheck']} {uncached} {sanitizer} memcheck {sanitize} > $OUT/2-memcheck.txt 2>&1",
+        f"r 3-initcheck {steps['3-initcheck']} {uncached} {sanitizer} initcheck "
+        f"python3 benchmarks/gpu/sanitize.py {INITCHECK_ARGS} > $OUT/3-initcheck.txt 2>&1",
+        'wait $G; echo "augment shapes set: exit $?" >> $S; tail -3 $W/shapes.log >> $S',
+        f'for k in $(seq {AUGMENT_RUNS}); do echo "== augment run $k ==" >> $A; '
+        f"r 4-augment-run$k {steps['4-augment-run1']} python3 benchmarks/gpu.py --sections augment --no-tests "
+        '--out $W/aug$k >> $A 2>&1; echo "== augment run $k: exit $? ==" >> $A; done',
+        'echo "all steps ended" >> $S; cat $S',
+    ])
+
+
 def fitting(names: list[str], budget: float) -> list[str]:
     """The sections, in order, that the budget's caps hold when each is run only if its cap fits what is left."""
     chosen, left = [], budget
@@ -168,6 +260,15 @@ def plan() -> str:
     rest = [n for n in SECTIONS if n not in first]
     after = LEASE_S - START_S - SETUP_S - FIRST_BUDGET_S
     return "\n".join([
+        f"# first, issue 41's correct-on-GPU command: run it with timeout_s {CORRECT_TIMEOUT_S} and carry nothing (it "
+        f"needs no wheels); it writes 6 files under $OUT: 0-summary.txt (each step's exit status and seconds; 124: "
+        f"stopped at its limit, 99: compute-sanitizer found errors, 134: an abort), 1-gpu-tests.log and .xml "
+        f"(pytest -m gpu, full tracebacks), 2-memcheck.txt and 3-initcheck.txt (compute-sanitizer on "
+        f"benchmarks/gpu/sanitize.py), 4-augment-runs.txt (the augment section {AUGMENT_RUNS} times, fresh processes)",
+        correct_command(),
+        f"# then the GPU pass below, while status's budget_left_s allows (its numbers assume a whole session: "
+        f"after the command above, while the machine is warm, give command 1 --budget = budget_left_s - "
+        f"{SETUP_S + 60}, or run it first in the next session)",
         "# here, once: python benchmarks/gpu_wheels.py   (the reference's wheels into .whl/, carried by every command)",
         f"# a session's device time is {LEASE_S} s: a machine's start (~{START_S} s), then commands of at most "
         f"{COMMAND_S} s each, run with carry [\"{WHEELS}\"]",
