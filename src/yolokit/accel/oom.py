@@ -19,15 +19,32 @@ import gc
 import re
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from yolokit.accel.distributed import host_group
 
-if TYPE_CHECKING:
-    from yolokit.accel.accumulation import Accumulator
+
+class Accumulator(Protocol):
+    """What this module uses of a :class:`yolokit.accel.accumulation.Accumulator` (a protocol, so that
+    ``oom`` need not import ``accumulation``, which imports ``reduce``, which imports ``oom``)."""
+
+    model: nn.Module
+    world_size: int
+    splits: int
+    recoveries: int
+    step_retries: int
+    min_micro_batch: int
+    held: list[Any]
+    batchnorm: Any
+
+    def micro_batches(self, batch: Any) -> list[Any]: ...
+    def micro_size(self, batch: Any) -> int: ...
+    def ran(self, batch: Any) -> None: ...
+    def drop_step(self) -> None: ...
 
 # How cuDNN, cuBLAS, the CUDA runtime and NCCL report a failed allocation: a RuntimeError (NCCL's
 # DistBackendError is one), not torch.OutOfMemoryError. "CUDA error: out of memory" comes from a

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yolokit.train.trackers import Tracker, TrackerError, _require, flat_config, one_line
+from yolokit.train.tracker_base import Tracker, TrackerError, _require, flat_config, one_line
 
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
