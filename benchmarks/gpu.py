@@ -85,6 +85,7 @@ from gpu import augment, epoch, feeding, flops, memory, precision, suite
 from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
+from yolokit.accel.devices import is_device_error
 from yolokit.train import TrainConfig
 from yolokit.train.plan import Processes, device_settings
 
@@ -143,6 +144,9 @@ def run_section(name: str, s: Settings, reference_python: str | None) -> tuple[l
     except Exception as exc:
         traceback.print_exc()
         rows = [Row(name, "error", None, note=f"error: {type(exc).__name__}: {exc}"[:200])]
+        if is_device_error(exc):          # the CUDA context is lost: main() writes the results and ends here
+            print(f"  ({name}: the device failed after {clock.elapsed():.0f} s)", flush=True)
+            return rows, -max(clock.elapsed(), 1e-9)
     free()
     print(f"  ({name}: {clock.elapsed():.0f} s)", flush=True)
     return rows, clock.elapsed()
@@ -336,7 +340,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         got, elapsed = run_section(name, s, args.reference_python)
         rows += got
-        sections[name] = {"elapsed_s": elapsed, "cap_s": CAPS[name], "rows": [r.as_dict() for r in got]}
+        sections[name] = {"elapsed_s": abs(elapsed), "cap_s": CAPS[name], "rows": [r.as_dict() for r in got]}
+        if elapsed < 0:                   # a CUDA error: nothing more can run in this process
+            left += [n for n in names[names.index(name) + 1:] if n not in left]
+            path = write_results(folder, described, s, sections, rows, time.perf_counter() - start, left)
+            print(f"the device failed in section {name}: {got[0].note}\nresults written to {path}; the sections "
+                  f"left ({', '.join(left) or 'none'}) need a new process; exiting now (1), before the CUDA "
+                  f"context's teardown can abort it", flush=True)
+            os._exit(1)
         path = write_results(folder, described, s, sections, rows, time.perf_counter() - start, left)
     total = time.perf_counter() - start
     path = write_results(folder, described, s, sections, rows, total, left)

@@ -227,3 +227,27 @@ def test_sanitize_script_runs_on_the_cpu():
     assert re.fullmatch(r"sanitize: done on cpu: images \(4, 3, 128, 128\) from uint8, 4 MixUp, loss [0-9.]+, "
                         r"finite True, [0-9.]+ s", last), done.stdout
     assert "device augmentation: images (4, 3, 128, 128)" in done.stdout
+
+
+def test_a_cuda_error_in_a_section_ends_the_pass_with_its_results(tmp_path):
+    """A section that meets a CUDA error (the augment section's device-side assert did): the later
+    sections cannot run in that process, so the results are written, the sections left are listed,
+    and the process ends with status 1 at once, before the CUDA context's teardown can abort it."""
+    import json
+
+    script = f"""
+import importlib.util, sys, torch
+sys.path[:0] = [{str(BENCHMARKS)!r}]
+spec = importlib.util.spec_from_file_location("gpu_pass", {str(BENCHMARKS / "gpu.py")!r})
+gpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu)
+def broken(s, clock):
+    raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+gpu.SECTIONS["precision"] = broken
+sys.exit(gpu.main(["--sections", "precision", "checkpointing", "--cpu-smoke", "--out", {str(tmp_path)!r}]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "the device failed in section precision: error: AcceleratorError" in done.stdout
+    results = json.loads((tmp_path / "gpu-results.json").read_text())
+    assert results["left"] == ["checkpointing"] and results["sections"]["precision"]["rows"][0]["what"] == "error"
