@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +14,8 @@ from harness import inputs
 from harness.timing import alternate, median
 
 from gpu.common import BOXES, Clock, Row, Settings, TrainStep, attempt, free, images_per_second
+
+REFERENCE_START_S = 30   # the reference interpreter's own start: python, torch, CUDA, ultralytics' import
 
 MFU_FLOOR = 20.0  # %: NVIDIA's tuned ResNet-50 reaches about this on an A100; issue 16 aims well above
 RATIO = 0.9       # issue 16: yolokit's step time / Ultralytics' <= 0.9
@@ -118,16 +120,31 @@ def reference(s: Settings, clock: Clock) -> list[Row]:
 
 
 def reference_elsewhere(python: str, s: Settings, clock: Clock) -> list[Row]:
-    """The reference section run by another interpreter (an environment where ultralytics imports)."""
+    """The reference section run by another interpreter (an environment where ultralytics imports), its
+    console streamed into this one's as it comes (prefixed ``  | ``). It gets what is left of the section's
+    cap less a margin for its own start as its cap (``--cap``), and is stopped at the section's cap."""
     script = Path(__file__).resolve().parents[1] / "gpu.py"
+    left = clock.cap_s - clock.elapsed()
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "gpu-results.json"
-        cmd = [python, str(script), "--sections", "reference", "--out", folder] + (["--cpu-smoke"] * s.smoke)
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, clock.cap_s - clock.elapsed()))
-        sys.stdout.write("".join(f"  | {line}\n" for line in done.stdout.splitlines()[3:]))
-        if done.returncode != 0 or not out.exists():
+        cmd = [python, "-u", str(script), "--sections", "reference", "--out", folder,
+               "--cap", f"{max(10.0, left - REFERENCE_START_S):.0f}"] + (["--cpu-smoke"] * s.smoke)
+        started, lines = time.perf_counter(), []
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+            timer = threading.Timer(max(30.0, left), child.kill)       # the section's cap, whatever the child does
+            timer.start()
+            try:
+                for line in child.stdout:
+                    lines.append(line.rstrip("\n"))
+                    print(f"  | {lines[-1]}", flush=True)
+            finally:
+                timer.cancel()
+            code = child.wait()
+        seconds = time.perf_counter() - started
+        if code != 0 or not out.exists():
+            why = f"stopped at the section's cap after {seconds:.0f} s" if code < 0 else f"exit {code}"
             return [Row("reference", "step time yolokit / Ultralytics", None, "x",
-                        note=f"failed in {python}: {done.stderr.strip()[-160:]}")]
+                        note=f"{why} in {python}: {' / '.join(lines[-3:])[-160:]}")]
         saved = json.loads(out.read_text())["sections"]["reference"]["rows"]
     return [Row(**{k: v for k, v in r.items() if k != "ok"} | {"target": tuple(r["target"]) if r["target"] else None})
             for r in saved]

@@ -24,7 +24,7 @@ def test_cuda_defaults_are_the_fast_ones(sixteen_cores):
     assert (s.deterministic, s.cudnn_benchmark, s.tf32, s.pin_memory) == (False, True, True, True)
     assert s.hsv_on_device                                       # the loader's workers only draw the HSV gains
     assert s.workers == 15                                       # every core but the training process's
-    assert (s.precision, s.channels_last, s.fused_optimizer, s.sync_bn) == ("fp16", False, True, False)  # no bf16 here
+    assert (s.precision, s.channels_last, s.fused_optimizer, s.sync_bn) == ("fp16", True, True, False)  # no bf16 here
     assert settings_for(TrainConfig(), torch.device("cuda", 1), local_world=4).workers == 3   # 16 / 4 - 1
 
 
