@@ -77,6 +77,7 @@ raised (its row says "error"), 2 without CUDA (unless ``--cpu-smoke``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [n for n in SECTIONS if n in (args.sections or SECTIONS)]   # in order of priority
     names = [n for n in names if not (args.no_tests and n == "tests")]
-    s = settings(args.cpu_smoke)
+    s = dataclasses.replace(settings(args.cpu_smoke), out=args.out or default_out())
     described = header({"ultralytics": flops.reference_version() or "not importable"})
     print(described)
     folder = args.out or default_out()

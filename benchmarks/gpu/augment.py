@@ -35,6 +35,35 @@ def _loader_seconds_per_image(s: Settings, augment_on: str, batch: int) -> float
     return (time.perf_counter() - start) / len(got["indices"])
 
 
+PROFILE_FILE = "augment-profile.txt"   # in the results' folder: the pass's kernels by total time (issue 42)
+PROFILE_ROWS = 25
+
+
+def _profile(s: Settings, run, n: int, passes: int = 3) -> str:
+    """``torch.profiler``'s table of the pass's kernels by their total time over ``passes`` passes (CUDA
+    kernels on a GPU, CPU ops in the smoke run), written to ``PROFILE_FILE`` in ``s.out``; returns the
+    row's note."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.cuda else [])
+    run()
+    synchronize(s.device)
+    with profile(activities=activities) as prof:
+        for _ in range(passes):
+            run()
+        synchronize(s.device)
+    key = "cuda_time_total" if s.cuda else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=PROFILE_ROWS)
+    kernels = sum(e.count for e in prof.key_averages() if (e.device_type.name == "CUDA") == s.cuda)
+    text = (f"device pass, batch {n} at {s.imgsz} px, {passes} passes, sorted by {key} "
+            f"({kernels / passes:.0f} {'kernels' if s.cuda else 'ops'} a pass)\n{table}")
+    if s.out is None:
+        return f"{kernels / passes:.0f} a pass; no folder to write the table to"
+    s.out.mkdir(parents=True, exist_ok=True)
+    (s.out / PROFILE_FILE).write_text(text)
+    return f"{kernels / passes:.0f} {'kernels' if s.cuda else 'ops'} a pass; table in {PROFILE_FILE}"
+
+
 def device_pass(s: Settings, clock: Clock) -> list[Row]:
     from yolokit.data.device_augment import augment_batch, decode_sources
 
@@ -51,13 +80,15 @@ def device_pass(s: Settings, clock: Clock) -> list[Row]:
         whole()
         synchronize(s.device)
         peak = (torch.cuda.max_memory_allocated(s.device) - before) / 2**20 / n
+    profile_note = _profile(s, whole, n)
     mixed = int((batch["aug_mix"] < 1).sum())
     rows = [Row("augment", f"device pass img/s (decode..HSV, batch {n}, {mixed} MixUp)", pass_ips, "img/s",
                 data={"images_per_s": pass_ips, "mixup_images": mixed, "imgsz": s.imgsz}),
             Row("augment", f"JPEG decode alone img/s (batch {n}, {len(batch['aug_jpeg']) / 2**20:.1f} MiB)",
                 decode_ips, "img/s", data={"images_per_s": decode_ips}),
             Row("augment", "device pass peak memory per image", peak, "MiB",
-                note="n/a on the CPU" if peak is None else "", data={"mib_per_image": peak})]
+                note="n/a on the CPU" if peak is None else "", data={"mib_per_image": peak}),
+            Row("augment", "device pass: its top kernels", None, note=profile_note)]
     if clock.over():
         return rows + [clock.skipped("loader CPU seconds per image: OpenCV images / recipes")]
     workers = _loader_seconds_per_image(s, "workers", n)

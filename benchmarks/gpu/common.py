@@ -32,6 +32,7 @@ class Settings:
         repeats: timed rounds (the median is reported).
         iters: steps per timed round.
         workers: data loader processes (the machine's cores, at most 16).
+        out: the results' folder, where a section may write a file of its own (None: it writes none).
     """
 
     device: torch.device
@@ -41,6 +42,7 @@ class Settings:
     repeats: int
     iters: int
     workers: int
+    out: Path | None = None
 
     @property
     def cuda(self) -> bool:

@@ -57,7 +57,9 @@ def channels_last(s: Settings, clock: Clock) -> list[Row]:
     and off, each pair timed in turns (``CHANNELS_LAST_ROWS``, in order, while the cap lasts); the
     speed-up on / off per row, and what it says for the default (``models.prefers_channels_last``)."""
     rows, wins, total = [], 0, 0
-    for name, batch, kind, precision in CHANNELS_LAST_ROWS[: 2 if s.smoke else None]:
+    smoke = [("yolov8n", 64, kind, precision) for kind, precision in (("train", "bf16"), ("train", "fp16"),
+                                                                       ("infer", "bf16"))]   # each path, smallest
+    for name, batch, kind, precision in smoke if s.smoke else CHANNELS_LAST_ROWS:
         batch = s.batch(batch)
         what = f"{name} {kind} {precision}: channels_last on / off img/s"
         if clock.over():
