@@ -116,7 +116,6 @@ SETUP_S = 40         # a command's own start: the reference's wheels, python, CU
 COMMAND_S = 600      # the most one device command may run
 PASS_COMMAND_S = 540  # issue 42: the pass is one command of at most 9 minutes after the ~4 of the correct-on-GPU one
 FIRST_BUDGET_S = PASS_COMMAND_S - SETUP_S   # the pass command's caps (500 s): the sections in order while they fit
-CAP_OVERRIDE: float | None = None   # --cap
 WHEELS = ".whl"   # benchmarks/gpu_wheels.py fetches the reference's wheels here (ignored by git)
 
 # Issue 41's correct-on-GPU command (correct_command), run first in the next session with a GPU.
@@ -143,8 +142,7 @@ def settings(smoke: bool) -> Settings:
 
 def run_section(name: str, s: Settings, reference_python: str | None) -> tuple[list[Row], float]:
     """The section's rows (an "error" row if it raised) and its elapsed seconds."""
-    cap = CAP_OVERRIDE if CAP_OVERRIDE is not None else CAPS[name]
-    clock = Clock(name, 1e6 if s.smoke else cap)   # the smoke run takes every path, however slow
+    clock = Clock(name, 1e6 if s.smoke else s.cap or CAPS[name])   # the smoke run takes every path, however slow
     print(f"\n== {name} (cap {clock.cap_s:g} s) ==", flush=True)
     try:
         if name == "reference" and reference_python:
@@ -153,10 +151,12 @@ def run_section(name: str, s: Settings, reference_python: str | None) -> tuple[l
             rows = SECTIONS[name](s, clock)
     except Exception as exc:
         traceback.print_exc()
-        rows = [Row(name, "error", None, note=f"error: {type(exc).__name__}: {exc}"[:200])]
-        if is_device_error(exc):          # the CUDA context is lost: main() writes the results and ends here
+        lost = is_device_error(exc)       # the CUDA context is lost: main() writes the results and ends there
+        rows = [Row(name, "error", None, note=f"error: {type(exc).__name__}: {exc}"[:200],
+                    data={"device_failed": lost})]
+        if lost:
             print(f"  ({name}: the device failed after {clock.elapsed():.0f} s)", flush=True)
-            return rows, -max(clock.elapsed(), 1e-9)
+            return rows, clock.elapsed()
     free()
     print(f"  ({name}: {clock.elapsed():.0f} s)", flush=True)
     return rows, clock.elapsed()
@@ -329,8 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="every code path on the CPU at 64 px, batch 2, 2 steps, no compile (numbers meaningless)")
     args = parser.parse_args(argv)
-    global CAP_OVERRIDE
-    CAP_OVERRIDE = args.cap
     if args.plan:
         print(plan())
         return 0
@@ -341,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [n for n in SECTIONS if n in (args.sections or SECTIONS)]   # in order of priority
     names = [n for n in names if not (args.no_tests and n == "tests")]
-    s = dataclasses.replace(settings(args.cpu_smoke), out=args.out or default_out())
+    s = dataclasses.replace(settings(args.cpu_smoke), out=args.out or default_out(), cap=args.cap)
     described = header({"ultralytics": flops.reference_version() or "not importable"})
     print(described)
     folder = args.out or default_out()
@@ -355,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         got, elapsed = run_section(name, s, args.reference_python)
         rows += got
-        sections[name] = {"elapsed_s": abs(elapsed), "cap_s": CAPS[name], "rows": [r.as_dict() for r in got]}
-        if elapsed < 0:                   # a CUDA error: nothing more can run in this process
+        sections[name] = {"elapsed_s": elapsed, "cap_s": CAPS[name], "rows": [r.as_dict() for r in got]}
+        if (got[0].data or {}).get("device_failed"):    # a CUDA error: nothing more can run in this process
             left += [n for n in names[names.index(name) + 1:] if n not in left]
             path = write_results(folder, described, s, sections, rows, time.perf_counter() - start, left)
             print(f"the device failed in section {name}: {got[0].note}\nresults written to {path}; the sections "

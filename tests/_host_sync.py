@@ -111,42 +111,40 @@ def _concrete(event, k: int):
     return inputs[k] if k < len(inputs) else None
 
 
+# the outermost op the code called, as a count's name, where it is not the op's own name
+_OUTER_NAMES = {"index": "index (bool mask)", **{n: "index_put (bool mask)" for n in _INDEX_PUT},
+                "where": "nonzero", "item": "_local_scalar_dense", "is_nonzero": "_local_scalar_dense"}
+
+
 def _count(events, counts: SyncCounts) -> None:
     reported: set[int] = set()
     for event in events:
         name = event.name.removeprefix("aten::")
+        accumulates = name == "_index_put_impl_" and _concrete(event, 3) is True
+        if name != "lift_fresh" and name not in _SYNC_OPS and not accumulates:
+            continue                                     # most events: nothing to look up
         chain = _ancestors(event)
         names = [e.name for e in chain]
-        backward = next((n.split(": ", 1)[-1] for n in names if n.startswith("autograd::engine")), None)
-        where = f" in {backward}" if backward else ""
         if name == "lift_fresh":
             if _CONSTANT in names or _SET_SLICE in names:
                 continue
             key = "host value written by indexing" if _SET_INDEXED in names else "host data into the step"
-        elif name in _INDEX_PUT and name == "_index_put_impl_" and _concrete(event, 3) is True:
+        elif accumulates:
             key = "index_put (accumulate)"
-        elif name in _SYNC_OPS:
+        else:
             if any(n.startswith("aten::_fused_") for n in names):
                 continue      # a fused optimizer's CPU kernel reads its step count on the host; CUDA's reads it there
-            aten = [e for e in chain if e.name.startswith("aten::")]
-            outer = aten[-1] if aten else event          # the op the code called, that asked for the read
+            outer = next((e for e in reversed(chain) if e.name.startswith("aten::")), event)   # what the code called
             outer_name = outer.name.removeprefix("aten::")
             if outer_name == "repeat_interleave" and _concrete(outer, 3) is not None:
                 continue                                 # output_size given: CUDA checks the repeats on the device
             if id(outer) in reported:
                 continue                                 # one count per op the code called
             reported.add(id(outer))
-            key = {"index": "index (bool mask)", "repeat_interleave": "repeat_interleave",
-                   "where": "nonzero", "item": "_local_scalar_dense", "is_nonzero": "_local_scalar_dense",
-                   }.get(outer_name, name)
-            if outer_name in _INDEX_PUT:
-                key = "index_put (bool mask)"
-            elif outer_name in _SYNC_OPS and outer_name != "is_nonzero":
-                key = outer_name
-        else:
-            continue
+            key = _OUTER_NAMES.get(outer_name, outer_name if outer_name in _SYNC_OPS | {"repeat_interleave"} else name)
+        backward = next((n.split(": ", 1)[-1] for n in names if n.startswith("autograd::engine")), None)
         counts[key] += 1
-        counts.details.append(f"{key}{where}: {' < '.join([event.name, *names[:4]])}")
+        counts.details.append(f"{key}{f' in {backward}' if backward else ''}: {' < '.join([event.name, *names[:4]])}")
 
 
 @contextmanager

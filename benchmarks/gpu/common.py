@@ -33,6 +33,7 @@ class Settings:
         iters: steps per timed round.
         workers: data loader processes (the machine's cores, at most 16).
         out: the results' folder, where a section may write a file of its own (None: it writes none).
+        cap: seconds each section may run instead of its ``CAPS`` entry (``--cap``; None: the entry).
     """
 
     device: torch.device
@@ -43,6 +44,7 @@ class Settings:
     iters: int
     workers: int
     out: Path | None = None
+    cap: float | None = None
 
     @property
     def cuda(self) -> bool:

@@ -34,12 +34,18 @@ def deterministic_fill():
     det.fill_uninitialized_memory = before[1]
 
 
-@pytest.mark.parametrize("batch,imgsz", [(1, 64), (5, 96), (8, 64)])
+@pytest.mark.parametrize("batch,imgsz,chunk", [(1, 64, None), (5, 96, 3000), (8, 64, None)])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("case", list(CASES))
-def test_no_uninitialised_memory_and_every_index_inside(shapes_yaml, case, seed, batch, imgsz, monkeypatch):
+def test_no_uninitialised_memory_and_every_index_inside(shapes_yaml, case, seed, batch, imgsz, chunk, monkeypatch):
+    """The pass's images are the same with every torch.empty filled (NaN, the largest integer) and every
+    gather index checked; ``chunk``: the resize and the warp cut into many chunks (one image per warp
+    step), whose edges are where a slice left unwritten would show, and the same images as in one."""
     b = _batch(shapes_yaml, seed=seed, batch=batch, imgsz=imgsz, hyp=CASES[case])
     plain = augment_batch(b, "cpu")
+    if chunk:
+        monkeypatch.setattr(device_augment, "CHUNK", chunk)
+        assert torch.equal(augment_batch(b, "cpu"), plain)
     import torch.utils.deterministic as det
 
     torch.use_deterministic_algorithms(True)
@@ -105,14 +111,21 @@ def test_a_bad_file_is_still_decoded_another_way(shapes_yaml, monkeypatch, caplo
     import torchvision.io
 
     b, real = _batch(shapes_yaml), torchvision.io.decode_jpeg
+    expected = augment_batch(b, "cpu")
+    calls = []
 
     def batch_refused(data, *args, **kwargs):     # the batched call fails as for a damaged file; one by one works
+        calls.append(len(data) if isinstance(data, list) else 1)
         if isinstance(data, list):
             raise RuntimeError("Error while decoding JPEG images: Corrupt JPEG data")
         return real(data, *args, **kwargs)
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", batch_refused)
-    assert torch.equal(augment_batch(b, "cpu"), device_augment.augment_batch(b, "cpu"))
+    with caplog.at_level("WARNING", logger="yolokit.data"):
+        got = augment_batch(b, "cpu")
+    files = len(b["aug_files"])
+    assert calls == [files] + [1] * files                         # the batch, then each file on its own
+    assert torch.equal(got, expected) and "rejects it" not in caplog.text
 
 
 class _Log:
@@ -182,7 +195,6 @@ def test_the_pass_runs_on_its_own_stream_after_the_previous_pass(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", log.event_cls())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
     monkeypatch.setattr(torch.cuda, "stream", StreamContext)
-    monkeypatch.setattr(torch, "Tensor", (torch.Tensor, Out))    # the fake output counts as a tensor
     monkeypatch.setattr(pass_stream, "_STREAMS", {})
     device = torch.device("cuda", 0)
     host = torch.zeros(3)

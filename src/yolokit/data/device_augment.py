@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from yolokit.data.color import apply_hsv_lut_batch
-from yolokit.data.images import PAD_VALUE
+from yolokit.data.images import PAD_VALUE, batch_files
 from yolokit.data.pass_stream import on_pass_stream, raise_if_the_device_failed, settle
 
 CHUNK = 1 << 22          # pixels per warp or resize step: bounds the temporaries (~2 GB at the peak)
@@ -65,8 +65,7 @@ _UNDECODABLE: set[str] = set()   # files reported once per process
 
 
 def _files(batch: dict) -> str:
-    names = list(dict.fromkeys([*batch.get("paths", []), *(batch.get("aug_files") or [])]))
-    return ", ".join(str(n) for n in names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    return ", ".join(batch_files(batch.get("paths", []), batch.get("aug_files"), most=12))
 
 
 def _gather(source: torch.Tensor, index: torch.Tensor, what: str, batch: dict) -> torch.Tensor:
@@ -273,8 +272,9 @@ def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
     return on_pass_stream(_augment, batch, torch.device(device))
 
 
-def _check_tiles(table: torch.Tensor, targets: list[tuple[int, int]], batch: dict) -> None:
-    """Every tile of the table reads inside its source (host numbers): raises naming the files if not."""
+def _check_tiles(targets: list[tuple[int, int]], batch: dict) -> None:
+    """Every tile of the batch's recipes reads inside its source (host numbers; ``targets``: each source's
+    resized (h, w)): raises naming the files if not."""
     src = batch["aug_tiles"][..., 0]
     used = src >= 0
     if not bool(used.any()):
@@ -308,7 +308,7 @@ def _augment(batch: dict, device: torch.device) -> torch.Tensor:
     frame = batch["aug_frame"].clamp(max=2**31 - 1).to(torch.int32)
     if atlas.shape[1] >= 2**31:
         raise ValueError(f"a batch of {atlas.shape[1]:,} source pixels: int32 indices hold 2**31; use a smaller batch")
-    _check_tiles(table, targets, batch)
+    _check_tiles(targets, batch)
     table = table.to(torch.int32)
     mixed = bool((batch["aug_mix"] < 1).any())
     views = 2 if mixed else 1

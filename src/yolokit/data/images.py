@@ -32,6 +32,13 @@ class ImageError(ValueError):
     """An image file that cannot be used; the message says why."""
 
 
+def batch_files(paths: list, aug_files: list | None = None, most: int = 8) -> list[str]:
+    """The files a loader batch was made from, for a message: its images' ``paths``, then the device
+    augmentation's other sources (``aug_files``), each once, the first ``most`` and how many more."""
+    names = list(dict.fromkeys([*map(str, paths), *map(str, aug_files or [])]))
+    return names[:most] + ([f"... {len(names) - most} more"] if len(names) > most else [])
+
+
 def is_image_file(path: str | os.PathLike) -> bool:
     """True when the file name has one of the supported image suffixes."""
     return os.path.splitext(os.fspath(path))[1].lower() in IMAGE_SUFFIXES   # no Path: called per file of a scan

@@ -69,8 +69,8 @@ def on_pass_stream(fn: Callable[[dict, torch.device], Any], batch: dict, device:
         own.done = torch.cuda.Event()
         own.done.record(own.stream)
     caller.wait_event(own.done)
-    for t in out if isinstance(out, tuple) else (out,):
-        if isinstance(t, torch.Tensor) and t.is_cuda:
+    for t in out if isinstance(out, tuple) else (out,):      # the tensors among what it returns
+        if getattr(t, "is_cuda", False):
             t.record_stream(caller)
     return out
 
@@ -85,7 +85,7 @@ def settle(device: torch.device) -> None:
 
 
 # torchvision reports a failed CUDA call inside the decoder as a plain RuntimeError with these words
-_DEVICE_ERROR = re.compile(r"CUDA error|cudaError|CUDA stream|CUDA_ERROR|cudaSuccess")
+_DEVICE_ERROR = re.compile(r"CUDA error|cudaError|CUDA stream|CUDA_ERROR")
 
 
 def raise_if_the_device_failed(err: RuntimeError, device: torch.device, names: list[str]) -> None:

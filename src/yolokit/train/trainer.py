@@ -26,6 +26,7 @@ from yolokit.accel import Interrupted, distributed
 from yolokit.accel.devices import DeviceFailure, is_device_error
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
+from yolokit.data.images import batch_files
 from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback
@@ -115,7 +116,9 @@ class Trainer:
         built = build_run(self.config, user_callbacks=self.user_callbacks, model=self.model)
         self.parts, self.progress, self.resume_meter = built.parts, built.progress, built.resume_meter
         self.out_of_time, self.retries_synced = False, 0
-        self.recent: deque[tuple[int, int, int, list[str]]] = deque(maxlen=2)   # (epoch, batch, step, files)
+        # the last two batches as (epoch, batch, step, paths, aug_files): lists the batches hold already, named
+        # only if the device fails (the batches themselves are not kept: their buffers go back to the workers)
+        self.recent: deque[tuple[int, int, int, list, list | None]] = deque(maxlen=2)
         self.phase = "training"
         self.weights = WeightsFolder(self.parts, self.progress)
         self.monitor = EpochMonitor(self.parts.plan.device) if self.parts.settings.monitor else None
@@ -147,7 +150,7 @@ class Trainer:
         self.phase = "training"
         for i, batch in enumerate(parts.loader):
             self.data_wait += time.perf_counter() - ready              # the host waited for data (no device sync)
-            self.recent.append((epoch, i, progress.steps, _batch_files(batch)))   # named if the device fails
+            self.recent.append((epoch, i, progress.steps, batch.get("paths", []), batch.get("aug_files")))
             if train_step(parts, progress, meter, batch, epoch):
                 self.after_step(epoch)
                 if self.out_of_time:                                    # the time budget: every rank stops here
@@ -169,14 +172,15 @@ class Trainer:
         what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         lines = [f"the device failed ({type(exc).__name__}: {what})"]
         if self.recent:
-            epoch, i, steps, files = self.recent[-1]
+            epoch, i, steps, paths, sources = self.recent[-1]
             where = (f"while validating after epoch {epoch + 1}" if self.phase == "validating" else
                      f"in epoch {epoch + 1}, step {steps + 1}, at batch {i + 1} of {len(self.parts.loader)}")
             lines[0] += f" {where}"
-            lines.append(f"the batch's images: {', '.join(files)}")
+            lines.append(f"the batch's images: {', '.join(batch_files(paths, sources))}")
             if len(self.recent) > 1:
-                lines.append(f"the batch before (epoch {self.recent[0][0] + 1}, batch {self.recent[0][1] + 1}): "
-                             f"{', '.join(self.recent[0][3])}")
+                before = self.recent[0]
+                lines.append(f"the batch before (epoch {before[0] + 1}, batch {before[1] + 1}): "
+                             f"{', '.join(batch_files(*before[3:]))}")
         lines.append("CUDA reports a failed kernel at a later call, so it may belong to the batch before: run "
                      "again with CUDA_LAUNCH_BLOCKING=1 to stop at the kernel itself (and YOLOKIT_CHECK_INDICES=1 "
                      "to check the device augmentation's gather indices)")
@@ -282,12 +286,6 @@ class Trainer:
             _call(parts.callbacks, "on_early_stop", epoch, cfg.patience)
         self.agree(epoch)
         return stop
-
-
-def _batch_files(batch: dict, most: int = 8) -> list[str]:
-    """The files of a loader batch (its images, then the device augmentation's other sources), the first ``most``."""
-    names = list(dict.fromkeys([*map(str, batch.get("paths", [])), *map(str, batch.get("aug_files") or [])]))
-    return names[:most] + ([f"... {len(names) - most} more"] if len(names) > most else [])
 
 
 def _train_worker(config: TrainConfig, model: Detector | None) -> dict[str, Any]:
