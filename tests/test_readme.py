@@ -81,6 +81,7 @@ EXTENDED = {
     'weights="best.pt", data=': "tests/train/test_weights.py",
     "distributed.broadcast_module(model)": "tests/test_examples.py (examples/custom_loop.py, two processes)",
     'augment_on="device"))': "tests/train/test_augment_on.py, tests/data/test_device_augment.py",
+    "compile_augment=True))": "tests/data/test_fused_pass.py, tests/train/test_augment_on.py",
 }
 
 

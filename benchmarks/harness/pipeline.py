@@ -149,9 +149,9 @@ def yolokit_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, uint8: b
     return run, loader
 
 
-def hsv_step_seconds(batch: int, imgsz: int, device, rounds: int = 5) -> float:
-    """Seconds of `to_device`'s HSV step (``apply_hsv_lut_batch``) on a uint8 batch at imgsz on
-    ``device``: the median of ``rounds`` after one untimed round."""
+def hsv_step_seconds(batch: int, imgsz: int, device, rounds: int = 5, compiled: bool = False) -> float:
+    """Seconds of `to_device`'s HSV step (``apply_hsv_lut_batch``, ``compiled`` or not) on a uint8 batch at
+    imgsz on ``device``: the median of ``rounds`` after one untimed round (which compiles, if asked)."""
     import numpy as np
     import torch
 
@@ -165,7 +165,7 @@ def hsv_step_seconds(batch: int, imgsz: int, device, rounds: int = 5) -> float:
     for _ in range(rounds + 1):
         synchronize(images.device)
         start = time.perf_counter()
-        apply_hsv_lut_batch(images, luts)
+        apply_hsv_lut_batch(images, luts, compiled=compiled)
         synchronize(images.device)
         times.append(time.perf_counter() - start)
     return float(np.median(times[1:]))

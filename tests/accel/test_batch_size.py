@@ -79,13 +79,54 @@ def test_memory_model_fit_and_prediction():
 
 def test_predict_batch_size_cross_checks_with_a_search():
     measure = lambda b: 100 + 10 * b  # noqa: E731
-    kwargs = dict(fraction=0.8, total_bytes=1000.0, measure=measure)
+    kwargs = dict(fraction=0.8, total_bytes=1000.0, measure=measure, refine=False)
     assert predict_batch_size(oom_above(1000, []), **kwargs) == 70  # (800 - 100) / 10, and it fits
     assert predict_batch_size(oom_above(60, []), verify=False, **kwargs) == 70
     tried = []
     assert predict_batch_size(oom_above(60, tried), **kwargs) == 60  # prediction OOMs: search below it
     assert tried[0] == 70 and max(tried) <= 70
     assert predict_batch_size(oom_above(1000, []), max_size=32, **kwargs) == 32
+
+
+def _h100_like(total: float, tried: list[int]):
+    """A step and its peak (MiB) as yolov8s measured on an H100 (2026-11-27): 199.6 MiB an image over
+    1-8 images, 194.9 beyond; the step runs out of memory above ``total``."""
+
+    def peak(b: int) -> float:
+        return 186 + 199.6 * b if b <= 8 else 1782.8 + 194.9 * (b - 8)
+
+    def step(b: int) -> None:
+        tried.append(b)
+        if peak(b) > total:
+            raise torch.OutOfMemoryError(f"{b} images")
+
+    def measure(b: int) -> float:
+        step(b)
+        return peak(b)
+
+    return step, measure
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.95])
+def test_the_refined_prediction_reaches_the_fraction_of_the_true_largest_batch(fraction):
+    total = 80548.0                                  # 78.66 GiB in MiB: 412 images fit, 413 do not
+    largest = find_batch_size(_h100_like(total, [])[0], start=8, max_size=1024, mode="binsearch", margin=0.0)
+    assert largest == 412
+    got = {}
+    for refine in (False, True):
+        tried = []
+        step, measure = _h100_like(total, tried)
+        got[refine] = predict_batch_size(step, fraction=fraction, total_bytes=total, measure=measure, refine=refine)
+        assert len(set(tried)) <= 6                  # 1, 2, 4, 8, the first prediction, the refined one
+    assert got[False] / largest < fraction - 0.015   # the line through 1-8 images falls short
+    assert fraction - 0.005 <= got[True] / largest <= fraction, got
+
+
+def test_a_first_prediction_that_runs_out_of_memory_is_searched_below_once():
+    tried = []
+    step, measure = _h100_like(30000.0, tried)      # 30 GB: 152 images fit
+    got = predict_batch_size(step, fraction=1.2, total_bytes=30000.0, measure=measure)   # predicts 149 / 0.8
+    assert got == 152 and tried.count(max(tried)) == 1   # the failed size is not run again
 
 
 def test_what_counts_as_out_of_memory():

@@ -36,7 +36,7 @@ def test_run_py_writes_json(tmp_path):
     assert all(r["case"] == "nms" and r["ratio"] is None and r["ours"][0] > 0 for r in saved["results"])
 
 
-GPU_SECTIONS = ["tests", "reference", "channels_last", "precision", "epoch", "augment", "batch", "mfu",
+GPU_SECTIONS = ["tests", "reference", "precision", "fused", "epoch", "channels_last", "augment", "batch", "mfu",
                 "checkpointing", "loader"]   # in order of priority (issue 42)
 
 
@@ -96,8 +96,9 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
         assert ckpt[f"{name} batch 2 step time on / off"]["value"] > 0
 
     batch = rows["batch"]  # an injected limit of 12 images, a memory model that fills it exactly
-    for fraction, picked in ((0.9, 10), (0.95, 11)):  # AUTO_FRACTION and 0.95: floor((fraction * 1e9 - 1e8) / 7.5e7)
+    for fraction, picked in ((0.95, 11), (0.9, 10)):  # AUTO_FRACTION and 0.9: floor((fraction * 1e9 - 1e8) / 7.5e7)
         found = batch[f"yolov8s finder at fraction {fraction:g} / true largest batch"]
+        assert found["target"] == ([">=", 0.9] if fraction == 0.95 else None)
         assert (found["data"]["picked"], found["data"]["true_largest"]) == (picked, 12)
         assert found["value"] == pytest.approx(picked / 12)
         assert found["data"]["trials"] == [1, 2, 4, 8, picked]  # four probes and the check
@@ -117,14 +118,23 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     assert keep_up["value"] == pytest.approx(keep_up["data"]["gpu_images_per_s"] / keep_up["data"]["per_core"])
     assert loader["loader img/s per core (per CPU-second)"]["value"] > 0
 
-    epoch = rows["epoch"]   # the trainer itself on the smoke-sized COCO-like set: 32 images, batch 2
-    rate = epoch["yolov8s COCO-sized epoch, batch 2: img/s (the trainer)"]
-    assert rate["value"] == pytest.approx(rate["data"]["images"] / rate["data"]["seconds"]) and rate["value"] > 0
-    assert rate["data"]["images"] == 2 * 6 and rate["data"]["train_images"] == 32   # 6 batches after the first 2
-    assert (rate["data"]["steps"], rate["data"]["batches"]) == (9, 16)   # the window's end stopped the trainer
-    assert 0 <= epoch["waiting for data (data%)"]["value"] <= 100
-    assert epoch["GPU busy (NVML)"]["note"] == "n/a on the CPU"
+    epoch = rows["epoch"]   # the trainer itself on the smoke-sized COCO-like set: 32 images, batch 2, on each path
+    for path in ("augment_on=workers", "augment_on=device"):       # the smoke run compiles nothing
+        rate = epoch[f"yolov8s COCO-sized epoch, batch 2, {path}: img/s (the trainer)"]
+        assert rate["value"] == pytest.approx(rate["data"]["images"] / rate["data"]["seconds"]) and rate["value"] > 0
+        assert rate["data"]["images"] == 2 * 6 and rate["data"]["train_images"] == 32   # 6 batches after the first 2
+        assert (rate["data"]["steps"], rate["data"]["batches"]) == (9, 16)   # the window's end stopped the trainer
+        assert rate["data"]["augment_on"] == path.split("=")[1] and rate["target"] == [">=", 900.0]
+        assert 0 <= epoch[f"waiting for data (data%), {path}"]["value"] <= 100
+        assert epoch[f"GPU busy (NVML), {path}"]["note"] == "n/a on the CPU"
     assert epoch["first scan of 32 labels"]["value"] > 0
+
+    fused = rows["fused"]   # the smoke run times the eager pass twice (no compile); the rows and the table are there
+    assert fused["compiled pass == eager pass, bit for bit"]["value"] == 1.0
+    assert fused["device pass img/s, compiled (batch 2)"]["data"]["eager"] > 0
+    assert fused["HSV step, batch 2, compiled"]["value"] > 0
+    assert fused["compiled pass: its top kernels"]["note"].endswith("table in fused-profile.txt")
+    assert "compiled device pass, batch 2" in (tmp_path / "fused-profile.txt").read_text()
 
     mfu = rows["mfu"]
     eager = mfu["yolov8l MFU, bf16 channels_last"]
@@ -172,7 +182,7 @@ def test_gpu_pass_plan_fits_a_session_of_device_time():
     assert list(gpu.SECTIONS) == GPU_SECTIONS and set(gpu.CAPS) == set(GPU_SECTIONS)
     measured = [n for n in GPU_SECTIONS if n != "tests"]
     first = gpu.fitting(measured, gpu.FIRST_BUDGET_S)
-    assert first == ["reference", "channels_last", "precision", "epoch"]      # the unknowns that decide defaults
+    assert first == ["reference", "precision", "fused", "epoch"]      # the unknowns that decide defaults
     assert gpu.PASS_COMMAND_S <= 540 and gpu.CORRECT_TIMEOUT_S <= 240
     assert gpu.START_S + gpu.CORRECT_TIMEOUT_S + gpu.PASS_COMMAND_S <= gpu.LEASE_S
     assert gpu.SETUP_S + gpu.FIRST_BUDGET_S <= gpu.PASS_COMMAND_S
@@ -207,10 +217,10 @@ def test_gpu_pass_runs_what_fits_its_budget_and_names_the_rest(tmp_path, monkeyp
     monkeypatch.setattr(gpu, "CAPS", {**gpu.CAPS, "precision": 50, "channels_last": 60, "checkpointing": 40})
     assert gpu.main(["--sections", "checkpointing", "precision", "channels_last", "--budget", "95", "--cpu-smoke",
                      "--out", str(tmp_path)]) == 0
-    assert ran == ["channels_last", "checkpointing"]   # in priority order; 54 spent: 50 > 41 left, 40 <= 41
+    assert ran == ["precision", "checkpointing"]   # in priority order; 45 spent: 60 > 50 left, 40 <= 50
     saved = json.loads((tmp_path / "gpu-results.json").read_text())
-    assert saved["left"] == ["precision"] and list(saved["sections"]) == ran
-    assert "--sections precision --budget 50 " in capsys.readouterr().out
+    assert saved["left"] == ["channels_last"] and list(saved["sections"]) == ran
+    assert "--sections channels_last --budget 60 " in capsys.readouterr().out
 
 
 def test_gpu_pass_writes_its_results_after_every_section(tmp_path, monkeypatch):

@@ -32,6 +32,9 @@ def test_the_command_line_flag():
     add_config_flags(parser)
     assert config_from_args(parser.parse_args(["--augment-on", "device"])).augment_on == "device"
     assert config_from_args(parser.parse_args([])).augment_on == "auto"
+    assert config_from_args(parser.parse_args(["--compile-augment"])).compile_augment is True
+    assert config_from_args(parser.parse_args([])).compile_augment is False
+    assert _settings(TrainConfig(compile_augment=True)).compile_augment
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +72,23 @@ def test_a_run_augments_on_the_device(shapes128, tmp_path, monkeypatch, rect):
     else:                                                               # Mosaic, then closed for the last epoch
         assert frames[:2] == [{256}, {256}] and frames[2:] == [{128}, {128}]
         assert all(s["images"] == (4, 3, 128, 128) for s in seen)
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_compile_augment_reaches_every_batchs_to_device(shapes128, tmp_path, monkeypatch):
+    """The trainer asks `to_device` for the compiled pass (its images: tests/data/test_fused_pass.py;
+    here the eager pass runs, so the test compiles nothing)."""
+    asked, real = [], step_module.to_device
+
+    def spy(batch, device, **kw):
+        asked.append(kw.get("compiled"))
+        return real(batch, device, **{**kw, "compiled": False})
+
+    monkeypatch.setattr(step_module, "to_device", spy)
+    cfg = TrainConfig(data=shapes128, model="yolov8n", imgsz=64, batch=4, nbs=4, epochs=1, workers=0,
+                      out=str(tmp_path / "run"), plots=False, augment_on="device", compile_augment=True)
+    Trainer(cfg).fit()
+    assert asked == [True, True]                                        # 8 images, batch 4
 
 
 @pytest.mark.slow

@@ -160,8 +160,14 @@ def predict_batch_size(
     total_bytes: float | None = None,
     measure: Callable[[int], float] | None = None,
     verify: bool = True,
+    refine: bool = True,
 ) -> int:
     """Predict the batch size using ``fraction`` of device memory, then check it.
+
+    A line through small probes extrapolates far: on an H100 (yolov8s, 2026-11-27) probes of 1-8
+    images gave 199.6 MiB an image where 412 images took 195, so the prediction fell 2% short.
+    With ``refine`` the first prediction is itself measured, and the line through it and the
+    largest probe gives the answer: the slope over the range that matters (one more size tried).
 
     Args:
         step_fn: ``step_fn(batch_size)`` runs one training step.
@@ -173,6 +179,8 @@ def predict_batch_size(
         measure: ``measure(b) -> peak bytes``; defaults to :func:`measure_peak_memory`.
         verify: Run one step at the predicted size; if it runs out of memory, return
             ``find_batch_size(..., mode="binsearch", margin=0)`` below the prediction.
+        refine: Measure the first prediction (when it is over twice the largest probe) and predict
+            again from it and the largest probe. A size at or below one measured is not run again.
 
     Returns:
         Predicted (and, with ``verify``, confirmed) batch size, at least 1.
@@ -180,9 +188,36 @@ def predict_batch_size(
     measure = measure or (lambda b: measure_peak_memory(step_fn, b))
     if total_bytes is None:
         total_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    model = fit_memory_model(list(probe_sizes), [measure(b) for b in probe_sizes])
+    sizes = list(probe_sizes)
+    peaks = [measure(b) for b in sizes]
+    model = fit_memory_model(sizes, peaks)
     size = min(max(1, model.batch_size_for(fraction * total_bytes)), max_size)
-    if verify and not _fits(step_fn, size):
-        start = min(max(probe_sizes), size - 1) if size > 1 else 1
-        size = find_batch_size(step_fn, start=max(1, start), max_size=size, mode="binsearch", margin=0.0)
+    fitted, failed = max(sizes), None   # the largest size known to fit, one known not to
+    if refine and size > 2 * max(sizes):
+        peak = _measured(measure, size)
+        if peak is None:
+            failed = size
+        else:
+            fitted = size
+            top = sizes.index(max(sizes))
+            model = fit_memory_model([sizes[top], size], [peaks[top], peak])
+            size = min(max(1, model.batch_size_for(fraction * total_bytes)), max_size)
+    if verify and size > fitted and (size == failed or not _fits(step_fn, size)):
+        good, bad = min(fitted, size - 1), size          # bisect between what fits and what does not
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if _fits(step_fn, mid) else (good, mid)
+        size = max(1, good)
     return size
+
+
+def _measured(measure: Callable[[int], float], size: int) -> float | None:
+    """``measure(size)``, or None when that size runs out of memory."""
+    try:
+        peak = measure(size)
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        peak = None
+    free_memory()
+    return peak

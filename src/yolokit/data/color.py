@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from yolokit.data.fused import stage
+
 _SHIFT = 12                     # OpenCV's fixed point for hue and saturation (hsv_shift)
 _HALF = 1 << (_SHIFT - 1)
 _CHUNK = 1 << 23                # pixels converted at once (bounds the int and float temporaries)
@@ -47,9 +49,11 @@ def _division_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return _tables[device]
 
 
-def _to_hsv(r: torch.Tensor, g: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """OpenCV's COLOR_BGR2HSV of uint8 planes (int32 in, int32 out: h 0..179, s, v 0..255)."""
-    sdiv, hdiv = _division_tables(r.device)
+def _to_hsv(r: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+            tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+    """OpenCV's COLOR_BGR2HSV of uint8 planes (int32 in, int32 out: h 0..179, s, v 0..255); ``tables``:
+    `_division_tables` of their device (looked up when not given)."""
+    sdiv, hdiv = tables if tables is not None else _division_tables(r.device)
     v = torch.maximum(torch.maximum(r, g), b)
     diff = v - torch.minimum(torch.minimum(r, g), b)
     s = (diff * sdiv[v] + _HALF) >> _SHIFT
@@ -82,13 +86,15 @@ def _to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Te
     return tuple(torch.trunc(x * 255).clamp_(0, 255).to(torch.uint8) for x in (r, g, b))
 
 
-def apply_hsv_lut_batch(images: torch.Tensor, luts: torch.Tensor) -> torch.Tensor:
+def apply_hsv_lut_batch(images: torch.Tensor, luts: torch.Tensor, *, compiled: bool = False) -> torch.Tensor:
     """Each image's OpenCV HSV values mapped through its tables: `transforms.apply_hsv_lut` on a batch.
 
     Args:
         images: uint8 Tensor[B, 3, H, W], RGB (the loader's `images_uint8`), on any device.
         luts: uint8 Tensor[B, 3, 256], each image's hue, saturation and value tables
             (`transforms.hsv_lut`), on the same device.
+        compiled: through ``torch.compile`` (`yolokit.data.fused`): one fused kernel over the whole
+            batch instead of some forty over chunks, the same values; compiles once per process.
 
     Returns:
         a new uint8 Tensor[B, 3, H, W], RGB.
@@ -105,13 +111,20 @@ def apply_hsv_lut_batch(images: torch.Tensor, luts: torch.Tensor) -> torch.Tenso
     if luts.shape != (images.shape[0], 3, 256) or luts.dtype != torch.uint8:
         raise ValueError(f"luts must be uint8 [{images.shape[0]}, 3, 256], got {luts.dtype} {list(luts.shape)}")
     b, _, height, width = images.shape
+    tables = _division_tables(images.device)
+    if compiled:
+        return stage(_hsv_images, True)(images, luts, *tables)
     out = torch.empty_like(images)
     step = max(1, _CHUNK // max(1, height * width))
-    for lo in range(0, b, step):
-        x = images[lo:lo + step].flatten(2).to(torch.int32)             # [n, 3, HW]
-        table = luts[lo:lo + step].to(torch.int64)                      # [n, 3, 256]
-        hsv = torch.stack(_to_hsv(x[:, 0], x[:, 1], x[:, 2]), 1)        # [n, 3, HW]
-        hsv = torch.gather(table, 2, hsv.to(torch.int64))               # each image through its tables
-        rgb = torch.stack(_to_rgb(hsv[:, 0], hsv[:, 1], hsv[:, 2]), 1)
-        out[lo:lo + step] = rgb.view(-1, 3, height, width)
+    for lo in range(0, b, step):                                        # chunks bound the int and float temporaries
+        out[lo:lo + step] = _hsv_images(images[lo:lo + step], luts[lo:lo + step], *tables)
     return out
+
+
+def _hsv_images(images: torch.Tensor, luts: torch.Tensor, sdiv: torch.Tensor, hdiv: torch.Tensor) -> torch.Tensor:
+    """`apply_hsv_lut_batch` of uint8 [n, 3, H, W] images and their [n, 3, 256] tables, in one piece
+    (``sdiv``, ``hdiv``: `_division_tables`)."""
+    x = images.flatten(2).to(torch.int32)                               # [n, 3, HW]
+    hsv = torch.stack(_to_hsv(x[:, 0], x[:, 1], x[:, 2], (sdiv, hdiv)), 1)   # [n, 3, HW]
+    hsv = torch.gather(luts.to(torch.int64), 2, hsv.to(torch.int64))    # each image through its tables
+    return torch.stack(_to_rgb(hsv[:, 0], hsv[:, 1], hsv[:, 2]), 1).view(images.shape)

@@ -49,12 +49,14 @@ import logging
 import os
 import re
 import warnings
+from functools import partial
 
 import cv2
 import numpy as np
 import torch
 
 from yolokit.data.color import apply_hsv_lut_batch
+from yolokit.data.fused import stage
 from yolokit.data.images import PAD_VALUE, batch_files
 from yolokit.data.pass_stream import on_pass_stream, raise_if_the_device_failed, settle
 
@@ -181,9 +183,11 @@ def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, heig
 
 
 def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[int, int]],
-                   targets: list[tuple[int, int]], batch: dict | None = None) -> tuple[torch.Tensor, list[int]]:
+                   targets: list[tuple[int, int]], batch: dict | None = None,
+                   compiled: bool = False) -> tuple[torch.Tensor, list[int]]:
     """Every source resized to its target (h, w) like `cv2.resize(INTER_LINEAR)`: the new atlas and offsets.
-    ``batch``: its files are named if a gather index is found outside its source (``CHECK_INDICES``)."""
+    ``batch``: its files are named if a gather index is found outside its source (``CHECK_INDICES``).
+    ``compiled``: through the fused stage (`yolokit.data.fused`), all pixels at once."""
     if any(o < 0 or o + h * w > atlas.shape[1] for o, (h, w) in zip(offsets, shapes, strict=True)):
         raise ValueError(f"device augmentation: a source lies outside the batch's {atlas.shape[1]:,} decoded "
                          f"pixels; the batch's files: {_files(batch or {})}")
@@ -198,25 +202,35 @@ def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[i
                                                                          strict=True)], dtype=torch.int64)
     floats = torch.tensor([[h, w, h / th, w / tw] for (h, w), (th, tw) in zip(shapes, targets, strict=True)],
                           dtype=torch.float32)
-    counts = torch.tensor([th * tw for th, tw in targets], dtype=torch.int64)
-    ints, floats, counts = (t.to(dev, non_blocking=True) for t in (ints, floats, counts))
-    sid = torch.repeat_interleave(torch.arange(len(targets), device=dev, dtype=torch.int32), counts, output_size=at)
+    starts = torch.tensor(new_offsets, dtype=torch.int64)
+    ints, floats, starts = (t.to(dev, non_blocking=True) for t in (ints, floats, starts))
     out = torch.empty((3, at), dtype=torch.uint8, device=dev)
-    for lo in range(0, at, CHUNK):                                     # chunks of CHUNK pixels bound the temporaries
-        s = sid[lo:lo + CHUNK].long()
-        i, f = ints[s], floats[s]                                      # [n, 4] each
-        local = torch.arange(lo, lo + len(s), device=dev) - i[:, 3]
-        oy = torch.div(local, i[:, 2], rounding_mode="floor")
-        ox = local - oy * i[:, 2]
-        x = (ox.float() + 0.5) * f[:, 3] - 0.5                           # cv2.resize's source point
-        y = (oy.float() + 0.5) * f[:, 2] - 0.5
-        out[:, lo:lo + len(s)] = _bilinear(atlas, i[:, 0], f[:, 1], f[:, 0], x, y, batch or {}).round_().clamp_(0, 255)
+    run, chunk = stage(_resize_pixels, compiled and not CHECK_INDICES), at if compiled else CHUNK
+    for lo in range(0, at, chunk):                                     # chunks bound the eager temporaries
+        n = min(chunk, at - lo)
+        out[:, lo:lo + n] = run(atlas, ints, floats, starts, lo, n, batch)
     return out, new_offsets
+
+
+def _resize_pixels(atlas: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, starts: torch.Tensor,
+                   lo: int, n: int, batch: dict | None = None) -> torch.Tensor:
+    """Output pixels ``lo .. lo + n`` of the resized atlas: uint8 [3, n]. ``ints`` [S, 4] each source's
+    (offset, width, target width, new offset), ``floats`` [S, 4] (h, w, h / th, w / tw), ``starts`` [S]
+    the new offsets (each pixel's source is the last start at or before it)."""
+    pos = torch.arange(lo, lo + n, device=atlas.device)
+    s = torch.searchsorted(starts, pos, right=True) - 1
+    i, f = ints[s], floats[s]                                          # [n, 4] each
+    local = pos - i[:, 3]
+    oy = torch.div(local, i[:, 2], rounding_mode="floor")
+    ox = local - oy * i[:, 2]
+    x = (ox.float() + 0.5) * f[:, 3] - 0.5                             # cv2.resize's source point
+    y = (oy.float() + 0.5) * f[:, 2] - 0.5
+    return _bilinear(atlas, i[:, 0], f[:, 1], f[:, 0], x, y, batch or {}).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, inverse: torch.Tensor,
                windows: torch.Tensor, warp: torch.Tensor, flips: torch.Tensor, shape: torch.Tensor,
-               size: tuple[int, int], batch: dict) -> torch.Tensor:
+               size: tuple[int, int], batch: dict | None = None) -> torch.Tensor:
     """One view of n samples: uint8 [n, 3, H, W]. ``tiles`` int32 [n, 4, 8]: each quadrant's tile as (atlas
     offset or -1, width, x1, y1, x2, y2, sx - x1, sy - y1); ``frame`` int32 [n, 4]: (h, w, centre x, y)."""
     n, dev = tiles.shape[0], atlas.device
@@ -246,7 +260,7 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     inside = ((t[0] >= 0) & (cx >= t[2]) & (cx < t[4]) & (cy >= t[3]) & (cy < t[5])
               & (cx >= 0) & (cy >= 0) & (cx < fr[:, :, 1]) & (cy < fr[:, :, 0]))
     flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0)      # int32: index_select takes it
-    vals = _gather(atlas, flat, "warp", batch).view(3, *flat.shape)
+    vals = _gather(atlas, flat, "warp", batch or {}).view(3, *flat.shape)
     vals = torch.where(inside, vals, float(PAD_VALUE))
     weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
     out = (vals * weights).sum(1).round_().clamp_(0, 255)                 # [3, n, H, W]
@@ -255,7 +269,13 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     return torch.where(shown, out, float(PAD_VALUE)).to(torch.uint8).transpose(0, 1)
 
 
-def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
+def _mix(a: torch.Tensor, b: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """cv2.addWeighted on uint8 [n, 3, H, W] views: float weights ``ratio`` [n] and 1 - ratio, rounded to nearest."""
+    r = ratio.float().view(-1, 1, 1, 1)
+    return (a.float() * r + b.float() * (1 - ratio).float().view(-1, 1, 1, 1)).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def augment_batch(batch: dict, device: torch.device | str, compiled: bool = False) -> torch.Tensor:
     """A recipe batch's images on ``device``: uint8 Tensor[B, 3, H, W], RGB, as the workers make them.
 
     On CUDA the pass runs on its own stream and the current stream waits for it (the module's
@@ -264,12 +284,14 @@ def augment_batch(batch: dict, device: torch.device | str) -> torch.Tensor:
     Args:
         batch: from `recipes.collate_recipes` (its tensors on the CPU, as the loader yields them).
         device: the training device.
+        compiled: the per-pixel stages through ``torch.compile`` (`yolokit.data.fused`): a few fused
+            kernels instead of some hundred, the same images; compiles once per process.
 
     Raises:
         ValueError: a recipe whose tile lies outside its source (names the batch's files).
         IndexError: with ``CHECK_INDICES``, a gather index outside its source (names them too).
     """
-    return on_pass_stream(_augment, batch, torch.device(device))
+    return on_pass_stream(partial(_augment, compiled=compiled and not CHECK_INDICES), batch, torch.device(device))
 
 
 def _check_tiles(targets: list[tuple[int, int]], batch: dict) -> None:
@@ -289,12 +311,12 @@ def _check_tiles(targets: list[tuple[int, int]], batch: dict) -> None:
                          f"(tile {batch['aug_tiles'][bad][0].tolist()}); the batch's files: {_files(batch)}")
 
 
-def _augment(batch: dict, device: torch.device) -> torch.Tensor:
+def _augment(batch: dict, device: torch.device, compiled: bool = False) -> torch.Tensor:
     batch = _host_tensors(batch)
     atlas, offsets, shapes = _decode_sources(batch, device)
     rows = batch["aug_sources"].tolist()
     targets = [(r[4], r[5]) for r in rows]
-    atlas, offsets = resize_sources(atlas, offsets, shapes, targets, batch)
+    atlas, offsets = resize_sources(atlas, offsets, shapes, targets, batch, compiled)
     b = batch["aug_tiles"].shape[0]
     shape = batch["aug_shape"]
     height, width = (int(v) for v in shape.max(0).values.tolist())
@@ -318,20 +340,17 @@ def _augment(batch: dict, device: torch.device) -> torch.Tensor:
                 shape=shape)
     on = {k: v.to(device, non_blocking=True) for k, v in host.items()}
     images = torch.empty((b, 3, height, width), dtype=torch.uint8, device=device)
-    step = max(1, CHUNK // max(1, height * width))
+    step = b if compiled else max(1, CHUNK // max(1, height * width))   # chunks bound the eager temporaries
     mix = batch["aug_mix"].to(device, non_blocking=True)
+    warp_view, mix_views = stage(_warp_view, compiled), stage(_mix, compiled)
     for lo in range(0, b, step):
         s = slice(lo, lo + step)
-        out = [_warp_view(atlas, on["table"][s, k], on["frame"][s, k], on["inverse"][s, k], on["windows"][s, k],
-                          on["warp"][s, k], on["flips"][s], on["shape"][s], (height, width), batch)
+        out = [warp_view(atlas, on["table"][s, k], on["frame"][s, k], on["inverse"][s, k], on["windows"][s, k],
+                         on["warp"][s, k], on["flips"][s], on["shape"][s], (height, width), batch)
                for k in range(views)]
-        if mixed:                        # cv2.addWeighted on uint8: float weights, rounded to nearest
-            r = mix[s].float().view(-1, 1, 1, 1)
-            out[0] = (out[0].float() * r + out[1].float() * (1 - mix[s]).float().view(-1, 1, 1, 1)).round_().clamp_(
-                0, 255).to(torch.uint8)
-        images[s] = out[0]
+        images[s] = mix_views(out[0], out[1], mix[s]) if mixed else out[0]
     if "hsv_lut" in batch:
-        images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=True))
+        images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=True), compiled=compiled)
         if bool((shape != torch.tensor([height, width])).any()):         # the collate's grey around smaller images
             ys = torch.arange(height, device=device).view(1, 1, -1, 1)
             xs = torch.arange(width, device=device).view(1, 1, 1, -1)

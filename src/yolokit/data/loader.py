@@ -121,13 +121,15 @@ def collate_uint8(items: list[dict]) -> dict:
     return _collate(items, as_float=False)
 
 
-def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = False) -> dict:
+def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = False, compiled: bool = False) -> dict:
     """Move a batch's tensors to `device`; uint8 images become float `images` in [0, 1] there.
 
     Args:
         batch: from `collate` or `collate_uint8`.
         device: target device.
         non_blocking: asynchronous copies (useful with pinned memory).
+        compiled: the device's augmentation (the pass, or the HSV step) through ``torch.compile``
+            (`yolokit.data.fused`): fused kernels, the same images.
 
     Returns:
         a new dict holding the batch contract (`images` float32 Tensor[B, 3, H, W] in [0, 1],
@@ -136,11 +138,12 @@ def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = F
     """
     out = {k: v for k, v in batch.items() if k not in ("images_uint8", "hsv_lut") and not k.startswith("aug_")}
     if "aug_tiles" in batch:                           # augment_on="device": the whole augmentation here
-        out["images"] = augment_batch(batch, device).float().mul_(1 / 255)
+        out["images"] = augment_batch(batch, device, compiled=compiled).float().mul_(1 / 255)
     elif "images_uint8" in batch:
         images = batch["images_uint8"].to(device, non_blocking=non_blocking)
         if "hsv_lut" in batch:
-            images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=non_blocking))
+            images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=non_blocking),
+                                         compiled=compiled)
         out["images"] = images.float().mul_(1 / 255)
     else:
         out["images"] = batch["images"].to(device, non_blocking=non_blocking)

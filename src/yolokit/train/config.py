@@ -80,6 +80,8 @@ class TrainConfig:
     hsv_on_device: bool | None = None  # the HSV augmentation on the device, not in the loader; None: on with CUDA
     augment_on: str = "auto"  # the whole augmentation in the loader's "workers" or on the "device" (decode, Mosaic,
     #                           warp, MixUp, HSV, flips: data.device_augment); "auto": the workers (train.plan)
+    compile_augment: bool = False  # the device's augmentation (the pass, or the HSV step) through torch.compile:
+    #                                a few fused kernels, the same images, compiled once (data.fused)
     cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)
     monitor: bool | None = None  # the device's busy share, peak memory, temperature and power per epoch (results.csv,
     #                              console, trackers) and a warning when the GPU starves; None: on with CUDA

@@ -123,6 +123,7 @@ class DeviceSettings:
     pin_memory: bool
     hsv_on_device: bool = False
     augment_on: str = "workers"  # where the augmentation runs: "workers" or "device" (data.device_augment)
+    compile_augment: bool = False  # the device's augmentation through torch.compile (data.fused)
     monitor: bool = False      # the device watched over each epoch (train.feeding)
 
     def apply(self) -> str:
@@ -175,5 +176,5 @@ def device_settings(cfg: TrainConfig, procs: Processes) -> DeviceSettings:
         tf32=cfg.tf32 if cfg.tf32 is not None else cuda, fused_optimizer=device.type in ("cpu", "cuda"),
         sync_bn=cfg.sync_bn and cuda and procs.world > 1, workers=workers, pin_memory=cuda,
         hsv_on_device=cfg.hsv_on_device if cfg.hsv_on_device is not None else cuda,
-        augment_on="device" if cfg.augment_on == "device" else "workers",
+        augment_on="device" if cfg.augment_on == "device" else "workers", compile_augment=cfg.compile_augment,
         monitor=cfg.monitor if cfg.monitor is not None else cuda)

@@ -59,7 +59,7 @@ def train_step(parts: Parts, progress: Progress, meter: LossMeter, batch: dict |
 def micro_step(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[dict[str, Tensor], int]:
     """One micro-batch on the device at this step's size (multi-scale): forward, loss, backward of
     ``loss * images`` (Ultralytics' ``loss * batch``). Returns ``(loss parts, images)``."""
-    data = to_device(micro, parts.plan.device, non_blocking=True)
+    data = to_device(micro, parts.plan.device, non_blocking=True, compiled=parts.settings.compile_augment)
     images, targets = parts.scale(data["images"], data["targets"], epoch, step)
     _, losses = forward_backward(parts.train_net, parts.criterion, parts.precision, images, targets,
                                  max_boxes=micro["max_boxes"], weight=len(images),

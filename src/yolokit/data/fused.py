@@ -1,0 +1,35 @@
+"""The device pass's per-pixel stages compiled into a few fused kernels (``compiled=True``).
+
+`device_augment` and `color` write each per-pixel stage (resize, warp, MixUp, HSV) as one function of
+tensors. Run eagerly, each tensor operation of a stage is a kernel that reads and writes the whole
+chunk (the warp alone moves about 5 KB per output pixel); `stage(fn, True)` gives the same function
+through ``torch.compile``, which fuses it into a kernel or two (Triton on CUDA, C++ on the CPU) that
+reads its sources and writes its output.
+
+The numbers stay OpenCV's: the stages are written so that no step depends on how the compiler
+groups them (the float64 product in the HSV step is exact before its one rounding), and the compile
+keeps every cast eager has (``emulate_precision_casts``, which also keeps Triton from fusing a
+multiply and an add into one rounding). tests/data/test_fused_pass.py checks the compiled pass
+against the eager one bit for bit on the CPU; the gpu test does on CUDA.
+
+Each stage compiles once per process with dynamic shapes (a batch's sources and sizes vary), on its
+first call: some seconds on the CPU, about as many on a GPU machine's cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+OPTIONS = {"emulate_precision_casts": True}
+_compiled: dict[Callable, Callable] = {}
+
+
+def stage(fn: Callable, compiled: bool) -> Callable:
+    """``fn`` itself, or (``compiled``) its ``torch.compile``d twin, made once per process."""
+    if not compiled:
+        return fn
+    if fn not in _compiled:
+        _compiled[fn] = torch.compile(fn, dynamic=True, fullgraph=True, options=OPTIONS)
+    return _compiled[fn]

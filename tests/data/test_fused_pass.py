@@ -1,0 +1,101 @@
+"""The device augmentation through torch.compile (``compiled=True``, `yolokit.data.fused`): the eager
+pass's images bit for bit, in a few fused kernels that write a bounded number of bytes per image.
+
+On the CPU the stages compile to C++; on CUDA to Triton (the gpu test in this file). The bounds are
+what CI can guard of the GPU's numbers: eager, the pass runs some hundred kernels and allocates over
+a thousand times its output's bytes (measured here: 1,545x, its peak 608x); compiled, 13 kernels,
+26x and 18x, the decoded sources alone being 7x (four 128-px files for each 96-px Mosaic image).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, fused, to_device
+from yolokit.data.color import apply_hsv_lut_batch
+from yolokit.data.device_augment import augment_batch
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                reason="torch.compile on the CPU needs a C++ compiler")
+
+CASES = {                                   # (hyp, loader keywords, batch size)
+    "mosaic-mixup": (dict(mixup=0.5), {}, 8),
+    "warps-flips-uneven": (dict(mosaic=0.0, degrees=10.0, shear=2.0, perspective=0.001, flipud=0.5), {}, 5),
+    "rect-no-mosaic": (dict(mosaic=0.0, hsv_h=0.02), dict(rect=True), 4),
+    "ram-cache": (dict(mixup=0.5), dict(cache_images="ram"), 6),
+}
+
+
+def _batch(yaml, case: str, imgsz: int = 96) -> dict:
+    hyp, kw, n = CASES[case]
+    loader_kw = {k: kw.pop(k) for k in ("rect",) if k in kw}
+    ds = DetectionDataset(yaml, "train", imgsz=imgsz, augment=True, hyp=AugmentConfig(**hyp), **kw)
+    return next(iter(build_dataloader(ds, n, workers=0, seed=1, uint8_images=True, augment_on="device",
+                                      **loader_kw)))
+
+
+def _memory(batch: dict, compiled: bool) -> tuple[float, float, torch.Tensor]:
+    """Bytes the pass allocates and its peak over what it held before, each over the output's bytes."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = augment_batch(batch, "cpu", compiled=compiled)
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    held = peak = allocated = 0
+    for e in events:
+        held += e.cpu_memory_usage
+        peak, allocated = max(peak, held), allocated + max(0, e.cpu_memory_usage)
+    return allocated / out.numel(), peak / out.numel(), out
+
+
+@pytest.fixture(scope="module")
+def fresh(shapes_yaml):
+    """The stages compiled afresh in this process: the kernels inductor generated for one pass with
+    every stage (resize, two views' warps, MixUp, HSV)."""
+    import torch._inductor.metrics as metrics
+
+    torch._dynamo.reset()
+    fused._compiled.clear()
+    metrics.reset()
+    batch = _batch(shapes_yaml, "mosaic-mixup")
+    augment_batch(batch, "cpu", compiled=True)
+    yield {"kernels": metrics.generated_kernel_count, "stages": sorted(f.__name__ for f in fused._compiled),
+           "batch": batch}
+
+
+def test_a_few_fused_kernels_and_bounded_bytes_per_image(fresh):
+    assert fresh["stages"] == ["_hsv_images", "_mix", "_resize_pixels", "_warp_view"]
+    assert 4 <= fresh["kernels"] <= 16, fresh["kernels"]             # eager: 380 aten kernels (256 px, 8 images)
+    batch = fresh["batch"]
+    eager_alloc, eager_peak, eager = _memory(batch, compiled=False)
+    alloc, peak, out = _memory(batch, compiled=True)
+    assert torch.equal(out, eager)
+    assert alloc <= 35 and peak <= 25, (alloc, peak)
+    assert eager_alloc >= 20 * alloc and eager_peak >= 10 * peak, (eager_alloc, eager_peak, alloc, peak)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_compiled_pass_makes_the_eager_images_bit_for_bit(fresh, shapes_yaml, case):
+    batch = _batch(shapes_yaml, case)
+    compiled = augment_batch(batch, "cpu", compiled=True)
+    assert torch.equal(compiled, augment_batch(batch, "cpu"))
+    out = to_device(batch, "cpu", compiled=True)                       # what the trainer calls
+    assert torch.equal(out["images"], compiled.float().mul_(1 / 255))
+
+
+def test_the_compiled_hsv_step_is_opencvs_on_a_whole_batch(fresh):
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (3, 3, 40, 56), dtype=torch.uint8, generator=g)
+    luts = torch.randint(0, 256, (3, 3, 256), dtype=torch.uint8, generator=g)
+    assert torch.equal(apply_hsv_lut_batch(images, luts, compiled=True), apply_hsv_lut_batch(images, luts))
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_compiled_pass_makes_the_eager_images(shapes_yaml):
+    """Triton's kernels against the eager CUDA pass, bit for bit (no FMA contraction, every cast kept)."""
+    for case in CASES:
+        batch = _batch(shapes_yaml, case, imgsz=160)
+        compiled = augment_batch(batch, "cuda", compiled=True)
+        assert torch.equal(compiled.cpu(), augment_batch(batch, "cuda").cpu()), case
