@@ -170,11 +170,11 @@ class TrainStep:
         precision: ``fp32``, ``bf16`` or ``fp16``.
         channels_last: layout of weights and images; None: the library's default for the device.
         checkpoint: activation checkpointing of every backbone stage and neck block.
-        compile: ``torch.compile`` the model (inductor).
+        compile: ``torch.compile`` the model (inductor); a string is the mode ("reduce-overhead": CUDA graphs).
     """
 
     def __init__(self, s: Settings, name: str, batch: int, precision: str, *, channels_last: bool | None = None,
-                 checkpoint: bool = False, compile: bool = False) -> None:
+                 checkpoint: bool = False, compile: bool | str = False) -> None:
         import yolokit
         from yolokit.accel import Precision, enable_activation_checkpointing, perf
         from yolokit.train import TrainConfig
@@ -187,7 +187,8 @@ class TrainStep:
         if checkpoint:
             enable_activation_checkpointing(self.model.checkpoint_units("all"))
         perf.prepare_model(self.model, channels_last=self.channels_last)
-        self.net = perf.prepare_model(self.model, compile=compile)
+        self.net = perf.prepare_model(self.model, compile=bool(compile),
+                                      compile_mode=compile if isinstance(compile, str) else None)
         self.criterion = build_loss(self.model, TrainConfig())
         self.optimizer = build_optimizer(self.model, "sgd", 0.01, 0.937, 5e-4)
         self.amp = Precision(precision, s.device)

@@ -131,7 +131,7 @@ def test_the_plan_prints_it_first(gpu):
     assert f"timeout_s {gpu.CORRECT_TIMEOUT_S}" in lines[0] and "carry nothing" in lines[0]
     assert lines[1] == gpu.correct_command()
     passes = [i for i, line in enumerate(lines) if "--reference-python" in line and not line.startswith("#")]
-    assert len(passes) == 2 and passes[0] > 1   # the pass's two commands, unchanged, after it
+    assert len(passes) >= 2 and passes[0] > 1   # the pass's commands, unchanged, after it
 
 
 def test_every_step_runs_and_the_summary_names_each_exit_status(gpu, tmp_path):

@@ -36,8 +36,8 @@ def test_run_py_writes_json(tmp_path):
     assert all(r["case"] == "nms" and r["ratio"] is None and r["ours"][0] > 0 for r in saved["results"])
 
 
-GPU_SECTIONS = ["tests", "reference", "precision", "fused", "epoch", "channels_last", "augment", "batch", "mfu",
-                "checkpointing", "loader"]   # in order of priority (issue 42)
+GPU_SECTIONS = ["tests", "reference", "precision", "fused", "epoch", "launch", "channels_last", "augment", "batch",
+                "mfu", "checkpointing", "loader"]   # in order of priority (issue 42)
 
 
 def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
@@ -136,6 +136,12 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     assert fused["compiled pass: its top kernels"]["note"].endswith("table in fused-profile.txt")
     assert "compiled device pass, batch 2" in (tmp_path / "fused-profile.txt").read_text()
 
+    launch = rows["launch"]   # the smoke run compiles nothing: the eager row and the best of them
+    assert launch["yolov8n bf16 b2 img/s, eager"]["value"] > 0
+    assert launch["yolov8n bf16 b2 img/s, compile=reduce-overhead"]["note"] == "skipped: no compile in the smoke run"
+    assert launch["yolov8n img/s, best of the above"]["value"] == launch["yolov8n bf16 b2 img/s, eager"]["value"]
+    assert launch["yolov8n img/s, best of the above"]["target"] == [">=", 2000.0]
+
     mfu = rows["mfu"]
     eager = mfu["yolov8l MFU, bf16 channels_last"]
     assert eager["data"]["train_gflops_per_image"] == pytest.approx(3 * 165.2 / 100, rel=0.05)  # 3 x forward at 64 px
@@ -192,10 +198,15 @@ def test_gpu_pass_plan_fits_a_session_of_device_time():
     assert done.returncode == 0, done.stderr
     commands = [line for line in done.stdout.splitlines() if "benchmarks/gpu.py" in line and not line.startswith("#")
                 and line != gpu.correct_command()]   # issue 41's command, printed first (test_correct_command.py)
-    assert len(commands) == 2 and all(len(c) <= 2000 for c in commands)   # the device tool's limit on a command
+    assert all(len(c) <= 2000 for c in commands)                       # the device tool's limit on a command
     assert f"--sections {' '.join(first)} --budget {gpu.FIRST_BUDGET_S} " in commands[0]
     rest = [n for n in measured if n not in first]
-    assert f"--sections {' '.join(rest)} --budget {sum(gpu.CAPS[n] for n in rest)} " in commands[1]
+    later = [re.search(r"--sections ([\w ]+) --budget (\d+) ", c).groups() for c in commands[1:]]
+    ran = [n for names, _ in later for n in names.split()]
+    assert sorted(ran) == sorted(rest) and len(ran) == len(rest)       # every section left, once
+    assert later[0][0].split() == gpu.fitting(rest, gpu.FIRST_BUDGET_S)   # in order while the caps fit
+    for names, budget in later:                                         # each command fits one session's pass
+        assert int(budget) == sum(gpu.CAPS[n] for n in names.split()) <= gpu.FIRST_BUDGET_S
     assert all("--out $OUT" in c and "--reference-python /tmp/refpy" in c and ".whl/*.whl" in c for c in commands)
 
 

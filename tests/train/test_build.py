@@ -47,3 +47,16 @@ def test_model_names_are_checked_before_anything_is_built():
     check_model_name("path/to/my-net.yaml")                  # read when the run builds it
     with pytest.raises(ValueError, match=r"unknown model 'yolov9s'; available: yolov3, .*yolo11\.yaml"):
         check_model_name("yolov9s")
+
+
+@pytest.mark.parametrize("compile, mode", [("reduce-overhead", "reduce-overhead"), (True, "default")])
+def test_the_compile_mode_reaches_torch_compile(tmp_path, monkeypatch, compile, mode):
+    from yolokit.data import make_shapes
+    from yolokit.train.build import build_run
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: (seen.append(kw), model)[1])   # nothing compiles
+    data = make_shapes(tmp_path / "set", n_train=4, n_val=2, imgsz=64)
+    build_run(TrainConfig(data=str(data), imgsz=64, batch=2, workers=0, plots=False, compile=compile,
+                          out=str(tmp_path / "run")), user_callbacks=[])
+    assert seen == [{"mode": mode, "backend": "inductor"}]

@@ -60,6 +60,7 @@ def _dump(tmp_path, config):
     ({"optimizer": "lion"}, "optimizer"),
     ({"precision": "fp8"}, "precision"),
     ({"checkpointing": "head"}, "checkpointing"),
+    ({"compile": "fast"}, "compile must be true, false or one of default, reduce-overhead"),
 ])
 def test_bad_values_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -88,4 +89,15 @@ def test_rect_and_multi_scale_from_flags_and_yaml(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("rect: true\nmulti_scale: true\n")
     assert parse(["--config", str(path), "--no-rect"]) == TrainConfig(multi_scale=True)
+    assert TrainConfig.from_yaml(_dump(tmp_path, c)) == c
+
+
+def test_compile_takes_a_mode_from_flags_and_yaml(tmp_path):
+    assert parse([]).compile is False and parse(["--compile"]).compile == "default"
+    assert parse(["--compile", "reduce-overhead"]).compile == "reduce-overhead"
+    assert parse(["--compile", "false"]).compile is False and TrainConfig(compile=True).compile == "default"
+    path = tmp_path / "c.yaml"
+    path.write_text("compile: true\n")
+    assert TrainConfig.from_yaml(path).compile == "default"
+    c = parse(["--compile", "max-autotune"])
     assert TrainConfig.from_yaml(_dump(tmp_path, c)) == c

@@ -88,7 +88,7 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     perf.prepare_model(model, channels_last=settings.channels_last or None)
     precision = Precision(settings.precision, procs.device)
     ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau, frozen=frozen) if cfg.ema else None
-    train_net = perf.prepare_model(model, compile=cfg.compile)
+    train_net = perf.prepare_model(model, compile=bool(cfg.compile), compile_mode=cfg.compile or None)
 
     # batch: the total over processes; "auto" probes the worst case once, the smallest fit over ranks
     scale = MultiScale(cfg.imgsz, stride, cfg.seed, enabled=cfg.multi_scale)

@@ -21,6 +21,8 @@ from yolokit.models import MODELS, packaged_yamls
 from yolokit.models.zoo import is_yaml_name
 from yolokit.train.trackers import tracker_names
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")   # torch.compile's
+
 
 @dataclass
 class TrainConfig:
@@ -70,7 +72,8 @@ class TrainConfig:
     precision: str = "auto"
     checkpointing: str | None = None
     channels_last: bool | None = None  # None: on the CPU, not on CUDA (train.plan.device_settings)
-    compile: bool = False
+    compile: bool | str = False   # torch.compile the training network: True ("default"), or a mode: "reduce-overhead"
+    #                               (CUDA graphs: fewer launches, for small models), "max-autotune" (accel.perf)
     device: str = "auto"
     devices: int = 1
     dist_timeout: float = 30.0   # minutes any collective may wait for the other processes
@@ -123,6 +126,14 @@ class TrainConfig:
                 raise ValueError(f"cache must be ram, disk or false, got {self.cache!r}")
             self.cache = cache[self.cache.lower()]
         self.cache = "ram" if self.cache is True else self.cache
+        if isinstance(self.compile, str):                 # the CLI and YAML give strings
+            mode = {"true": "default", "false": False, "none": False, "": False}.get(self.compile.lower(),
+                                                                                   self.compile.lower())
+            if mode not in (False, *COMPILE_MODES):
+                raise ValueError(f"compile must be true, false or one of {', '.join(COMPILE_MODES)}; "
+                                 f"got {self.compile!r}")
+            self.compile = mode
+        self.compile = "default" if self.compile is True else self.compile
         if isinstance(self.batch, str) and self.batch != "auto":
             try:
                 self.batch = int(self.batch)
@@ -242,6 +253,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         if f.name == "cache":                     # --cache (ram), --cache disk, --cache false
             parser.add_argument(*flags, dest=f.name, nargs="?", const="ram", default=None,
                                 help="ram (also the flag alone) or disk (default: off)")
+        elif f.name == "compile":                 # --compile, --compile reduce-overhead, --compile false
+            parser.add_argument(*flags, dest=f.name, nargs="?", const="default", default=None,
+                                help=f"{', '.join(COMPILE_MODES)} (the flag alone: default) or false (default: off)")
         elif is_bool:
             parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"(default: {f.default})")
