@@ -112,19 +112,20 @@ def apply_hsv_lut_batch(images: torch.Tensor, luts: torch.Tensor, *, compiled: b
         raise ValueError(f"luts must be uint8 [{images.shape[0]}, 3, 256], got {luts.dtype} {list(luts.shape)}")
     b, _, height, width = images.shape
     tables = _division_tables(images.device)
-    if compiled:
-        return stage(_hsv_images, True)(images, luts, *tables)
-    out = torch.empty_like(images)
+    flat = images.reshape(b, 3, height * width)
+    if compiled:                                                        # one kernel for the whole batch
+        return stage(_hsv_pixels, True)(flat, luts, *tables).view(images.shape)
+    out = torch.empty_like(flat)
     step = max(1, _CHUNK // max(1, height * width))
     for lo in range(0, b, step):                                        # chunks bound the int and float temporaries
-        out[lo:lo + step] = _hsv_images(images[lo:lo + step], luts[lo:lo + step], *tables)
-    return out
+        out[lo:lo + step] = _hsv_pixels(flat[lo:lo + step], luts[lo:lo + step], *tables)
+    return out.view(images.shape)
 
 
-def _hsv_images(images: torch.Tensor, luts: torch.Tensor, sdiv: torch.Tensor, hdiv: torch.Tensor) -> torch.Tensor:
-    """`apply_hsv_lut_batch` of uint8 [n, 3, H, W] images and their [n, 3, 256] tables, in one piece
+def _hsv_pixels(pixels: torch.Tensor, luts: torch.Tensor, sdiv: torch.Tensor, hdiv: torch.Tensor) -> torch.Tensor:
+    """`apply_hsv_lut_batch` of uint8 [n, 3, P] pixels and their [n, 3, 256] tables, in one piece
     (``sdiv``, ``hdiv``: `_division_tables`)."""
-    x = images.flatten(2).to(torch.int32)                               # [n, 3, HW]
-    hsv = torch.stack(_to_hsv(x[:, 0], x[:, 1], x[:, 2], (sdiv, hdiv)), 1)   # [n, 3, HW]
+    x = pixels.to(torch.int32)
+    hsv = torch.stack(_to_hsv(x[:, 0], x[:, 1], x[:, 2], (sdiv, hdiv)), 1)   # [n, 3, P]
     hsv = torch.gather(luts.to(torch.int64), 2, hsv.to(torch.int64))    # each image through its tables
-    return torch.stack(_to_rgb(hsv[:, 0], hsv[:, 1], hsv[:, 2]), 1).view(images.shape)
+    return torch.stack(_to_rgb(hsv[:, 0], hsv[:, 1], hsv[:, 2]), 1)

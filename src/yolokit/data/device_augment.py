@@ -294,6 +294,19 @@ def augment_batch(batch: dict, device: torch.device | str, compiled: bool = Fals
     return on_pass_stream(partial(_augment, compiled=compiled and not CHECK_INDICES), batch, torch.device(device))
 
 
+def _view_args(on: dict, s: slice, k: int, compiled: bool) -> list[torch.Tensor]:
+    """View ``k``'s recipe tensors of images ``s`` for `_warp_view`. Compiled: contiguous (one or two views
+    give other strides) with their image dimension marked dynamic (the last batch of an epoch is smaller),
+    so a batch of another shape reuses the compiled kernels instead of compiling again."""
+    args = [on["table"][s, k], on["frame"][s, k], on["inverse"][s, k], on["windows"][s, k], on["warp"][s, k],
+            on["flips"][s], on["shape"][s]]
+    if compiled:
+        args = [a.contiguous() for a in args]
+        for a in args:
+            torch._dynamo.maybe_mark_dynamic(a, 0)
+    return args
+
+
 def _check_tiles(targets: list[tuple[int, int]], batch: dict) -> None:
     """Every tile of the batch's recipes reads inside its source (host numbers; ``targets``: each source's
     resized (h, w)): raises naming the files if not."""
@@ -345,9 +358,7 @@ def _augment(batch: dict, device: torch.device, compiled: bool = False) -> torch
     warp_view, mix_views = stage(_warp_view, compiled), stage(_mix, compiled)
     for lo in range(0, b, step):
         s = slice(lo, lo + step)
-        out = [warp_view(atlas, on["table"][s, k], on["frame"][s, k], on["inverse"][s, k], on["windows"][s, k],
-                         on["warp"][s, k], on["flips"][s], on["shape"][s], (height, width), batch)
-               for k in range(views)]
+        out = [warp_view(atlas, *_view_args(on, s, k, compiled), (height, width), batch) for k in range(views)]
         images[s] = mix_views(out[0], out[1], mix[s]) if mixed else out[0]
     if "hsv_lut" in batch:
         images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=True), compiled=compiled)

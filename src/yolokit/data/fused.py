@@ -12,8 +12,10 @@ keeps every cast eager has (``emulate_precision_casts``, which also keeps Triton
 multiply and an add into one rounding). tests/data/test_fused_pass.py checks the compiled pass
 against the eager one bit for bit on the CPU; the gpu test does on CUDA.
 
-Each stage compiles once per process with dynamic shapes (a batch's sources and sizes vary), on its
-first call: some seconds on the CPU, about as many on a GPU machine's cores.
+Each stage compiles once per process with dynamic shapes, on its first call (about 100 s for all
+four on this machine's 2 CPU cores; a GPU machine's time is measured by the GPU pass's ``fused``
+section). Batches of other sizes and shapes, one view or two, JPEGs or cached pixels reuse the
+kernels; only a batch of a single image compiles once more (PyTorch specialises sizes 0 and 1).
 """
 
 from __future__ import annotations
@@ -27,9 +29,22 @@ _compiled: dict[Callable, Callable] = {}
 
 
 def stage(fn: Callable, compiled: bool) -> Callable:
-    """``fn`` itself, or (``compiled``) its ``torch.compile``d twin, made once per process."""
+    """``fn`` itself, or (``compiled``) its ``torch.compile``d twin, made once per process.
+
+    Its sizes are symbols that equal values do not tie (no duck sizing: a square batch would
+    otherwise compile a kernel for height == width, and a rect batch compile again)."""
     if not compiled:
         return fn
     if fn not in _compiled:
-        _compiled[fn] = torch.compile(fn, dynamic=True, fullgraph=True, options=OPTIONS)
+        _compiled[fn] = _untied(torch.compile(fn, dynamic=True, fullgraph=True, options=OPTIONS))
     return _compiled[fn]
+
+
+def _untied(compiled: Callable) -> Callable:
+    from torch.fx.experimental import _config as fx_config
+
+    def run(*args, **kwargs):
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args, **kwargs)
+
+    return run
