@@ -99,8 +99,9 @@ def test_forward_is_one_graph_with_checkpointing_and_channels_last(name):
         assert _count_graph_breaks(lambda images: model.decode(model(images)), x) == (1, 0)
 
 
-@pytest.mark.parametrize("dtype", [None, pytest.param(torch.bfloat16, marks=pytest.mark.extended),
-                                   pytest.param(torch.float16, marks=pytest.mark.extended)],
+@pytest.mark.parametrize("dtype", [pytest.param(None, marks=pytest.mark.extended),   # 16 s; compiled training
+                                   pytest.param(torch.bfloat16, marks=pytest.mark.extended),   # equals eager:
+                                   pytest.param(torch.float16, marks=pytest.mark.extended)],   # test_step_syncs.py
                          ids=["fp32", "bf16", "fp16"])
 def test_compiled_checkpointed_training_matches_eager(dtype):
     """Three SGD steps: losses, first gradients, BN running stats and weights as in eager.

@@ -101,7 +101,7 @@ def test_disk_cache_files_are_reused_and_invalidated_by_size_mtime_and_imgsz(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.extended)])   # spawn: 23 s
 def test_two_processes_with_two_workers_each_hold_one_copy(tmp_path, context):
     yaml = make_shapes(tmp_path / "set", n_train=47, n_val=2, imgsz=320)   # ranks fill 24 and 23
     results = launch(workers.shared_cache, 2, str(yaml), 320, context, timeout=240)

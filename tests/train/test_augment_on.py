@@ -92,7 +92,8 @@ def test_compile_augment_reaches_every_batchs_to_device(shapes128, tmp_path, mon
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("clean_env")
+@pytest.mark.extended   # 25 s; the crash and resume: test_resume_iters.py; the device path's recipes on resume:
+@pytest.mark.usefixtures("clean_env")   # tests/data/test_device_augment.py (resume_mid_epoch)
 def test_a_crashed_run_on_the_device_path_resumes_bit_for_bit(tmp_path):
     """Three epochs (Mosaic, then closed), last.pt every 2 steps, a crash in step 5, resumed: the
     final weights, EMA and momentum equal the uninterrupted run's, results.csv too."""

@@ -151,6 +151,7 @@ def test_measure_aims_at_the_budget_and_boxes_cost_batch(boxes, capsys):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.extended   # 16 s of real steps; the search below: tests/accel/test_batch_size.py (predict_* tests)
 def test_a_prediction_that_does_not_fit_is_searched_below(capsys):
     seen = []
     model, loss = _parts(seen)

@@ -54,9 +54,10 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path, monkeypatch, compile, 
     from yolokit.data import make_shapes
     from yolokit.train.build import build_run
 
-    seen = []
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: (seen.append(kw), model)[1])   # nothing compiles
+    seen, real = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: (seen.append(kw), real(model, **kw))[1])   # lazy
     data = make_shapes(tmp_path / "set", n_train=4, n_val=2, imgsz=64)
-    build_run(TrainConfig(data=str(data), imgsz=64, batch=2, workers=0, plots=False, compile=compile,
-                          out=str(tmp_path / "run")), user_callbacks=[])
+    built = build_run(TrainConfig(data=str(data), imgsz=64, batch=2, workers=0, plots=False, compile=compile,
+                                  out=str(tmp_path / "run")), user_callbacks=[])
     assert seen == [{"mode": mode, "backend": "inductor"}]
+    assert "compile=on" in built.summary["layout"]          # the run's first lines say what it trains

@@ -85,6 +85,7 @@ def _torchrun(out: Path, data: str, epochs: int) -> subprocess.Popen:
     return start(cmd)
 
 
+@pytest.mark.extended   # 51 s; a lost rank resumed bit for bit: test_resume_iters.py; torchrun: test_torchrun.py
 def test_torchrun_restarts_the_group_and_it_resumes_from_the_last_checkpoint(shapes, tmp_path):
     """``--max-restarts --resume auto``: after rank 1 is killed, the restarted group finds the same
     run folder, resumes from its last iteration checkpoint and ends with the bits of a run never killed."""

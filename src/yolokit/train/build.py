@@ -136,7 +136,7 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     summary = dict(model=cfg.model, data=cfg.data, classes=len(names), world=plan.world, device=str(plan.device),
                    batch=batch, per_process=plan.per_rank, accumulate=plan.accumulate,
                    step_batch=plan.images_per_step, optimizer=opt_name, lr0=lr0, precision=precision.precision,
-                   layout=perf.describe(model), workers=settings.workers, sync_bn=settings.sync_bn,
+                   layout=perf.describe(train_net), workers=settings.workers, sync_bn=settings.sync_bn,
                    config=cfg.to_yaml(), notes=notes)
     return Built(parts, progress, resume_meter, summary)
 
