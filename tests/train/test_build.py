@@ -61,3 +61,5 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path, monkeypatch, compile, 
                                   out=str(tmp_path / "run")), user_callbacks=[])
     assert seen == [{"mode": mode, "backend": "inductor"}]
     assert "compile=on" in built.summary["layout"]          # the run's first lines say what it trains
+    assert any(n.startswith("torch.compile: the training network compiles on the first step")
+               for n in built.summary["notes"])
