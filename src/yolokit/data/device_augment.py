@@ -205,10 +205,11 @@ def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[i
     starts = torch.tensor(new_offsets, dtype=torch.int64)
     ints, floats, starts = (t.to(dev, non_blocking=True) for t in (ints, floats, starts))
     out = torch.empty((3, at), dtype=torch.uint8, device=dev)
-    run, chunk = stage(_resize_pixels, compiled and not CHECK_INDICES), at if compiled else CHUNK
+    compiled = compiled and not CHECK_INDICES                          # the check reads indices back: eager
+    run, chunk = stage(_resize_pixels, compiled), at if compiled else CHUNK
     for lo in range(0, at, chunk):                                     # chunks bound the eager temporaries
         n = min(chunk, at - lo)
-        out[:, lo:lo + n] = run(atlas, ints, floats, starts, lo, n, batch)
+        out[:, lo:lo + n] = run(atlas, ints, floats, starts, lo, n, None if compiled else batch)   # no dict guards
     return out, new_offsets
 
 
@@ -358,7 +359,8 @@ def _augment(batch: dict, device: torch.device, compiled: bool = False) -> torch
     warp_view, mix_views = stage(_warp_view, compiled), stage(_mix, compiled)
     for lo in range(0, b, step):
         s = slice(lo, lo + step)
-        out = [warp_view(atlas, *_view_args(on, s, k, compiled), (height, width), batch) for k in range(views)]
+        out = [warp_view(atlas, *_view_args(on, s, k, compiled), (height, width), None if compiled else batch)
+               for k in range(views)]                          # compiled: no guards on the batch's dict
         images[s] = mix_views(out[0], out[1], mix[s]) if mixed else out[0]
     if "hsv_lut" in batch:
         images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=True), compiled=compiled)
