@@ -170,7 +170,8 @@ class TrainStep:
         precision: ``fp32``, ``bf16`` or ``fp16``.
         channels_last: layout of weights and images; None: the library's default for the device.
         checkpoint: activation checkpointing of every backbone stage and neck block.
-        compile: ``torch.compile`` the model (inductor); a string is the mode ("reduce-overhead": CUDA graphs).
+        compile: ``torch.compile`` the model (inductor; a string is the mode, "reduce-overhead": CUDA graphs)
+            and the loss (the default mode), as ``TrainConfig.compile`` does.
     """
 
     def __init__(self, s: Settings, name: str, batch: int, precision: str, *, channels_last: bool | None = None,
@@ -190,6 +191,8 @@ class TrainStep:
         self.net = perf.prepare_model(self.model, compile=bool(compile),
                                       compile_mode=compile if isinstance(compile, str) else None)
         self.criterion = build_loss(self.model, TrainConfig())
+        if compile:                     # as the trainer does: the loss too, sizes dynamic, the default mode
+            self.criterion = perf.prepare_model(self.criterion, compile=True, compile_dynamic=True)
         self.optimizer = build_optimizer(self.model, "sgd", 0.01, 0.937, 5e-4)
         self.amp = Precision(precision, s.device)
         images = inputs.random_images(batch, s.imgsz).to(s.device)

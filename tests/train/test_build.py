@@ -59,7 +59,28 @@ def test_the_compile_mode_reaches_torch_compile(tmp_path, monkeypatch, compile, 
     data = make_shapes(tmp_path / "set", n_train=4, n_val=2, imgsz=64)
     built = build_run(TrainConfig(data=str(data), imgsz=64, batch=2, workers=0, plots=False, compile=compile,
                                   out=str(tmp_path / "run")), user_callbacks=[])
-    assert seen == [{"mode": mode, "backend": "inductor"}]
+    assert seen == [{"mode": mode, "backend": "inductor"},                      # the network, then its loss
+                    {"mode": None, "backend": "inductor", "dynamic": True}]
+    assert built.parts.criterion._orig_mod.__class__.__name__ == "YOLOv8Loss"
     assert "compile=on" in built.summary["layout"]          # the run's first lines say what it trains
-    assert any(n.startswith("torch.compile: the training network compiles on the first step")
+    assert any(n.startswith("torch.compile compiles the training network and its loss on the first step")
                for n in built.summary["notes"])
+
+
+@pytest.mark.extended   # 60 s of tracing here
+def test_the_compiled_loss_equals_the_eager_loss_for_any_max_boxes():
+    """The trainer's compiled loss (dynamic sizes; aot_eager: the graph inductor compiles, eager kernels)
+    gives the eager loss and gradients to rounding (the graph's decompositions round differently:
+    measured 1e-7 of each gradient's norm), for batches of other box counts."""
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolov8n", num_classes=3).train()
+    loss = build_loss(model, TrainConfig())
+    compiled = torch.compile(loss, dynamic=True, fullgraph=True, backend="aot_eager")
+    for boxes in (2, 5):
+        maps = [m.detach().requires_grad_() for m in model(torch.rand(3, 3, 64, 64))]
+        t = torch.cat([torch.arange(3).repeat_interleave(boxes)[:, None].float(), torch.zeros(3 * boxes, 1),
+                       torch.rand(3 * boxes, 2) * 30, 32 + torch.rand(3 * boxes, 2) * 30], 1)
+        (want, _), (got, _) = loss(maps, t, max_boxes=boxes), compiled(maps, t, max_boxes=boxes)
+        assert abs(got.item() - want.item()) <= 1e-6 * abs(want.item()) and want.item() > 0
+        grads = [torch.autograd.grad(x, maps) for x in (want, got)]
+        assert all(float((b - a).norm() / a.norm()) < 1e-5 for a, b in zip(*grads, strict=True))

@@ -114,6 +114,7 @@ def prepare_model(
     compile: bool = False,
     compile_mode: str | None = None,
     compile_backend: str | Callable = "inductor",
+    compile_dynamic: bool | None = None,
 ) -> nn.Module:
     """Apply per-model switches.
 
@@ -136,6 +137,8 @@ def prepare_model(
         compile_backend: ``"inductor"`` (needs a C++ compiler on the CPU, Triton on GPUs)
             or e.g. ``"aot_eager"`` (same graphs, eager kernels; no compiler needed), or
             a backend callable.
+        compile_dynamic: torch.compile's ``dynamic`` (True: sizes symbolic from the first call, as a
+            loss whose padded box count changes every batch wants); None: PyTorch's automatic choice.
 
     Returns:
         The same model (converted in place) or its compiled wrapper; keep the original
@@ -144,7 +147,8 @@ def prepare_model(
     if channels_last is not None:
         model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     if compile:
-        model = torch.compile(model, mode=compile_mode, backend=compile_backend)
+        dynamic = {} if compile_dynamic is None else {"dynamic": compile_dynamic}
+        model = torch.compile(model, mode=compile_mode, backend=compile_backend, **dynamic)
     return model
 
 

@@ -89,11 +89,14 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     precision = Precision(settings.precision, procs.device)
     ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau, frozen=frozen) if cfg.ema else None
     train_net = perf.prepare_model(model, compile=bool(cfg.compile), compile_mode=cfg.compile or None)
-    compiled = [what for what, on in (("the training network", cfg.compile), ("the device's augmentation",
+    if cfg.compile:   # the loss too: ~300 small ops a step (yolov8n), fused; its sizes follow max_boxes (dynamic);
+        #               the default mode: CUDA graphs would reuse its outputs' memory at the next call
+        criterion = perf.prepare_model(criterion, compile=True, compile_dynamic=True)
+    compiled = [what for what, on in (("the training network and its loss", cfg.compile), ("the device's augmentation",
                 settings.compile_augment and (settings.augment_on == "device" or settings.hsv_on_device))) if on]
     if compiled:      # the first step waits for it, silently otherwise
-        notes.append(f"torch.compile: {' and '.join(compiled)} compile{'s' if len(compiled) == 1 else ''} on the first "
-                     "step (seconds on a GPU machine, minutes on a few CPU cores); later steps reuse the kernels")
+        notes.append(f"torch.compile compiles {' and '.join(compiled)} on the first step (seconds on a GPU "
+                     "machine, minutes on a few CPU cores); later steps reuse the kernels")
 
     # batch: the total over processes; "auto" probes the worst case once, the smallest fit over ranks
     scale = MultiScale(cfg.imgsz, stride, cfg.seed, enabled=cfg.multi_scale)
