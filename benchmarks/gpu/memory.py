@@ -136,16 +136,13 @@ def _true_largest(probe: Callable[[int], None], limit: int | None, start: int, m
     """The largest batch the probe runs without running out of memory (no margin), ``start`` fitting:
     bisection between it and a bound above it (``start / 0.85``, doubled while it fits), not from
     twice ``start``: each size tried at ~400 images costs a step and cuDNN's search."""
-    from yolokit.accel.batch_size import _fits
+    from yolokit.accel.batch_size import _fits, bisect_fitting
 
     step = _counted(probe, [], limit)
     good, bad = start, min(max_size + 1, math.ceil(start / 0.85))
     while bad <= max_size and _fits(step, bad):
         good, bad = bad, min(max_size + 1, 2 * bad)
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if _fits(step, mid) else (good, mid)
-    return good
+    return bisect_fitting(step, good, bad)
 
 
 def oom_mid_run(s: Settings, name: str, batch: int) -> list[Row]:

@@ -98,9 +98,17 @@ def test_the_compiled_hsv_step_is_opencvs_on_a_whole_batch(fresh):
 
 
 @pytest.mark.gpu
-def test_on_cuda_the_compiled_pass_makes_the_eager_images(shapes_yaml):
-    """Triton's kernels against the eager CUDA pass, bit for bit (no FMA contraction, every cast kept)."""
+def test_on_cuda_the_compiled_pass_makes_the_eager_images_and_never_syncs(shapes_yaml):
+    """Triton's kernels against the eager CUDA pass, bit for bit (no FMA contraction, every cast kept);
+    once compiled, a pass of JPEGs waits for nothing (``set_sync_debug_mode("error")``), as the eager one."""
     for case in CASES:
         batch = _batch(shapes_yaml, case, imgsz=160)
         compiled = augment_batch(batch, "cuda", compiled=True)
         assert torch.equal(compiled.cpu(), augment_batch(batch, "cuda").cpu()), case
+    jpegs = _batch(shapes_yaml, "mosaic-mixup", imgsz=160)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        augment_batch(jpegs, "cuda", compiled=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

@@ -81,13 +81,17 @@ def find_batch_size(
             bad = size
             break
     if mode == "binsearch" and bad is not None:
-        while bad - good > 1:
-            mid = (good + bad) // 2
-            if _fits(step_fn, mid):
-                good = mid
-            else:
-                bad = mid
+        good = bisect_fitting(step_fn, good, bad)
     return max(1, math.floor(good * (1.0 - margin)))
+
+
+def bisect_fitting(step_fn: Callable[[int], Any], good: int, bad: int) -> int:
+    """The largest size in ``[good, bad)`` for which ``step_fn`` runs, ``good`` known to fit and ``bad``
+    known not to (neither is run again): bisection, memory freed between trials."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if _fits(step_fn, mid) else (good, mid)
+    return good
 
 
 @dataclass(frozen=True)
@@ -177,8 +181,8 @@ def predict_batch_size(
         max_size: Upper bound on the result.
         total_bytes: Device memory; defaults to the current CUDA device's total.
         measure: ``measure(b) -> peak bytes``; defaults to :func:`measure_peak_memory`.
-        verify: Run one step at the predicted size; if it runs out of memory, return
-            ``find_batch_size(..., mode="binsearch", margin=0)`` below the prediction.
+        verify: Run one step at the predicted size (unless a measure already ran it); if it runs
+            out of memory, bisect between the largest size known to fit and it (`bisect_fitting`).
         refine: Measure the first prediction (when it is over twice the largest probe) and predict
             again from it and the largest probe. A size at or below one measured is not run again.
 
@@ -203,11 +207,7 @@ def predict_batch_size(
             model = fit_memory_model([sizes[top], size], [peaks[top], peak])
             size = min(max(1, model.batch_size_for(fraction * total_bytes)), max_size)
     if verify and size > fitted and (size == failed or not _fits(step_fn, size)):
-        good, bad = min(fitted, size - 1), size          # bisect between what fits and what does not
-        while bad - good > 1:
-            mid = (good + bad) // 2
-            good, bad = (mid, bad) if _fits(step_fn, mid) else (good, mid)
-        size = max(1, good)
+        size = max(1, bisect_fitting(step_fn, fitted, size))
     return size
 
 

@@ -92,8 +92,9 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     if cfg.compile:   # the loss too: ~300 small ops a step (yolov8n), fused; its sizes follow max_boxes (dynamic);
         #               the default mode: CUDA graphs would reuse its outputs' memory at the next call
         criterion = perf.prepare_model(criterion, compile=True, compile_dynamic=True)
-    compiled = [what for what, on in (("the training network and its loss", cfg.compile), ("the device's augmentation",
-                settings.compile_augment and (settings.augment_on == "device" or settings.hsv_on_device))) if on]
+    augments_on_device = settings.augment_on == "device" or settings.hsv_on_device
+    compiled = (["the training network and its loss"] if cfg.compile else []) + (
+        ["the device's augmentation"] if settings.compile_augment and augments_on_device else [])
     if compiled:      # the first step waits for it, silently otherwise
         notes.append(f"torch.compile compiles {' and '.join(compiled)} on the first step (seconds on a GPU "
                      "machine, minutes on a few CPU cores); later steps reuse the kernels")
