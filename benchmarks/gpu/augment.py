@@ -126,7 +126,7 @@ def fused_pass(s: Settings, clock: Clock) -> list[Row]:
     compile_s = time.perf_counter() - start
     same = bool(torch.equal(images, eager()))
     rows = [Row("fused", "compile: the pass's four stages, first call", compile_s, "s",
-                note="paid once a process; a COCO epoch at 640 b64 saves it many times over if the pass gains 10 ms"),
+                note="paid once a process, on the trainer's first batch"),
             Row("fused", "compiled pass == eager pass, bit for bit", float(same), "", target=("==", 1.0),
                 note="" if same else "DIFFERENT: keep compile_augment off", data={"equal": same})]
     eager_ips, fused_ips = images_per_second(s, [eager, fused], n)

@@ -7,6 +7,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,15 +55,9 @@ def mfu(s: Settings, clock: Clock) -> list[Row]:
         if clock.over():
             rows.append(clock.skipped(what))
             continue
-        start = time.perf_counter()
-        try:
-            if compiled:
-                step = TrainStep(s, name, batch, "bf16", channels_last=True, compile=True)
-                step()  # compiles forward and backward
-            warm = time.perf_counter() - start
-            rate, note = attempt(lambda step=step: images_per_second(s, [step], batch)[0])
-        except Exception as exc:  # a compile failure is a finding, not the end of the pass
-            rate, warm, note = None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:160]
+        make = (lambda: TrainStep(s, name, batch, "bf16", channels_last=True, compile=True)) if compiled else (
+            lambda step=step: step)
+        rate, warm, note = _warmed_rate(s, make, batch, calls=1 if compiled else 0)   # the compile: forward, backward
         value = None if rate is None else 100 * flops / batch * rate / peak
         best = value if value is not None and (best is None or value > best) else best
         print(f"  {what}: {note or f'{rate:.1f} img/s, {flops / batch * rate / 1e12:.1f} TFLOP/s, MFU {value:.1f}%'}"
@@ -75,6 +70,22 @@ def mfu(s: Settings, clock: Clock) -> list[Row]:
     rows.append(Row("mfu", f"{name} MFU, best of the above", best, "%", (">=", MFU_FLOOR),
                     note=f"of a measured bf16 matmul peak of {peak / 1e12:.0f} TFLOP/s"))
     return rows
+
+
+def _warmed_rate(s: Settings, make: Callable[[], TrainStep], batch: int, calls: int
+                 ) -> tuple[float | None, float, str | None]:
+    """``make()``'s step called ``calls`` times (its compile), then timed: (img/s, seconds until timed, note).
+    A failure (a compile's, say) is a finding, not the end of the pass: no rate, and the note says it."""
+    start = time.perf_counter()
+    try:
+        step = make()
+        for _ in range(calls):
+            step()
+        warm = time.perf_counter() - start
+        rate, note = attempt(lambda: images_per_second(s, [step], batch)[0])
+    except Exception as exc:
+        rate, warm, note = None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:160]
+    return rate, warm, note
 
 
 def launch(s: Settings, clock: Clock) -> list[Row]:
@@ -91,20 +102,13 @@ def launch(s: Settings, clock: Clock) -> list[Row]:
         if rows and clock.over():
             rows.append(clock.skipped(what))
             continue
-        start = time.perf_counter()
-        try:
-            step = TrainStep(s, name, batch, "bf16", compile=mode or False)
-            step()
-            step()                      # reduce-overhead records its graphs on the second call
-            warm = time.perf_counter() - start
-            rate, note = attempt(lambda step=step: images_per_second(s, [step], batch)[0])
-        except Exception as exc:  # a compile failure is a finding, not the end of the pass
-            rate, warm, note = None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:160]
+        # two first calls: reduce-overhead records its graphs on the second
+        rate, warm, note = _warmed_rate(s, lambda mode=mode: TrainStep(s, name, batch, "bf16", compile=mode or False),
+                                        batch, calls=2)
         best = rate if rate is not None and (best is None or rate > best) else best
         print(f"  {what}: {note or f'{rate:.0f} img/s'} (first steps {warm:.0f} s)", flush=True)
         rows.append(Row("launch", what, rate, "img/s", note=note or f"first two steps {warm:.0f} s",
                         data={"images_per_s": rate, "warmup_s": warm, "mode": mode}))
-        step = None
         free()
     return rows + [Row("launch", f"{name} img/s, best of the above", best, "img/s", (">=", LAUNCH_FLOOR))]
 

@@ -212,8 +212,9 @@ def test_the_real_command_runs_on_the_cpu(gpu, tmp_path):
     assert "augment shapes set: exit 0" in summary and summary.rstrip().endswith("all steps ended")
     assert re.search(r"\d+ skipped, \d+ deselected", got["1-gpu-tests.log"])
     assert "<testsuite" in got["1-gpu-tests.xml"]
-    for name in ("2-memcheck.txt", "3-initcheck.txt"):
-        assert re.search(r"^sanitize: done on cpu: .* finite True", got[name], re.M), got[name]
+    assert re.search(r"^sanitize: done on cpu: .* finite True", got["2-memcheck.txt"], re.M), got["2-memcheck.txt"]
+    assert re.search(r"^sanitize: done on cpu: .*, no training step \(--no-step\)", got["3-initcheck.txt"],
+                     re.M), got["3-initcheck.txt"]                          # initcheck: the augmentation alone
     assert got["4-augment-runs.txt"].count("needs a CUDA GPU") == gpu.AUGMENT_RUNS
 
 
