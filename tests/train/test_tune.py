@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,6 +179,13 @@ def states(out: Path) -> list[tuple[int, str, float | None, dict, dict]]:
     return [(t.number, t.state.name, t.value, t.params, t.user_attrs) for t in made.trials]
 
 
+def checkpointed(log: str) -> list[Path]:
+    """The run folders of the trials under way (started, not ended) that hold a last.pt, from the sweep's log."""
+    started = dict(re.findall(r"^trial (\d+)(?: \(continuing trial \d+\))?: .* -> (.+)$", log, re.M))
+    ended = set(re.findall(r"^trial (\d+): (?!.* -> )", log, re.M))
+    return [Path(d) for n, d in started.items() if n not in ended and (Path(d) / "weights" / "last.pt").is_file()]
+
+
 class Best(Callback):
     def __init__(self, metric):
         self.metric, self.values = metric, []
@@ -202,7 +210,8 @@ def test_two_workers_stopped_by_ctrl_c_resume_and_the_best_retrains_bit_for_bit(
                                 start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while ": finished, best" not in log.read_text():        # one trial done, others under way: Ctrl-C
+        while not (": finished, best" in log.read_text() and checkpointed(log.read_text())):
+            # one trial done, and one under way past its first epoch (it has a last.pt to continue from): Ctrl-C
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
