@@ -57,6 +57,8 @@ def _inference_model(args: argparse.Namespace) -> Detector:
     if half and device.type != "cuda":
         raise ValueError(f"--half needs a CUDA device (got {device}); float16 convolutions on the CPU are slow")
     model = _model_from(args).to(device).eval().fuse()
+    if not getattr(args, "nms", True) and not model.end_to_end:
+        raise ValueError(f"--no-nms: {model.name} has no one-to-one (end-to-end) branch; its detections need NMS")
     return model.half() if half else model
 
 
@@ -110,12 +112,14 @@ def run_val(args: argparse.Namespace) -> int:
     with writer or contextlib.nullcontext():   # closes predictions.json, also when stopped
         result, samples = validate(model, loader, num_classes=model.num_classes, conf=args.conf, iou=args.iou,
                                    max_det=args.max_det, multi_label=not args.single_label, progress=True,
+                                   nms=args.nms,
                                    keep_samples=8 if args.plots else 0,
                                    on_image=writer.validation_sink(names, dataset.image_ids) if writer else None)
     seconds = time.perf_counter() - started
     print(result.format_table(names))
+    selection = f"NMS {'single' if args.single_label else 'multi'}-label" if args.nms else "one-to-one, no NMS"
     print(f"{len(dataset)} images in {seconds:.1f} s on {next(model.parameters()).device}"
-          f"{' (float16)' if args.half else ''}; NMS {'single' if args.single_label else 'multi'}-label, conf "
+          f"{' (float16)' if args.half else ''}; {selection}, conf "
           f"{args.conf:g}, iou {args.iou:g}, max_det {args.max_det}; mAP is COCO's (101-point)")
     result.write_csv(out / "per_class.csv", names)
     if args.plots:
@@ -139,7 +143,7 @@ def run_predict(args: argparse.Namespace) -> int:
                           save_json=args.save_json, save_crop=args.save_crop) as writer:   # closes files and videos
             for result in predict_iter(model, source, imgsz=args.imgsz, conf=args.conf, iou=args.iou,
                                        max_det=args.max_det, batch=args.batch, classes=args.classes,
-                                       agnostic=args.agnostic, vid_stride=args.vid_stride):
+                                       agnostic=args.agnostic, vid_stride=args.vid_stride, nms=args.nms):
                 writer.write(result)
                 count += 1
                 where = result.path if result.frame is None else f"{result.path} frame {result.frame}"
@@ -200,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"yolokit {yolokit.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def model_flags(p: argparse.ArgumentParser, conf: float, imgsz: int, weights: bool = True) -> None:
+    def model_flags(p: argparse.ArgumentParser, conf: float, imgsz: int, weights: bool = True,
+                    end_to_end: bool = True) -> None:
         p.add_argument("--model", choices=yolokit.list_models(),
                        help="model variant (default yolov8n); with --weights, checks or picks the variant")
         if weights:
@@ -211,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--conf", type=float, default=conf, help="score threshold")
         p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
         p.add_argument("--max-det", type=int, default=300, help="most detections per image")
+        if end_to_end:
+            p.add_argument("--nms", action=argparse.BooleanOptionalAction, default=True,
+                           help="--no-nms: an end-to-end model's (yolo26) one-to-one detections, its --max-det "
+                                "best without NMS")
 
     tr = sub.add_parser("train", help="train a model (default: yolov8n on the built-in shapes set)",
                         description=f"Flags are TrainConfig fields. On the shapes set, unset fields default to "
@@ -290,13 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=run_compare)
 
     export = sub.add_parser("export", help="export to ONNX")
-    model_flags(export, conf=0.25, imgsz=640)
+    model_flags(export, conf=0.25, imgsz=640, end_to_end=False)
     export.add_argument("--nms", action="store_true", help="append NMS to the graph")
     export.add_argument("--out", help="output .onnx path (default: <model>.onnx)")
     export.set_defaults(func=run_export)
 
     demo = sub.add_parser("demo", help="run an untrained model on generated images and print what it finds")
-    model_flags(demo, conf=0.0, imgsz=320, weights=False)
+    model_flags(demo, conf=0.0, imgsz=320, weights=False, end_to_end=False)
     demo.set_defaults(max_det=5)
     demo.add_argument("--images", type=int, default=4, help="how many images to generate")
     demo.add_argument("--seed", type=int, default=0)

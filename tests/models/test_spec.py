@@ -57,7 +57,7 @@ def small_spec(**override):
 
 
 def test_packaged_yamls_are_the_published_architectures_and_ours():
-    assert packaged_yamls() == sorted(f"{a}.yaml" for a in [*REFERENCE_PARAMETERS, "yolov3", "yolov3-spp",
+    assert packaged_yamls() == sorted(f"{a}.yaml" for a in [*REFERENCE_PARAMETERS, "yolov3", "yolov3-spp", "yolo26",
                                                               "yolov3-tiny"])
 
 
@@ -239,7 +239,8 @@ def test_maps_that_do_not_fit_and_bad_heads_name_the_layer(tmp_path):
     spec = small_spec()
     spec["head"][3] = [-1, 1, "Conv", [8]]
     _error(tmp_path, spec, r"layer 8 \(Conv\): the last row must be a detection head")
-    _error(tmp_path, small_spec(end2end=True), r"layer 8 \(Detect\): end2end")
+    _error(tmp_path, small_spec(end2end="yes"), r"layer 8 \(Detect\): end2end must be true or false, got 'yes'")
+    _error(tmp_path, small_spec(reg_max=0), r"layer 8 \(Detect\): reg_max must be an integer >= 1, got 0")
 
 
 def test_nothing_in_a_yaml_is_evaluated(tmp_path):

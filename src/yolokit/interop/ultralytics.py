@@ -55,6 +55,8 @@ LAYER_NAMES: dict[int, str] = {
 # The Detect layer (index 22): per-level box and class branches, and the DFL projection.
 HEAD_INDEX = 22
 HEAD_NAMES: dict[str, str] = {"cv2": "head.box", "cv3": "head.cls", "dfl": "head.dfl"}
+# A model file's Detect row may also have the one-to-one branch (end2end: YOLO26).
+SPEC_HEAD_NAMES: dict[str, str] = {**HEAD_NAMES, "one2one_cv2": "head.one2one_box", "one2one_cv3": "head.one2one_cls"}
 
 _KEY = re.compile(r"^model\.(\d+)\.(.+)$")
 
@@ -265,7 +267,8 @@ def to_spec_names(state: Mapping[str, Tensor], *, model: Detector | None = None,
     """Renames a state dict in Ultralytics' naming for a model built from a model YAML.
 
     ``model.<i>.<...>`` -> ``backbone.<i>.<...>`` (backbone rows), ``neck.<i>.<...>`` (rows
-    before the head), ``head.box|cls|dfl.<...>`` (the head row's ``cv2|cv3|dfl``). The layout
+    before the head), ``head.box|cls|dfl.<...>`` (the head row's ``cv2|cv3|dfl``) and
+    ``head.one2one_box|one2one_cls.<...>`` (an end-to-end head's ``one2one_cv2|one2one_cv3``). The layout
     comes from ``model`` or from ``n_backbone`` and ``head`` (the head row's index).
 
     Example:
@@ -283,7 +286,7 @@ def to_spec_names(state: Mapping[str, Tensor], *, model: Detector | None = None,
         index, rest = (int(match.group(1)), match.group(2)) if match else (-1, "")
         if index == head:
             branch, _, tail = rest.partition(".")
-            name = f"{HEAD_NAMES[branch]}.{tail}" if branch in HEAD_NAMES and tail else None
+            name = f"{SPEC_HEAD_NAMES[branch]}.{tail}" if branch in SPEC_HEAD_NAMES and tail else None
         else:
             name = (f"backbone.{index}.{rest}" if 0 <= index < n_backbone
                     else f"neck.{index}.{rest}" if n_backbone <= index < head else None)

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from yolokit.models.layers import Conv
 from yolokit.models.necks import neck_units
 from yolokit.ops.geometry import unletterbox_boxes
-from yolokit.ops.nms import Detections, non_max_suppression
+from yolokit.ops.nms import Detections, end_to_end_detections, non_max_suppression
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,10 @@ def prefers_channels_last(device_type: str) -> bool:
 class Detector(nn.Module):
     """An object detector: ``head(neck(backbone(images)))``.
 
-    ``forward`` returns the head's raw per-level maps in train and eval mode alike;
-    ``decode`` turns them into boxes and scores; ``predict`` runs the whole inference
-    path from images of any size to per-image ``Detections`` in original pixels.
+    ``forward`` returns the head's raw per-level maps in train and eval mode alike (an end-to-end
+    head's: the dict ``{"one2many": maps, "one2one": maps}``); ``decode`` turns them into boxes and
+    scores; ``predict`` runs the whole inference path from images of any size to per-image
+    ``Detections`` in original pixels.
 
     Args:
         backbone: exposes ``out_channels`` and ``strides``.
@@ -94,16 +95,33 @@ class Detector(nn.Module):
     def strides(self) -> tuple[int, ...]:
         return self.head.strides
 
-    def forward(self, images: Tensor) -> list[Tensor]:
-        """Tensor[B, 3, H, W] (H, W multiples of the largest stride) -> list of raw maps."""
+    @property
+    def end_to_end(self) -> bool:
+        """Whether the head has a one-to-one branch (YOLO26), whose detections need no NMS."""
+        return bool(getattr(self.head, "end_to_end", False))
+
+    def forward(self, images: Tensor) -> list[Tensor] | dict[str, list[Tensor]]:
+        """Tensor[B, 3, H, W] (H, W multiples of the largest stride) -> list of raw maps (an end-to-end
+        head: a dict of two such lists)."""
         stride = max(self.strides)
         if images.ndim != 4 or images.shape[-2] % stride or images.shape[-1] % stride:
             raise ValueError(f"{self.name} needs Tensor[B, 3, H, W] with H and W multiples of {stride}, "
                              f"got shape {tuple(images.shape)}")
         return self.head(self.neck(self.backbone(images)))
 
-    def decode(self, maps: list[Tensor]) -> Tensor:
-        """Raw maps -> Tensor[B, P, 4 + C]: xyxy boxes in input pixels, class scores in [0, 1]."""
+    def decode(self, maps: list[Tensor] | dict[str, list[Tensor]], *, nms: bool = True) -> Tensor:
+        """Raw maps -> Tensor[B, P, 4 + C]: xyxy boxes in input pixels, class scores in [0, 1].
+
+        Args:
+            maps: ``forward``'s output.
+            nms: the predictions that NMS selects from (an end-to-end head's one-to-many branch);
+                False: an end-to-end head's one-to-one branch, for ``ops.nms.end_to_end_detections``.
+        """
+        if self.end_to_end:
+            return self.head.decode(maps, branch="one2many" if nms else "one2one")
+        if not nms:
+            raise ValueError(f"{self.name} has no one-to-one (end-to-end) branch: its detections need NMS "
+                             "(nms=False needs a model such as yolo26)")
         return self.head.decode(maps)
 
     @torch.inference_mode()
@@ -119,6 +137,7 @@ class Detector(nn.Module):
         multi_label: bool = False,
         orig_shapes: Sequence[tuple[int, int]] | None = None,
         ratio_pad: Sequence[Any] | None = None,
+        nms: bool = True,
     ) -> list[Detections]:
         """Detects objects in a batch of input tensors: forward, decode, NMS, boxes mapped back.
 
@@ -142,6 +161,11 @@ class Detector(nn.Module):
                 None keeps them in input pixels.
             ratio_pad: per image ((ratio_w, ratio_h), (pad_w, pad_h)) of the letterbox that
                 made the input; None with ``orig_shapes`` means a plain resize.
+            nms: True: the one-to-many predictions through NMS (every model; YOLO26's default, as
+                the reference's). False: an end-to-end model's (YOLO26's) one-to-one branch, its
+                ``max_det`` best (point, class) pairs above ``conf``, without NMS (``iou`` and
+                ``multi_label`` do not apply; ``agnostic``: one class per point). A model without
+                that branch raises a ValueError.
 
         Returns:
             One ``Detections`` per image, on the model's device.
@@ -152,6 +176,8 @@ class Detector(nn.Module):
             >>> det.boxes.shape
             torch.Size([5, 4])
         """
+        if not nms and not self.end_to_end:
+            self.decode([], nms=False)   # the error that says why
         if not isinstance(images, Tensor):
             raise TypeError(f"Detector.predict takes Tensor[B, 3, H, W] or Tensor[3, H, W], got "
                             f"{type(images).__name__}: files, folders, videos and numpy or PIL images go through "
@@ -175,11 +201,15 @@ class Detector(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            preds = self.decode(self(batch))
+            maps = self(batch)
+            preds = self.decode(maps) if nms else self.decode(maps, nms=False)
         finally:
             self.train(was_training)
-        dets = non_max_suppression(preds, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
-                                   multi_label=multi_label, max_det=max_det)
+        if nms:
+            dets = non_max_suppression(preds, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
+                                       multi_label=multi_label, max_det=max_det)
+        else:
+            dets = end_to_end_detections(preds, conf=conf, classes=classes, max_det=max_det, agnostic=agnostic)
         return [Detections(unletterbox_boxes(d.boxes, rp, shape), d.scores, d.labels)
                 for d, rp, shape in zip(dets, ratio_pad, orig_shapes, strict=True)]
 

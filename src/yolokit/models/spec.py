@@ -6,7 +6,8 @@ images), ``repeats`` is scaled by the model's depth, ``module`` is a name of ``m
 (or one the user registered) and ``args`` its arguments. ``scales`` maps a letter to
 ``[depth, width, max_channels]``; files without it may give ``depth_multiple`` / ``width_multiple``.
 The last row is the head: ``Detect`` (``[nc]``; a ``DFLHead`` over the maps it reads, ``reg_max``
-from the file, 16 by default) or ``AnchorDetect`` (``[nc, anchors]``; an ``AnchorHead``).
+from the file, 16 by default; an ``EndToEndHead`` when the file says ``end2end: true``) or
+``AnchorDetect`` (``[nc, anchors]``; an ``AnchorHead``).
 
 The rows before the head become two ``LayerGraph`` modules, the ``backbone`` (the file's backbone
 rows) and the ``neck`` (the head rows but the last), whose children are named by row index, so
@@ -33,7 +34,7 @@ from torch.func import functional_call
 
 from yolokit.models.detector import Detector
 from yolokit.models.graph import LayerGraph
-from yolokit.models.heads import AnchorHead, DFLHead
+from yolokit.models.heads import AnchorHead, DFLHead, EndToEndHead
 from yolokit.models.spec_config import SpecConfig, SpecError, spec_config
 from yolokit.models.spec_table import HEADS, ModuleRule, module_rule
 
@@ -270,12 +271,13 @@ def _make_head(row: Row, args: list[Any], maps: Any, spec: Mapping[str, Any], nu
         form = "[nc, anchors]" if expected == 2 else "[nc]"
         raise SpecError(f"{row.where}: args are {form} with nc the class count ({num_classes}), got {row.args!r}")
     if row.module == "Detect":
-        reg_max = spec.get("reg_max", 16)
-        if spec.get("end2end"):
-            raise SpecError(f"{row.where}: end2end (one-to-one) heads are not supported")
-        if isinstance(reg_max, bool) or not isinstance(reg_max, int) or reg_max < 2:
-            raise SpecError(f"{row.where}: reg_max must be an integer >= 2, got {reg_max!r}")
-        return DFLHead(in_channels, strides, num_classes=num_classes, reg_max=reg_max, light_cls=light)
+        reg_max, end2end = spec.get("reg_max", 16), spec.get("end2end", False)
+        if isinstance(reg_max, bool) or not isinstance(reg_max, int) or reg_max < 1:
+            raise SpecError(f"{row.where}: reg_max must be an integer >= 1, got {reg_max!r}")
+        if not isinstance(end2end, bool):
+            raise SpecError(f"{row.where}: end2end must be true or false, got {end2end!r}")
+        kind = EndToEndHead if end2end else DFLHead
+        return kind(in_channels, strides, num_classes=num_classes, reg_max=reg_max, light_cls=light)
     anchors = args[1] if len(args) == 2 else spec.get("anchors")
     return AnchorHead(in_channels, strides, _anchor_pairs(anchors, len(maps), row.where), num_classes=num_classes)
 

@@ -12,7 +12,7 @@ from yolokit.ops.boxes import (
     iou,
 )
 from yolokit.ops.geometry import LetterboxPlan, letterbox_plan, unletterbox_boxes
-from yolokit.ops.nms import Detections, non_max_suppression
+from yolokit.ops.nms import Detections, end_to_end_detections, non_max_suppression, top_k_predictions
 
 __all__ = [
     "Detections",
@@ -27,10 +27,12 @@ __all__ = [
     "dfl_expectation",
     "diou",
     "dist_to_box",
+    "end_to_end_detections",
     "giou",
     "grid_points",
     "iou",
     "letterbox_plan",
     "non_max_suppression",
+    "top_k_predictions",
     "unletterbox_boxes",
 ]

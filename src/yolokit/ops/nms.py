@@ -129,3 +129,62 @@ def _best_kept(boxes: Tensor, scores: Tensor, groups: Tensor, iou: float, max_de
         if len(keep) >= max_det or m == n:
             return best[keep[:max_det]]
         m = min(n, 4 * m)
+
+
+def top_k_predictions(predictions: Tensor, *, max_det: int = 300, agnostic: bool = False) -> Tensor:
+    """The ``max_det`` best (point, class) pairs of each image, without NMS: an end-to-end head's output.
+
+    Args:
+        predictions: Tensor[B, P, 4 + C] (``Detector.decode`` of a one-to-one branch).
+        max_det: pairs kept per image (k = min(max_det, P)).
+        agnostic: each point's best class only, so a point appears at most once. Otherwise the k
+            points whose best score is highest are taken first, then the k best of their k x C
+            (point, class) pairs: a point may appear once per class.
+
+    Returns:
+        Tensor[B, k, 6]: ``x1, y1, x2, y2, score, class`` rows, highest score first (the class as a
+        float, as the exported graph gives it).
+    """
+    if predictions.ndim != 3 or predictions.shape[-1] < 5:
+        raise ValueError(f"predictions must be Tensor[B, P, 4 + C], got shape {tuple(predictions.shape)}")
+    if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
+        raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
+    boxes, scores = predictions[..., :4], predictions[..., 4:]
+    k, classes = min(max_det, scores.shape[1]), scores.shape[2]
+
+    def rows(index: Tensor, values: Tensor) -> Tensor:
+        return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+
+    best, label = scores.max(dim=-1)
+    if agnostic:
+        score, point = best.topk(k, dim=1)
+        return torch.cat((rows(point, boxes), score[..., None], label.gather(1, point)[..., None].to(score.dtype)),
+                         dim=-1)
+    points = best.topk(k, dim=1).indices                         # the k points with the best scores
+    score, pair = rows(points, scores).flatten(1).topk(k, dim=1)  # the k best of their (point, class) pairs
+    point = points.gather(1, torch.div(pair, classes, rounding_mode="floor"))
+    return torch.cat((rows(point, boxes), score[..., None], (pair % classes)[..., None].to(score.dtype)), dim=-1)
+
+
+def end_to_end_detections(predictions: Tensor, *, conf: float = 0.25, classes: Sequence[int] | None = None,
+                          max_det: int = 300, agnostic: bool = False) -> list[Detections]:
+    """Per-image detections of an end-to-end (one-to-one) branch: ``top_k_predictions``, then those scoring
+    above ``conf`` (and of ``classes``), best first. No NMS: the branch was trained to give one point per
+    object.
+
+    Args:
+        predictions: Tensor[B, P, 4 + C] (``Detector.decode(maps, branch="one2one")``).
+        conf: keep pairs whose score is strictly above this.
+        classes: keep only these class indices (applied after the top-k, as the reference does).
+        max_det: the k of the top-k.
+        agnostic: one class per point (see ``top_k_predictions``).
+    """
+    allowed = None if classes is None else torch.as_tensor(list(classes), device=predictions.device)
+    results = []
+    for rows in top_k_predictions(predictions.float(), max_det=max_det, agnostic=agnostic):
+        keep = rows[:, 4] > conf
+        if allowed is not None:
+            keep &= torch.isin(rows[:, 5].long(), allowed)
+        kept = rows[keep]
+        results.append(Detections(kept[:, :4], kept[:, 4], kept[:, 5].long()))
+    return results

@@ -85,6 +85,7 @@ def predict_iter(
     agnostic: bool = False,
     multi_label: bool = False,
     vid_stride: int = 1,
+    nms: bool = True,
 ) -> Iterator[Result]:
     """Yields one ``Result`` per image or video frame of ``source``, in order, ``batch`` at a time.
 
@@ -103,6 +104,8 @@ def predict_iter(
         agnostic: class-agnostic NMS.
         multi_label: keep a box once per class above ``conf``.
         vid_stride: keep every n-th video frame.
+        nms: False: an end-to-end model's (YOLO26's) one-to-one detections, a top-k without NMS
+            (see ``Detector.predict``).
 
     Example:
         >>> for result in predict_iter(model, "clip.mp4", batch=8):
@@ -117,7 +120,7 @@ def predict_iter(
     for chunk, boxed, ratio_pad in read_ahead(map(prepared, batches(frames(source, vid_stride=vid_stride), batch))):
         dets = model.predict(boxed, orig_shapes=[tuple(f.image.shape[-2:]) for f in chunk], ratio_pad=ratio_pad,
                              conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic,
-                             multi_label=multi_label)
+                             multi_label=multi_label, nms=nms)
         for f, d in zip(chunk, dets, strict=True):
             yield _result(f, d.to("cpu"), names)
 

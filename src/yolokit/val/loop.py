@@ -35,6 +35,7 @@ def validate(
     progress: bool = False,
     on_image: ImageSink | None = None,
     world_size: int | None = None,
+    nms: bool = True,
 ) -> tuple[EvalResult, list[Sample]]:
     """Runs ``model`` over a validation loader and scores it in original image pixels.
 
@@ -67,6 +68,8 @@ def validate(
             original pixels). Under several processes each rank calls it for its own shard
             only. ``ResultWriter.validation_sink`` writes them as COCO results and labels.
         world_size: the processes sharing the split; default: the process group's.
+        nms: False scores an end-to-end model's (YOLO26's) one-to-one detections (a top-``max_det``
+            without NMS; ``iou`` and ``multi_label`` do not apply).
 
     Returns:
         ``(result, samples)``.
@@ -77,7 +80,7 @@ def validate(
     for batch in batches:
         batch = to_device(batch, device, non_blocking=True)
         dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det, multi_label=multi_label,
-                             orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"])
+                             orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"], nms=nms)
         rows = batch["targets"].cpu()
         indices = batch.get("indices") or [len(records) + i for i in range(len(dets))]
         for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"], strict=True)):
