@@ -10,6 +10,13 @@ export) and returns either
 
 With ``nms=True`` each point keeps only its best class (as ``Detector.predict`` does) and
 NMS runs per class; ONNX's op caps ``max_det`` per class and image, not per image.
+
+An end-to-end model (YOLO26) is exported by default with its one-to-one branch and the top-k that
+replaces NMS inside the graph (no NMS op):
+
+- ``detections`` [B, k, 6]: rows ``(x1, y1, x2, y2, score, class)``, best first, k =
+  min(max_det, points) (``ops.nms.top_k_predictions``); the caller keeps the rows above its
+  threshold. ``end_to_end=False`` exports its one-to-many branch as any other model.
 Batch norms are folded into the convolutions by the exporter (eval mode); a model in
 another dtype or on another device is exported from a float32 CPU copy. The export uses
 ``torch.onnx.export(dynamo=True)``; it needs ``onnx`` and ``onnxscript``
@@ -31,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from yolokit.models import Detector
+from yolokit.ops.nms import top_k_predictions
 
 _PROTOBUF_LIMIT = 2**31 - 2**26  # leave room below protobuf's 2 GiB for the graph itself
 
@@ -42,14 +50,18 @@ class DecodedDetector(nn.Module):
         model: the detector (used as is: pass a fused copy for deployment).
         best_class_only: zero every score but each point's highest, so that per-class
             NMS gives ``Detector.predict``'s single-label result.
+        top_k: an end-to-end model's one-to-one branch and its ``top_k`` best (point, class)
+            pairs instead: Tensor[B, min(top_k, P), 6].
     """
 
-    def __init__(self, model: Detector, *, best_class_only: bool = False):
+    def __init__(self, model: Detector, *, best_class_only: bool = False, top_k: int | None = None):
         super().__init__()
-        self.model, self.best_class_only = model, best_class_only
+        self.model, self.best_class_only, self.top_k = model, best_class_only, top_k
 
     def forward(self, images: Tensor) -> Tensor:
-        """Tensor[B, 3, H, W] -> Tensor[B, P, 4 + C]."""
+        """Tensor[B, 3, H, W] -> Tensor[B, P, 4 + C] (or [B, k, 6] with ``top_k``)."""
+        if self.top_k is not None:
+            return top_k_predictions(self.model.decode(self.model(images), nms=False), max_det=self.top_k)
         preds = self.model.decode(self.model(images))
         if self.best_class_only:
             boxes, scores = preds[..., :4], preds[..., 4:]
@@ -74,6 +86,7 @@ def export_onnx(
     iou: float = 0.7,
     max_det: int = 300,
     opset: int | None = None,
+    end_to_end: bool | None = None,
 ) -> Path:
     """Exports ``model`` (network + decode, optionally NMS) to an ONNX file.
 
@@ -84,8 +97,10 @@ def export_onnx(
         nms: append ONNX NonMaxSuppression; the output becomes ``detections`` [K, 7].
         conf: NMS score threshold (scores strictly above it are kept).
         iou: NMS IoU threshold.
-        max_det: most boxes per class and image.
+        max_det: most boxes per class and image (end-to-end: the k of the top-k).
         opset: ONNX opset (default: the exporter's).
+        end_to_end: an end-to-end model's (YOLO26's) one-to-one branch and top-k in the graph, the
+            output ``detections`` [B, k, 6]. None: for such a model unless ``nms`` is asked for.
 
     Returns:
         ``path``. The model config, strides, input size, class names and output layout are
@@ -101,6 +116,11 @@ def export_onnx(
     _require("onnx", "onnxscript")
     import onnx
 
+    if end_to_end is None:
+        end_to_end = model.end_to_end and not nms
+    if end_to_end and (nms or not model.end_to_end):
+        raise ValueError(f"end_to_end export needs a model with a one-to-one branch (such as yolo26) and no NMS; "
+                         f"{model.name}: end-to-end {model.end_to_end}, nms {nms}")
     path = Path(path)
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
     stride = max(model.strides)
@@ -110,13 +130,14 @@ def export_onnx(
     net = model if (param.dtype, param.device.type) == (torch.float32, "cpu") else (
         copy.deepcopy(model).to("cpu", torch.float32))
     was_training = net.training
-    wrapper = DecodedDetector(net, best_class_only=nms).eval()
+    wrapper = DecodedDetector(net, best_class_only=nms, top_k=max_det if end_to_end else None).eval()
     example = torch.zeros(2, 3, h, w)  # batch 2: a batch of 1 would be baked in as a constant
     batch = torch.export.Dim("batch", min=1, max=4096)
     try:
         with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
             program = torch.onnx.export(wrapper, (example,), dynamo=True, input_names=["images"],
-                                        output_names=["predictions"], dynamic_shapes={"images": {0: batch}},
+                                        output_names=["detections" if end_to_end else "predictions"],
+                                        dynamic_shapes={"images": {0: batch}},
                                         opset_version=opset, verbose=False)
     finally:
         net.train(was_training)
@@ -129,6 +150,7 @@ def export_onnx(
         "imgsz": json.dumps([h, w]),
         "names": json.dumps(model.names),
         "output": "detections [K, 7]: image_index, x1, y1, x2, y2, score, label" if nms
+        else "detections [B, k, 6]: x1, y1, x2, y2, score, label (one-to-one, no NMS)" if end_to_end
         else "predictions [B, P, 4 + C]: x1, y1, x2, y2, class scores",
     }
     onnx.helper.set_model_props(proto, info)
