@@ -39,7 +39,7 @@ PUBLIC = {
         UnsafeFileError export_onnx load read_darknet_header save
     """,
     "losses": """
-        AnchorMatcher DetectionLoss PaddedTargets TaskAlignedAssigner YOLOv3Loss YOLOv8Loss
+        AnchorMatcher DetectionLoss PaddedTargets TaskAlignedAssigner YOLO26Loss YOLOv3Loss YOLOv8Loss
         pad_targets
     """,
     "models": """
@@ -49,8 +49,8 @@ PUBLIC = {
     """,
     "ops": """
         Detections LetterboxPlan anchor_to_box box_area box_convert box_iou box_to_dist ciou
-        clip_boxes dfl_expectation diou dist_to_box giou grid_points iou letterbox_plan
-        non_max_suppression unletterbox_boxes
+        clip_boxes dfl_expectation diou dist_to_box end_to_end_detections giou grid_points iou
+        letterbox_plan non_max_suppression top_k_predictions unletterbox_boxes
     """,
     "predict": """
         Frame Result ResultWriter batches frames next_run_dir predict predict_iter

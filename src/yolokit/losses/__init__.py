@@ -8,6 +8,7 @@ rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels, and returns
 from yolokit.losses.anchor_matcher import AnchorMatcher
 from yolokit.losses.assigners import TaskAlignedAssigner
 from yolokit.losses.base import DetectionLoss, PaddedTargets, pad_targets
+from yolokit.losses.yolo26 import YOLO26Loss
 from yolokit.losses.yolov3 import YOLOv3Loss
 from yolokit.losses.yolov8 import YOLOv8Loss
 
@@ -16,6 +17,7 @@ __all__ = [
     "DetectionLoss",
     "PaddedTargets",
     "TaskAlignedAssigner",
+    "YOLO26Loss",
     "YOLOv3Loss",
     "YOLOv8Loss",
     "pad_targets",
