@@ -12,7 +12,7 @@ group, PyTorch's DDP wrapper), :mod:`~yolokit.accel.launcher` (start processes),
 :mod:`~yolokit.accel.stop` (Ctrl-C and SIGTERM as a stop at a step boundary),
 :mod:`~yolokit.accel.batch_size` (batch-size finder), :mod:`~yolokit.accel.perf` (speed
 switches), :mod:`~yolokit.accel.devices` (device names), :mod:`~yolokit.accel.monitor`
-(device readings).
+(device readings), :mod:`~yolokit.accel.musgd` (YOLO26's MuSGD optimizer and its groups).
 """
 
 from yolokit.accel import distributed
@@ -24,6 +24,7 @@ from yolokit.accel.checkpointing import disable_activation_checkpointing, enable
 from yolokit.accel.divergence import TrainingDiverged, Watchdog
 from yolokit.accel.launcher import LaunchError, launch
 from yolokit.accel.monitor import DeviceMonitor
+from yolokit.accel.musgd import MuSGD, musgd_param_groups
 from yolokit.accel.oom import is_oom_error, retry_step, run_batch
 from yolokit.accel.perf import configure, prepare_model
 from yolokit.accel.reduce import BatchNormSync, all_reduce_gradients
@@ -37,6 +38,7 @@ __all__ = [
     "GracefulStop",
     "Interrupted",
     "LaunchError",
+    "MuSGD",
     "Precision",
     "RankExchange",
     "TrainingDiverged",
@@ -50,6 +52,7 @@ __all__ = [
     "find_batch_size",
     "is_oom_error",
     "launch",
+    "musgd_param_groups",
     "predict_batch_size",
     "prepare_model",
     "resolve_precision",

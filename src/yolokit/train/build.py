@@ -21,9 +21,9 @@ from torch import nn
 from yolokit.accel import Accumulator, GracefulStop, Precision, RankExchange, Watchdog, distributed, perf
 from yolokit.accel.checkpointing import enable_activation_checkpointing
 from yolokit.data import DetectionDataset, build_dataloader
-from yolokit.losses import YOLOv3Loss, YOLOv8Loss
+from yolokit.losses import YOLO26Loss, YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, build_model, config_from_dict, create_model
-from yolokit.models.heads import AnchorHead, DFLHead
+from yolokit.models.heads import AnchorHead, DFLHead, EndToEndHead
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import resolve_run, restore_run
@@ -123,12 +123,16 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
                                   seed=cfg.seed, pin_memory=settings.pin_memory, uint8_images=True, stride=stride,
                                   rank=plan.rank, world_size=plan.world)
 
+    end_to_end = bool(getattr(model.head, "end_to_end", False))
     opt_name, lr0, momentum = resolve_optimizer(cfg.optimizer, cfg.lr0, cfg.momentum, num_classes=len(names),
-                                                iterations=plan.steps_per_epoch * cfg.epochs)
+                                                iterations=plan.steps_per_epoch * cfg.epochs, end_to_end=end_to_end)
+    # YOLO26 with "auto" starts the biases' warmup at 0, as the reference's trainer does (other models keep
+    # their warmup_bias_lr: the reference now zeroes it for every model, our YOLOv8 runs never did)
+    bias_lr = 0.0 if end_to_end and cfg.optimizer.lower() == "auto" else cfg.warmup_bias_lr
     decay = cfg.weight_decay * plan.images_per_step / cfg.nbs
     optimizer = build_optimizer(model, opt_name, lr0, momentum, decay, fused=settings.fused_optimizer)
     schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, plan.steps_per_epoch, cfg.warmup_epochs,
-                          cfg.warmup_momentum, cfg.warmup_bias_lr, momentum, cfg.cos_lr)
+                          cfg.warmup_momentum, bias_lr, momentum, cfg.cos_lr)
     parts = Parts(config=cfg, plan=plan, settings=settings, run_dir=run_dir, callbacks=tuple(callbacks),
                   names=tuple(names), train_set=train_set, loader=loader, val_loader=val_loader, model=model,
                   train_net=train_net, criterion=criterion, precision=precision, accumulator=accumulator,
@@ -180,16 +184,21 @@ def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
     """The loss the model's head calls for, from the head's facts and the config's gains.
 
     A DFL head (YOLOv8, YOLO11, any anchor-free YAML model) trains with :class:`YOLOv8Loss` at
-    its levels and strides; an anchor head (YOLOv3) with :class:`YOLOv3Loss`.
+    its levels and strides; an end-to-end head (YOLO26) with :class:`YOLO26Loss` (its branch
+    weights set per epoch by the trainer, ``set_epoch``); an anchor head (YOLOv3) with
+    :class:`YOLOv3Loss`.
     """
     head = model.head
+    if isinstance(head, EndToEndHead):
+        return YOLO26Loss(head.num_classes, head.strides, reg_max=head.reg_max, box=config.box, cls=config.cls,
+                          dfl=config.dfl)
     if isinstance(head, DFLHead):
         return YOLOv8Loss(head.num_classes, head.strides, reg_max=head.reg_max, box=config.box, cls=config.cls,
                           dfl=config.dfl)
     if isinstance(head, AnchorHead):
         return YOLOv3Loss(head.num_classes, head.anchors, head.strides)
-    raise TypeError(f"no loss for a {type(head).__name__} head: the trainer trains DFLHead (YOLOv8Loss) and "
-                    "AnchorHead (YOLOv3Loss) detectors")
+    raise TypeError(f"no loss for a {type(head).__name__} head: the trainer trains DFLHead (YOLOv8Loss), "
+                    "EndToEndHead (YOLO26Loss) and AnchorHead (YOLOv3Loss) detectors")
 
 
 def resume_note(parts: Parts, progress: Progress) -> str:

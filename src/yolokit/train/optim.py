@@ -8,6 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from yolokit.accel.musgd import MuSGD, musgd_param_groups
+
+OPTIMIZERS = ("sgd", "adamw", "musgd")  # what resolve_optimizer returns (lower case)
+
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Three groups: conv/linear weights (decayed), norm weights and biases (no decay).
@@ -34,19 +38,22 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def resolve_optimizer(name: str, lr0: float, momentum: float, *, num_classes: int,
-                      iterations: int) -> tuple[str, float, float]:
-    """(name, lr, momentum) after resolving "auto": SGD for long runs, AdamW with a class-scaled lr otherwise.
+                      iterations: int, end_to_end: bool = False) -> tuple[str, float, float]:
+    """(name, lr, momentum) after resolving "auto"; names are case-insensitive (SGD, AdamW, MuSGD, auto).
 
-    The "auto" rule follows YOLOv8: more than 10,000 iterations -> SGD at 0.01; else AdamW
-    at ``round(0.002 * 5 / (4 + num_classes), 6)`` with beta1 0.9.
+    "auto": more than 10,000 iterations -> SGD at 0.01 with momentum 0.9 (YOLOv8's rule), or
+    MuSGD at 0.01 and 0.9 for an end-to-end (YOLO26) model, ``end_to_end`` being
+    ``model.head.end_to_end``; otherwise AdamW at ``round(0.002 * 5 / (4 + num_classes), 6)``
+    with beta1 0.9. Ultralytics 8.4 picks MuSGD for long runs of every model; here YOLOv8-style
+    models keep SGD, as their runs always have.
     """
     key = name.lower()
     if key == "auto":
         if iterations > 10_000:
-            return "sgd", 0.01, 0.9
+            return ("musgd" if end_to_end else "sgd"), 0.01, 0.9
         return "adamw", round(0.002 * 5 / (4 + num_classes), 6), 0.9
-    if key not in ("sgd", "adamw"):
-        raise ValueError(f"unknown optimizer {name!r}; expected SGD, AdamW or auto")
+    if key not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; expected SGD, AdamW, MuSGD or auto")
     return key, lr0, momentum
 
 
@@ -55,17 +62,24 @@ _FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused SGD / AdamW kernels exis
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
                     weight_decay: float, *, fused: bool | None = None) -> torch.optim.Optimizer:
-    """SGD (Nesterov) or AdamW over ``parameter_groups``; ``name`` already resolved.
+    """SGD (Nesterov) or AdamW over ``parameter_groups``, or MuSGD; ``name`` already resolved.
 
-    The step is one fused kernel per parameter group and dtype rather than a Python loop
-    over the parameters: ``fused`` where the parameters' device has fused kernels, else
-    the ``foreach`` implementation. On the CPU the fused SGD step equals the per-parameter
+    MuSGD (:class:`yolokit.accel.MuSGD`, YOLO26's optimizer) takes its own groups
+    (:func:`yolokit.accel.musgd_param_groups`: Muon on conv and linear weights at 0.2 lr plus
+    SGD at 1.0 lr, SGD on the rest, the class branches at 3x lr, all Nesterov) and steps with
+    foreach kernels; ``fused`` does not apply to it.
+
+    The SGD and AdamW step is one fused kernel per parameter group and dtype rather than a
+    Python loop over the parameters: ``fused`` where the parameters' device has fused
+    kernels, else the ``foreach`` implementation. On the CPU the fused SGD step equals the per-parameter
     one bit for bit; fused AdamW rounds differently (about 1e-8 apart after a step). Both
     work with ``torch.amp.GradScaler``, including after ``unscale_``.
 
     Args:
         fused: True / False to choose; None picks fused on the CPU and CUDA.
     """
+    if name == "musgd":
+        return MuSGD(musgd_param_groups(model, lr, momentum, weight_decay), lr=lr, momentum=momentum)
     groups = parameter_groups(model, weight_decay)
     if fused is None:
         devices = {p.device.type for g in groups for p in g["params"]}
@@ -86,7 +100,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     the current flags before the load also places AdamW's step counters where the fused
     kernels want them.
     """
-    groups = [{**saved, "fused": current.get("fused"), "foreach": current.get("foreach")}
+    groups = [{**saved, **{k: current[k] for k in ("fused", "foreach") if k in current}}
               for saved, current in zip(state["param_groups"], optimizer.param_groups, strict=True)]
     optimizer.load_state_dict({**state, "param_groups": groups})
 
@@ -131,10 +145,13 @@ class LRSchedule:
         return (1 - x) * (1.0 - self.lrf) + self.lrf
 
     def apply(self, optimizer: torch.optim.Optimizer, epoch: int, iteration: int) -> None:
-        """Sets every group's lr (and momentum during warmup) for global ``iteration`` in ``epoch``."""
-        target = self.lr0 * self.factor(epoch)
-        warm = self.warmup_iters
+        """Sets every group's lr (and momentum during warmup) for global ``iteration`` in ``epoch``.
+
+        A group's ``lr_scale`` (MuSGD's class branches: 3) multiplies its target lr.
+        """
+        factor, warm = self.factor(epoch), self.warmup_iters
         for group in optimizer.param_groups:
+            target = self.lr0 * group.get("lr_scale", 1.0) * factor
             if iteration < warm:
                 t = iteration / warm
                 start = self.warmup_bias_lr if group.get("name") == "bias" else 0.0

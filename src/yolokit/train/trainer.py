@@ -136,6 +136,8 @@ class Trainer:
         first = progress.step_in_epoch                                  # steps taken before a resume
         parts.train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic  # Mosaic off for the last K
         parts.loader.set_epoch(epoch, start_step=first)                 # their batches are not loaded again
+        if hasattr(parts.criterion, "set_epoch"):                       # YOLO26: the branches' weights
+            parts.criterion.set_epoch(epoch, cfg.epochs)
         parts.model.train()
         hold_frozen(parts.model, list(parts.frozen))                    # their BatchNorm statistics stay fixed
         _call(parts.callbacks, "on_epoch_start", epoch, cfg.epochs, len(parts.loader))

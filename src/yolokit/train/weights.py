@@ -55,10 +55,10 @@ def transfer_weights(model: Detector, source: Detector, *, path: str | Path = "w
     """Copies ``source``'s weights into ``model`` (the same variant), all but what the class count changes.
 
     With another class count only the class-score outputs stay as initialised: YOLOv8's
-    ``head.cls.*.2`` convolutions; of YOLOv3's output convolutions, which hold per anchor
-    ``(tx, ty, tw, th, obj, classes...)``, the box and objectness rows transfer and the class
-    rows do not. ``report`` (print by default) receives one line that counts the parameters
-    transferred and names what was left out, and why.
+    ``head.cls.*.2`` convolutions (YOLO26's also ``head.one2one_cls.*.2``); of YOLOv3's output
+    convolutions, which hold per anchor ``(tx, ty, tw, th, obj, classes...)``, the box and
+    objectness rows transfer and the class rows do not. ``report`` (print by default) receives one
+    line that counts the parameters transferred and names what was left out, and why.
 
     Returns:
         Names of the tensors not (or not wholly) transferred.
@@ -74,8 +74,8 @@ def transfer_weights(model: Detector, source: Detector, *, path: str | Path = "w
             missing.append(name)
         elif value.shape == target.shape:
             merged[name] = value
-        elif new_classes and name.startswith("head.cls.") and name.split(".")[3] == "2":   # YOLOv8 class scores
-            classes.append(name)
+        elif new_classes and name.split(".")[1] in ("cls", "one2one_cls") and name.split(".")[3] == "2":
+            classes.append(name)                                   # YOLOv8's (and YOLO26's two) class scores
         elif new_classes and name.startswith("head.preds."):       # YOLOv3: box and objectness rows transfer
             merged[name] = _anchor_rows(value, target, len(model.head.anchors[0]))
             partial.append(name)
@@ -89,7 +89,8 @@ def transfer_weights(model: Detector, source: Detector, *, path: str | Path = "w
                  for k in partial if k in params)     # the class rows of each anchor
     reasons = []
     if new_classes:
-        layers = "head.cls.*.2" if classes else "the class rows of head.preds.*"
+        layers = ("the class rows of head.preds.*" if not classes else "head.cls.*.2 and head.one2one_cls.*.2"
+                  if any(".one2one_cls." in k for k in classes) else "head.cls.*.2")
         reasons.append(f"{layers} (class scores: the weights have {source.num_classes} classes, "
                        f"the data {model.num_classes})")
     if missing:
