@@ -8,7 +8,8 @@ its placeholder paths name, so the README needs no edits to run:
 - ``path/to/images``: a folder of 3 images; ``clip.mp4``: a 6-frame video;
 - ``runs/train/weights/model.pt``: the weights of a small trained run (1 epoch of that set);
 - ``best.pt``: a 2-class yolov8s; ``yolov8n.pt`` and ``yolo11n.pt``: Ultralytics checkpoints
-  (written by the stand-ins of tests/interop); ``yolov3-tiny.weights``: a Darknet file;
+  (written by the stand-ins of tests/interop); ``yolo26n.pt``: a (narrow) YOLO26 checkpoint
+  the reference's own trainer saved (tests/interop/fixtures); ``yolov3-tiny.weights``: a Darknet file;
 - ``"shapes"``: the built-in set, generated once into the session's ``YOLOKIT_CACHE``.
 
 Runs are shortened by the substitutions in ``SHORTER`` (documented in the README), which
@@ -82,6 +83,7 @@ EXTENDED = {
     "distributed.broadcast_module(model)": "tests/test_examples.py (examples/custom_loop.py, two processes)",
     'augment_on="device"))': "tests/train/test_augment_on.py, tests/data/test_device_augment.py",
     "compile_augment=True))": "tests/data/test_fused_pass.py, tests/train/test_augment_on.py",
+    'optimizer="MuSGD"))': "tests/train/test_yolo26_train.py",
 }
 
 
@@ -122,6 +124,7 @@ def staged(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     sys.path.insert(0, str(ROOT / "tests"))
     from interop.conftest import write_their_checkpoint, write_their_spec_checkpoint
     write_their_checkpoint(files / "yolov8n.pt", "yolov8n", nc=80)
+    shutil.copy(ROOT / "tests" / "interop" / "fixtures" / "yolo26-tiny-last.pt", files / "yolo26n.pt")
     yolo11 = yolokit.create_model("yolo11n.yaml", num_classes=80)
     write_their_spec_checkpoint(files / "yolo11n.pt", yolo11, {**yolo11.config.spec, "scale": "n", "channels": 3,
                                                                 "yaml_file": "yolo11n.yaml"})

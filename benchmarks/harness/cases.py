@@ -19,6 +19,7 @@ from harness import inputs
 from harness.timing import Timed
 from yolokit.accel import Precision
 from yolokit.losses import TaskAlignedAssigner, YOLOv3Loss, YOLOv8Loss, pad_targets
+from yolokit.models import prefers_channels_last
 from yolokit.ops import Detections, non_max_suppression
 from yolokit.ops.anchors import dist_to_box, grid_points
 from yolokit.train import TrainConfig
@@ -83,19 +84,21 @@ def _ref():
 # ------------------------------------------------------------------ train step
 
 
-def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: bool | None = None
-                    ) -> Callable[[], None]:
+def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: bool | None = None,
+                    optimizer: str = "sgd") -> Callable[[], None]:
     """The trainer's step: forward + loss, backward of loss * batch, clip at 10, SGD step, zero grad (no EMA).
 
     ``channels_last`` as ``TrainConfig.channels_last``: None is the trainer's default, on
-    for the CPU (model and images NHWC)."""
+    for the CPU (model and images NHWC). ``optimizer`` "musgd": the trainer's MuSGD at lr 0.01,
+    momentum 0.9."""
     config = TrainConfig(channels_last=channels_last)
     model = yolokit.create_model(name, num_classes=80).train()
-    if config.uses_channels_last("cpu"):
+    if prefers_channels_last("cpu") if config.channels_last is None else config.channels_last:
         model.to(memory_format=torch.channels_last)
         images = images.contiguous(memory_format=torch.channels_last)
     criterion = build_loss(model, config)
-    optimizer = build_optimizer(model, "sgd", config.lr0, config.momentum, config.weight_decay)
+    lr, momentum = (0.01, 0.9) if optimizer == "musgd" else (config.lr0, config.momentum)
+    optimizer = build_optimizer(model, optimizer, lr, momentum, config.weight_decay)
     precision = Precision("fp32", "cpu")
 
     def step() -> None:
@@ -132,6 +135,41 @@ def train_step(s: Settings) -> list[Row]:
         rows.append(Row(f"yolov8n, {label} on both sides", _our_train_step("yolov8n", images, targets, channels_last),
                         theirs, notes=[f"yolokit: TrainConfig.channels_last={channels_last}; reference: its model "
                                        "and images in the same layout (its trainer has no such switch)"]))
+    return rows
+
+
+def yolo26(s: Settings) -> list[Row]:
+    """YOLO26n: the train step against the reference's on the same batch, and inference against yolov8n's."""
+    batch, size = (4, 256) if s.quick else (8, 320)
+    images = inputs.random_images(batch, size)
+    targets = inputs.random_targets(batch, 8, size, min_wh=8, max_wh=size // 2)
+    rows = []
+    for optimizer in ("sgd", "musgd"):
+        theirs = _ref().train_step("yolo26n.yaml", images, targets, musgd=optimizer == "musgd") if s.reference else None
+        notes = [f"batch {batch}, {size} px, fp32, 8 boxes per image; both branches and the two-branch loss "
+                 "(reference: E2ELoss); clip at norm 10, no EMA; each side's default layout"]
+        if optimizer == "musgd":
+            notes.append("MuSGD lr 0.01, momentum 0.9, Muon 0.2 + SGD 1.0 on conv weights; yolokit's Newton-Schulz "
+                         "in float32 on the CPU (ns_precision='auto'), the reference's in bfloat16")
+        rows.append(Row(f"yolo26n train step, {optimizer}", _our_train_step("yolo26n.yaml", images, targets,
+                                                                           optimizer=optimizer),
+                        theirs, memory=True, notes=notes))
+    size = 320 if s.quick else 640
+    x = inputs.random_images(1, size)
+    for name in ("yolov8n", "yolo26n.yaml"):
+        model = yolokit.create_model(name, num_classes=80).eval().fuse()
+
+        def ours(model=model) -> Tensor:
+            with torch.inference_mode():
+                maps = model(x)
+                return model.decode(maps)
+
+        theirs = _ref().inference(name, fuse=True) if s.reference else None
+        rows.append(Row(f"{name.removesuffix('.yaml')} inference, batch 1, {size} px", ours,
+                        (lambda theirs=theirs: theirs(x)) if theirs else None,
+                        notes=["fused, fp32, inference_mode: forward + the one-to-many decode; yolokit's yolo26n "
+                               "computes both branches (predict(nms=False) stays possible), the reference's fuse() "
+                               "drops the one it does not use"]))
     return rows
 
 
@@ -299,6 +337,7 @@ def evaluation(s: Settings) -> list[Row]:
 
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("train", "train step: forward + loss + backward + optimizer step", train_step),
+    Case("yolo26", "YOLO26n: train step (SGD, MuSGD) and inference against yolov8n", yolo26),
     Case("inference", "inference forward at 640, batch 1", inference),
     Case("nms", "decode + NMS on a yolov8n output", decode_nms),
     Case("loss", "assigner + loss alone", loss),

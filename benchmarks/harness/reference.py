@@ -25,7 +25,7 @@ from yolokit.train.optim import parameter_groups
 # yolokit variant -> Ultralytics model yaml. Their yolov3-tiny is the anchor-free "u"
 # variant (YOLOv8 head and loss on the tiny backbone), not Darknet's anchor head.
 YAMLS = {"yolov8n": "yolov8n.yaml", "yolov8s": "yolov8s.yaml", "yolov8m": "yolov8m.yaml",
-         "yolov3": "yolov3u.yaml", "yolov3-tiny": "yolov3-tinyu.yaml"}
+         "yolov3": "yolov3u.yaml", "yolov3-tiny": "yolov3-tinyu.yaml", "yolo26n.yaml": "yolo26n.yaml"}
 NOTES = {"yolov3": "reference is yolov3u (anchor-free YOLOv8 head and loss)",
          "yolov3-tiny": "reference is yolov3-tinyu (anchor-free YOLOv8 head and loss)"}
 
@@ -62,17 +62,29 @@ def batch_of(images: Tensor, targets: Tensor) -> dict[str, Tensor]:
 
 
 def train_step(name: str, images: Tensor, targets: Tensor, device: torch.device | str = "cpu", *,
-               dtype: torch.dtype | None = None, channels_last: bool = False) -> Callable[[], Any]:
+               dtype: torch.dtype | None = None, channels_last: bool = False, musgd: bool = False
+               ) -> Callable[[], Any]:
     """One step of their trainer: forward + loss (under autocast to ``dtype`` when given),
-    backward (loss-scaled for float16, as their AMP does), unscale, clip at 10, SGD step,
-    zero grad (no EMA)."""
+    backward (loss-scaled for float16, as their AMP does), unscale, clip at 10, SGD step
+    (``musgd``: their MuSGD, Muon at 0.2 and SGD at 1.0 on conv and linear weights, SGD on the
+    rest, as their trainer builds it), zero grad (no EMA)."""
     device = torch.device(device)
     m = model(name).to(device).train()
     batch = {k: v.to(device) for k, v in batch_of(images, targets).items()}
     if channels_last:
         m = m.to(memory_format=torch.channels_last)
         batch["img"] = batch["img"].contiguous(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(parameter_groups(m, 5e-4), lr=0.01, momentum=0.937, nesterov=True)
+    if musgd:
+        from ultralytics.optim import MuSGD
+
+        matrices = [p for p in m.parameters() if p.ndim in (2, 4)]
+        rest = [p for p in m.parameters() if p.ndim not in (2, 4)]
+        optimizer = MuSGD([{"params": matrices, "lr": 0.01, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4,
+                            "use_muon": True},
+                           {"params": rest, "lr": 0.01, "momentum": 0.9, "nesterov": True, "weight_decay": 0.0,
+                            "use_muon": False}], muon=0.2, sgd=1.0)
+    else:
+        optimizer = torch.optim.SGD(parameter_groups(m, 5e-4), lr=0.01, momentum=0.937, nesterov=True)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
     def step() -> None:

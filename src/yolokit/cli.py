@@ -117,10 +117,10 @@ def run_val(args: argparse.Namespace) -> int:
                                    on_image=writer.validation_sink(names, dataset.image_ids) if writer else None)
     seconds = time.perf_counter() - started
     print(result.format_table(names))
-    selection = f"NMS {'single' if args.single_label else 'multi'}-label" if args.nms else "one-to-one, no NMS"
+    selection = (f"NMS {'single' if args.single_label else 'multi'}-label, conf {args.conf:g}, iou {args.iou:g}"
+                 if args.nms else f"one-to-one top-{args.max_det}, no NMS, conf {args.conf:g}")
     print(f"{len(dataset)} images in {seconds:.1f} s on {next(model.parameters()).device}"
-          f"{' (float16)' if args.half else ''}; {selection}, conf "
-          f"{args.conf:g}, iou {args.iou:g}, max_det {args.max_det}; mAP is COCO's (101-point)")
+          f"{' (float16)' if args.half else ''}; {selection}, max_det {args.max_det}; mAP is COCO's (101-point)")
     result.write_csv(out / "per_class.csv", names)
     if args.plots:
         validation_plots(result, samples, names, out)

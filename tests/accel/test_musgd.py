@@ -100,6 +100,18 @@ def max_relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs() / b.abs().clamp_min(1e-30)).max().item()
 
 
+def two_steps(optimizer, model, ref):
+    """The fixture's two steps, a warmup-style change of lr and momentum between them; yields after each."""
+    for step in range(2):
+        if step == 1:
+            for g in optimizer.param_groups:
+                g["lr"] *= ref["step2_lr_factor"]
+                g["momentum"] = ref["step2_momentum"]
+        set_grads(model, ref["grads"][step], ref["channels_last"])
+        optimizer.step()
+        yield step
+
+
 def test_two_steps_equal_ultralytics_musgd():
     """With the reference's bfloat16 Newton-Schulz (``ns_precision="bfloat16"``): its steps."""
     ref = REFERENCE["steps"]
@@ -117,13 +129,7 @@ def test_two_steps_equal_ultralytics_musgd():
     assert (optimizer.defaults["muon_scale"], optimizer.defaults["sgd_scale"]) == (ref["muon"], ref["sgd"])
     params = dict(model.named_parameters())
     worst, before = 0.0, ref["initial"]
-    for step in range(2):
-        if step == 1:   # a warmup-style change between the steps
-            for g in optimizer.param_groups:
-                g["lr"] *= ref["step2_lr_factor"]
-                g["momentum"] = ref["step2_momentum"]
-        set_grads(model, ref["grads"][step], ref["channels_last"])
-        optimizer.step()
+    for step in two_steps(optimizer, model, ref):
         for name, expected in ref["after"][step].items():
             assert not torch.equal(expected, before[name])   # every parameter moved
             got = params[ours(name)].detach()
@@ -319,13 +325,7 @@ def test_the_cpu_default_runs_newton_schulz_in_float32_close_to_the_reference():
     optimizer = MuSGD(musgd_param_groups(model, ref["lr"], ref["momentum"], ref["weight_decay"]))
     assert optimizer.defaults["ns_precision"] == "auto"
     params, worst = dict(model.named_parameters()), 0.0
-    for step in range(2):
-        if step == 1:
-            for g in optimizer.param_groups:
-                g["lr"] *= ref["step2_lr_factor"]
-                g["momentum"] = ref["step2_momentum"]
-        set_grads(model, ref["grads"][step], ref["channels_last"])
-        optimizer.step()
+    for step in two_steps(optimizer, model, ref):
         for name, expected in ref["after"][step].items():
             worst = max(worst, (params[ours(name)].detach() - expected).abs().max().item())
     assert 0 < worst < 3e-4
