@@ -88,10 +88,21 @@ def test_quick_run_without_reference():
     assert all(len(r.ours) == 1 and r.ours[0] > 0 and r.theirs == [] and r.ratio is None for r in results)
 
 
+@pytest.mark.extended
+def test_the_train_step_cases_build_and_run_without_reference():
+    """The cases that build a model and a trainer's step (they went stale once: an attribute the trainer
+    renamed) run one call each."""
+    results = run(["train", "yolo26"], quick=True, reference=False, repeats=1, warmup=0, echo=None)
+    assert [r.case for r in results] == ["train"] * 4 + ["yolo26"] * 4
+    labels = [r.label for r in results]
+    assert "yolo26n train step, musgd" in labels and "yolo26n inference, batch 1, 320 px" in labels
+    assert all(len(r.ours) == 1 and r.ours[0] > 0 and r.theirs == [] for r in results)
+
+
 def test_unknown_case_is_an_error(capsys):
     with pytest.raises(ValueError, match="unknown case"):
         run(["nope"], reference=False, echo=None)
-    assert set(CASES) == {"train", "inference", "nms", "loss", "data", "eval"}
+    assert set(CASES) == {"train", "inference", "nms", "loss", "data", "eval", "yolo26"}
     with pytest.raises(SystemExit) as exit_:
         main(["--cases", "nope"])
     assert exit_.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err

@@ -133,6 +133,9 @@ def test_auto_picks_musgd_for_yolo26_on_long_runs_and_the_bias_warmup_starts_at_
     assert isinstance(parts.optimizer, torch.optim.AdamW) and parts.schedule.warmup_bias_lr == 0.0
     v8 = Trainer(config(shapes, "yolov8n", tmp_path / "v8", optimizer="auto", epochs=3334)).setup()
     assert isinstance(v8.optimizer, torch.optim.SGD) and v8.schedule.warmup_bias_lr == 0.1   # as before
+    given = yolokit.create_model(tiny, num_classes=4)                  # Trainer(config, model=...): a model of yours
+    parts = Trainer(config(shapes, None, tmp_path / "given", model=None), model=given).setup()
+    assert isinstance(parts.criterion, YOLO26Loss) and parts.model is given and isinstance(parts.optimizer, MuSGD)
 
 
 @pytest.mark.parametrize("augment_on", ["workers", "device"])
