@@ -107,3 +107,52 @@ def test_accel_alone_imports_only_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert "torchvision" not in out[0] and "cv2" not in out[0] and "yolokit.models" not in out[0]
     assert out[1] == "True"  # public names still resolve, on first use
+
+
+def _module_name(path):
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(files):
+    """Cycles of module-level ``yolokit`` imports (imports inside functions are deferred by design)."""
+    names = {_module_name(f): f for f in files}
+    graph = {}
+    for name, path in names.items():
+        targets = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("yolokit") and not node.level:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    targets.add(sub if sub in names else node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name in names}
+        graph[name] = targets & names.keys()
+    cycles, state = [], {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    return cycles
+
+
+def test_no_module_imports_itself_in_a_circle(tmp_path):
+    assert import_cycles(FILES) == []
+    a, b = SRC / "accel" / "_probe_a.py", SRC / "accel" / "_probe_b.py"   # the check sees one
+    try:
+        a.write_text("from yolokit.accel._probe_b import x\n")
+        b.write_text("from yolokit.accel._probe_a import y\n")
+        assert ["yolokit.accel._probe_a", "yolokit.accel._probe_b", "yolokit.accel._probe_a"] in import_cycles(
+            [*FILES, a, b])
+    finally:
+        a.unlink()
+        b.unlink()
