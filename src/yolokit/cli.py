@@ -57,8 +57,7 @@ def _inference_model(args: argparse.Namespace) -> Detector:
     if half and device.type != "cuda":
         raise ValueError(f"--half needs a CUDA device (got {device}); float16 convolutions on the CPU are slow")
     model = _model_from(args).to(device).eval().fuse()
-    if not getattr(args, "nms", True) and not model.end_to_end:
-        raise ValueError(f"--no-nms: {model.name} has no one-to-one (end-to-end) branch; its detections need NMS")
+    model.check_nms(getattr(args, "nms", True))   # --no-nms on a model without a one-to-one branch: one line
     return model.half() if half else model
 
 

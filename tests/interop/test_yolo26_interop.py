@@ -103,3 +103,40 @@ def test_a_checkpoint_their_trainer_saved_loads_and_gives_their_outputs():
     kept = rows[rows[:, 4] > 0.001]
     assert len(dets) == len(kept) > 0
     assert same_rows(torch.cat((dets.boxes, dets.scores[:, None], dets.labels[:, None].float()), dim=1), kept)
+
+
+def test_nms_false_needs_a_one_to_one_branch_and_validate_routes_through_it(tmp_path, monkeypatch):
+    import yolokit.models.detector as detector
+    from yolokit.data import DetectionDataset, build_dataloader, make_shapes
+    from yolokit.val import validate
+
+    with pytest.raises(ValueError, match="yolov8n has no one-to-one"):
+        yolokit.create_model("yolov8n", num_classes=3).predict(torch.rand(3, 64, 64), nms=False)
+    data = make_shapes(tmp_path / "set", n_train=2, n_val=3, imgsz=64)
+    loader = build_dataloader(DetectionDataset(str(data), "val", imgsz=64, rect=True), 2, workers=0, shuffle=False)
+    model = yolokit.create_model("yolo26n.yaml", num_classes=4)
+    calls, seen = [], []
+    original = detector.end_to_end_detections
+    monkeypatch.setattr(detector, "end_to_end_detections", lambda *a, **k: calls.append(k) or original(*a, **k))
+    validate(model, loader, num_classes=4, conf=0.0, max_det=5, nms=False, on_image=lambda *a: seen.append(a[-1]))
+    assert [c["max_det"] for c in calls] == [5, 5] and len(seen) == 3 and all(len(d) == 5 for d in seen)
+
+
+def test_the_commands_say_in_one_line_when_nms_cannot_be_left_out(tmp_path):
+    import subprocess
+    import sys
+
+    import cv2
+    import numpy as np
+
+    image = tmp_path / "a.jpg"
+    cv2.imwrite(str(image), np.random.default_rng(0).integers(0, 255, (64, 80, 3), np.uint8))
+    run = [sys.executable, "-m", "yolokit", "predict", str(image), "--device", "cpu", "--imgsz", "64", "--no-nms",
+           "--out", str(tmp_path / "out")]
+    refused = subprocess.run([*run, "--model", "yolov8n"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "yolov8n has no one-to-one (end-to-end) branch" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "out").exists()
+    done = subprocess.run([*run, "--weights", str(FIXTURES / "yolo26-tiny-last.pt"), "--conf", "0.003"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "a.jpg: 80x64" in done.stdout and "results written to" in done.stdout

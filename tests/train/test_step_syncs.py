@@ -107,8 +107,9 @@ def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name, precision", [("yolov8n", "bf16"), ("yolov3-tiny", "fp16")])
-def test_a_cuda_training_step_never_waits_for_the_device(name, precision):
+@pytest.mark.parametrize("name, precision, optimizer", [("yolov8n", "bf16", "sgd"), ("yolov3-tiny", "fp16", "sgd"),
+                                                        ("yolo26n.yaml", "bf16", "musgd")])
+def test_a_cuda_training_step_never_waits_for_the_device(name, precision, optimizer):
     """Forward, loss, backward and the optimizer step (unscale, clip, skip-on-inf) of a COCO-like
     batch (8 images of 60 boxes) under ``torch.cuda.set_sync_debug_mode("error")``; a first step
     builds the caches (grids, anchors, the assigner's chunk size) and cuDNN's plans."""
@@ -122,7 +123,7 @@ def test_a_cuda_training_step_never_waits_for_the_device(name, precision):
     model = create_model(name, num_classes=80).to(device).train()
     criterion = build_loss(model, TrainConfig(model=name))
     amp = Precision(precision, device)
-    optimizer = build_optimizer(model, "sgd", 0.01, 0.9, 5e-4)
+    optimizer = build_optimizer(model, optimizer, 0.01, 0.9, 5e-4)   # MuSGD: Newton-Schulz in bfloat16
     gen = torch.Generator().manual_seed(0)
     images = torch.rand(8, 3, 320, 320, generator=gen).to(device)
     xy = torch.rand(8 * g, 2, generator=gen) * 280
@@ -146,8 +147,9 @@ def test_a_cuda_training_step_never_waits_for_the_device(name, precision):
     torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny", "yolo11n.yaml"])
-def test_a_step_reads_no_uninitialised_memory(name):
+@pytest.mark.parametrize("name, optimizer", [("yolov8n", "sgd"), ("yolov3-tiny", "sgd"), ("yolo11n.yaml", "sgd"),
+                                             ("yolo26n.yaml", "musgd")])
+def test_a_step_reads_no_uninitialised_memory(name, optimizer):
     """The CPU stand-in for ``compute-sanitizer --tool initcheck`` on the step (which does not finish
     one in its time on a GPU): with torch's ``fill_uninitialized_memory`` every ``torch.empty``
     comes filled with NaN or the largest integer, so a read of memory nothing wrote changes the
@@ -174,15 +176,15 @@ def test_a_step_reads_no_uninitialised_memory(name):
         ema = ModelEMA(model)
         criterion = build_loss(model, TrainConfig(model=name))
         amp = Precision("fp32", torch.device("cpu"))
-        optimizer = build_optimizer(model, "sgd", 0.01, 0.9, 5e-4)
+        opt = build_optimizer(model, optimizer, 0.01, 0.9, 5e-4)
         torch.use_deterministic_algorithms(True)
         det.fill_uninitialized_memory = fill
         try:
             loss, parts = forward_backward(model, criterion, amp, images, targets, max_boxes=5, weight=2.0,
                                            channels_last=True)
             grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-            amp.step(optimizer, clip_grad_norm=10.0, blocking=False)
-            optimizer.zero_grad(set_to_none=True)
+            amp.step(opt, clip_grad_norm=10.0, blocking=False)
+            opt.zero_grad(set_to_none=True)
             ema.update(model)
         finally:
             torch.use_deterministic_algorithms(False)

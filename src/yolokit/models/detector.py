@@ -117,12 +117,16 @@ class Detector(nn.Module):
             nms: the predictions that NMS selects from (an end-to-end head's one-to-many branch);
                 False: an end-to-end head's one-to-one branch, for ``ops.nms.end_to_end_detections``.
         """
+        self.check_nms(nms)
         if self.end_to_end:
             return self.head.decode(maps, branch="one2many" if nms else "one2one")
-        if not nms:
+        return self.head.decode(maps)
+
+    def check_nms(self, nms: bool) -> None:
+        """Raises a ValueError for ``nms=False`` on a model without a one-to-one branch."""
+        if not nms and not self.end_to_end:
             raise ValueError(f"{self.name} has no one-to-one (end-to-end) branch: its detections need NMS "
                              "(nms=False needs a model such as yolo26)")
-        return self.head.decode(maps)
 
     @torch.inference_mode()
     def predict(
@@ -176,8 +180,7 @@ class Detector(nn.Module):
             >>> det.boxes.shape
             torch.Size([5, 4])
         """
-        if not nms and not self.end_to_end:
-            self.decode([], nms=False)   # the error that says why
+        self.check_nms(nms)
         if not isinstance(images, Tensor):
             raise TypeError(f"Detector.predict takes Tensor[B, 3, H, W] or Tensor[3, H, W], got "
                             f"{type(images).__name__}: files, folders, videos and numpy or PIL images go through "

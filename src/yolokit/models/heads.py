@@ -27,6 +27,12 @@ from yolokit.ops.anchors import anchor_to_box, dfl_expectation, dist_to_box, gri
 from yolokit.ops.cache import ConstantCache, upload
 
 
+def _maps(features: list[Tensor], boxes: nn.ModuleList, classes: nn.ModuleList) -> list[Tensor]:
+    """Per level the box outputs, then the class logits, along the channels."""
+    return [torch.cat((box(x), cls(x)), dim=1)   # not strict: compile traces forward
+            for x, box, cls in zip(features, boxes, classes, strict=False)]
+
+
 class DFL(nn.Module):
     """Fixed projection of a distribution over ``reg_max`` bins onto its expectation.
 
@@ -105,8 +111,7 @@ class DFLHead(nn.Module):
                 cls[-1].bias.fill_(math.log(5 / self.num_classes / (640 / s) ** 2))
 
     def forward(self, features: list[Tensor]) -> list[Tensor]:
-        return [torch.cat((box(x), cls(x)), dim=1)   # not strict: compile traces forward
-                for x, box, cls in zip(features, self.box, self.cls, strict=False)]
+        return _maps(features, self.box, self.cls)
 
     def decode(self, maps: list[Tensor]) -> Tensor:
         """Raw maps -> Tensor[B, P, 4 + C]: xyxy pixels and sigmoid class scores."""
@@ -164,12 +169,9 @@ class EndToEndHead(DFLHead):
         return [(self.box, self.cls), *own]
 
     def forward(self, features: list[Tensor]) -> dict[str, list[Tensor]]:   # type: ignore[override]
-        one2many = [torch.cat((box(x), cls(x)), dim=1)
-                    for x, box, cls in zip(features, self.box, self.cls, strict=False)]
         inputs = [x.detach() for x in features] if self.training else features
-        one2one = [torch.cat((box(x), cls(x)), dim=1)
-                   for x, box, cls in zip(inputs, self.one2one_box, self.one2one_cls, strict=False)]
-        return {"one2many": one2many, "one2one": one2one}
+        return {"one2many": _maps(features, self.box, self.cls),
+                "one2one": _maps(inputs, self.one2one_box, self.one2one_cls)}
 
     def decode(self, maps: dict[str, list[Tensor]], branch: str = "one2many") -> Tensor:   # type: ignore[override]
         """The raw output -> Tensor[B, P, 4 + C] of one branch: xyxy pixels and sigmoid class scores.
