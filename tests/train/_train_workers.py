@@ -5,6 +5,7 @@ Kept out of the test files so spawned children import a plain module by name.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import os
 import random
@@ -214,3 +215,15 @@ def meter_means(batches_of_rank: list[int]) -> dict:
         return meter.epoch_means()
     finally:
         distributed.teardown()
+
+
+def timeless_rows(run_dir: Path) -> list[dict]:
+    """results.csv's rows without the columns that depend on the machine's speed (seconds, data%)."""
+    return [{k: v for k, v in r.items() if k not in ("seconds", "data%")}
+            for r in csv.DictReader((Path(run_dir) / "results.csv").open())]
+
+
+def relative(x: torch.Tensor, y: torch.Tensor) -> float:
+    """||x - y|| / ||y|| (||x|| for a zero y)."""
+    x, y = x.double(), y.double()
+    return float((x - y).norm() / y.norm().clamp_min(1e-12)) if y.norm() > 0 else float(x.norm())

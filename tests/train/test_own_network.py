@@ -46,15 +46,6 @@ def config(shapes, out, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def _rows(run_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in ("seconds", "data%")}
-            for r in csv.DictReader((run_dir / "results.csv").open())]
-
-
-def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.double(), y.double()
-    return float((x - y).norm() / y.norm().clamp_min(1e-12)) if y.norm() > 0 else float(x.norm())
-
 
 def assert_same_run(reference, other):
     a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(other / "weights" / "last.pt")
@@ -63,7 +54,7 @@ def assert_same_run(reference, other):
         other_part = b["model"] if part is a["model"] else b["ema"]["module"]
         for key, value in part.items():
             assert torch.equal(other_part[key], value), key
-    assert _rows(other) == _rows(reference)
+    assert workers.timeless_rows(other) == workers.timeless_rows(reference)
 
 
 @pytest.mark.parametrize("name, strides", [pytest.param("yolov8n-p2.yaml", (4, 8, 16, 32), marks=pytest.mark.extended),
@@ -88,8 +79,8 @@ def test_a_yaml_model_resumes_bit_for_bit_and_trains_the_same_on_two_processes(s
     assert two[0]["digests"] == two[1]["digests"] and len(two[0]["digests"]) == 6   # the ranks agree, every step
     a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(tmp_path / "two" / "weights" / "last.pt")
     assert a["steps"] == b["steps"] == 6
-    worst = max(_relative(b[part][k], v) for part in ("model",) for k, v in a[part].items())
-    worst = max(worst, *(_relative(b["ema"]["module"][k], v) for k, v in a["ema"]["module"].items()))
+    worst = max(workers.relative(b[part][k], v) for part in ("model",) for k, v in a[part].items())
+    worst = max(worst, *(workers.relative(b["ema"]["module"][k], v) for k, v in a["ema"]["module"].items()))
     assert 0.0 < worst < 1e-3, worst              # two separate computations, the same training
     import yolokit
 
@@ -134,4 +125,4 @@ def test_a_timm_backbone_under_a_pan_neck_trains_its_loss_falls_and_it_resumes_e
     a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(crashed / "weights" / "last.pt")
     assert a["steps"] == b["steps"] == 12
     assert all(torch.equal(b["model"][k], v) for k, v in a["model"].items())
-    assert _rows(crashed) == _rows(reference)
+    assert workers.timeless_rows(crashed) == workers.timeless_rows(reference)

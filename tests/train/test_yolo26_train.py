@@ -59,15 +59,6 @@ def config(shapes, tiny, out, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def _rows(run_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in ("seconds", "data%")}
-            for r in csv.DictReader((run_dir / "results.csv").open())]
-
-
-def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.double(), y.double()
-    return float((x - y).norm() / y.norm().clamp_min(1e-12)) if y.norm() > 0 else float(x.norm())
-
 
 def test_yolo26_trains_with_its_loss_and_musgd_resumes_bit_for_bit_and_on_two_processes(shapes, tiny, tmp_path,
                                                                                           one_thread):
@@ -110,12 +101,12 @@ def test_yolo26_trains_with_its_loss_and_musgd_resumes_bit_for_bit_and_on_two_pr
     for key, value in a["optimizer"]["state"].items():
         for name, buffer in value.items():
             assert torch.equal(b["optimizer"]["state"][key][name], buffer), (key, name)
-    assert _rows(crashed) == _rows(reference)
+    assert workers.timeless_rows(crashed) == workers.timeless_rows(reference)
 
     two = launch(workers.fit_recording, 2, config(shapes, tiny, tmp_path / "two", batch=4), timeout=600)
     assert two[0]["digests"] == two[1]["digests"] and len(set(two[0]["digests"])) == 6   # the ranks agree
     b = load_checkpoint(tmp_path / "two" / "weights" / "last.pt")
-    worst = max(_relative(b["model"][k], v) for k, v in a["model"].items())
+    worst = max(workers.relative(b["model"][k], v) for k, v in a["model"].items())
     assert 0.0 < worst < 1e-3, worst                                  # two separate computations, one training
 
     model = yolokit.load(reference / "weights" / "model.pt")
