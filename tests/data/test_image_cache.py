@@ -47,13 +47,13 @@ def test_a_cache_that_does_not_fit_is_refused_with_both_figures():
 
 
 def test_the_ram_cache_is_read_only_and_an_unreadable_image_is_tried_again(tmp_path, caplog, monkeypatch):
-    import yolokit.data.dataset as module
+    import yolokit.data.images as module
 
     yaml = make_shapes(tmp_path / "set", n_train=6, n_val=2, imgsz=64)
     plain = DetectionDataset(yaml, "train", imgsz=64)
     with pytest.raises(ValueError, match="read-only"):
         DetectionDataset(yaml, "train", imgsz=64, cache_images="ram").load(0)[0][0, 0, 0] = 1   # never spoilt
-    real, path = module.read_image, plain.index.paths[3]
+    real, path = module.read_bytes, plain.index.paths[3]
 
     def flaky(p):                                        # image 3 cannot be read, for now
         if str(p) == path and flaky.broken:
@@ -61,7 +61,7 @@ def test_the_ram_cache_is_read_only_and_an_unreadable_image_is_tried_again(tmp_p
         return real(p)
 
     flaky.broken = True
-    monkeypatch.setattr(module, "read_image", flaky)
+    monkeypatch.setattr(module, "read_bytes", flaky)
     broken = DetectionDataset(yaml, "train", imgsz=64, cache_images="ram")
     assert broken._ram.get(3) is None and broken._ram.get(2) is not None
     assert broken[3]["index"] == 4                      # the next readable image, reported once

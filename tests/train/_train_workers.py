@@ -74,6 +74,33 @@ def fit_recording_sizes(config: TrainConfig) -> dict:
     return {"rank": distributed.rank(), "steps": steps[:-1]}
 
 
+def fit_recording_images(config: TrainConfig) -> dict:
+    """``Trainer(config).fit()``, recording the dataset indices of every micro-batch this rank trains on, step by
+    step (a step in which this rank had no micro-batch is an empty list), and the weights' digest after each."""
+    import yolokit.train.trainer as trainer_module
+
+    steps: list[list[int]] = [[]]
+    digests: list[str] = []
+    train_step, after_step = trainer_module.train_step, Trainer.after_step
+
+    def fed(parts, progress, meter, batch, epoch):
+        if batch is not None:
+            steps[-1].extend(int(i) for i in batch["indices"])
+        return train_step(parts, progress, meter, batch, epoch)
+
+    def stepped(self, epoch):
+        after_step(self, epoch)
+        digests.append(_digest(self.parts.model))
+        steps.append([])
+
+    trainer_module.train_step, Trainer.after_step = fed, stepped
+    try:
+        result = Trainer(config).fit()
+    finally:
+        trainer_module.train_step, Trainer.after_step = train_step, after_step
+    return {"rank": distributed.rank(), "steps": steps[:-1], "digests": digests, "result": result}
+
+
 def fit_where_one_rank_diverges(config: TrainConfig) -> dict:
     """Rank 1's loss is NaN from its first batch on, rank 0's never: both must stop, at the same step."""
     from yolokit.accel import TrainingDiverged

@@ -230,11 +230,16 @@ class DiskCache:
         root: the cache folder (default ``cache_home() / "images"``, passed by the dataset).
     """
 
-    def __init__(self, paths: Sequence[str], imgsz: int, root: str | os.PathLike):
-        self.paths, self.imgsz, self.root = list(paths), imgsz, Path(root)
+    def __init__(self, paths: Sequence[str], imgsz: int, root: str | os.PathLike,
+                 stamp: Callable[[int], str] | None = None):
+        self.paths, self.imgsz, self.root, self.stamp = list(paths), imgsz, Path(root), stamp
 
     def file(self, i: int) -> Path:
-        """The cache file of image ``i``: named by its path, size, mtime and the training size."""
+        """The cache file of image ``i``: named by its path, size, mtime and the training size (images
+        from shards: by ``stamp(i)``, which changes when the shard does)."""
+        if self.stamp is not None:
+            key = hashlib.sha1(f"{self.stamp(i)}|{self.imgsz}".encode()).hexdigest()
+            return self.root / key[:2] / f"{key[2:]}.npy"
         path = os.path.abspath(self.paths[i])
         st = os.stat(path)
         key = hashlib.sha1(f"{path}|{st.st_size}|{st.st_mtime_ns}|{self.imgsz}".encode()).hexdigest()

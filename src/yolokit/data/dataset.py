@@ -24,10 +24,8 @@ the main process reaches persistent DataLoader workers too.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
-from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import cv2
@@ -37,12 +35,13 @@ from torch.utils.data import Dataset
 
 from yolokit.data.albu import Albumentations
 from yolokit.data.cache import DiskCache, RamCache
-from yolokit.data.images import ImageError, letterbox, read_image
+from yolokit.data.images import ImageError, decode_image, letterbox
 from yolokit.data.labels import cache_home
 from yolokit.data.mosaic import mixup, mosaic4_canvas
 from yolokit.data.recipes import train_recipe
 from yolokit.data.selection import select
 from yolokit.data.sources import DatasetError, load_split
+from yolokit.data.stream import ShardLost
 from yolokit.data.transforms import (
     AugmentConfig,
     apply_hsv_lut,
@@ -51,6 +50,7 @@ from yolokit.data.transforms import (
     random_flip,
     scale_boxes,
 )
+from yolokit.data.workers import SharedArray
 from yolokit.ops.geometry import letterbox_plan
 
 logger = logging.getLogger("yolokit.data")
@@ -58,31 +58,13 @@ logger = logging.getLogger("yolokit.data")
 _EPOCH, _MOSAIC, _SEED, _PASS = range(4)
 
 
-class _SharedState:
-    """Four int64 values in shared memory: epoch, mosaic switch, seed, pass.
-
-    Inherited by forked workers and passed to spawned ones; pickled at any other
-    time (e.g. a deepcopy) it becomes an independent copy.
-    """
-
-    def __init__(self, values: list[int]) -> None:
-        self.array = mp.RawArray("q", values)
-
-    def __getstate__(self) -> dict:
-        if get_spawning_popen() is not None:
-            return {"array": self.array}
-        return {"values": list(self.array)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.array = state["array"] if "array" in state else mp.RawArray("q", state["values"])
-
-
 class DetectionDataset(Dataset):
     """One split of a detection dataset.
 
     Args:
-        source: a data.yaml path, a COCO instances json path, or "shapes".
-        split: "train", "val", "test" (yaml sources); ignored for a json.
+        source: a data.yaml path, a COCO instances json path, "shapes", or shards (`yolokit data
+            shard`: their folder or ``s3://bucket/prefix``; a data.yaml's split may name them too).
+        split: "train", "val", "test" (yaml sources and shards); ignored for a json.
         imgsz: training/inference size; images are resized so the long side is imgsz.
         augment: training augmentation (Mosaic, affine, HSV, flips, optional MixUp and
             albumentations); otherwise letterbox only.
@@ -108,6 +90,8 @@ class DetectionDataset(Dataset):
             run after the affine step when augmenting.
         image_dir: COCO only, the image folder (guessed when None).
         label_cache: read/write the label cache.
+        shards: images from shards: ``{"max_cache": "25GB", "cache_dir": ...}``, the local cache of
+            remote chunks (`yolokit.data.stream.shard_index`).
         fraction, subset_seed, classes, single_cls: train on part of the split (a seeded
             share of the images, some classes' labels, or all classes as one); see
             `yolokit.data.selection.select`. What they leave out is in `selection_notes`.
@@ -128,18 +112,21 @@ class DetectionDataset(Dataset):
                  image_dir: str | os.PathLike | None = None, label_cache: bool = True,
                  buffer_size: int = 64, fraction: float = 1.0, subset_seed: int = 0,
                  classes: Sequence[int] | None = None, single_cls: bool = False,
-                 cache_dir: str | os.PathLike | None = None, cache_peers: tuple[int, int, str] | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None, cache_peers: tuple[int, int, str] | None = None,
+                 shards: dict | None = None) -> None:
         self.index, self.selection_notes = select(
-            load_split(source, split, image_dir=image_dir, cache=label_cache), fraction=fraction, seed=subset_seed,
+            load_split(source, split, image_dir=image_dir, cache=label_cache, shards=shards), fraction=fraction,
+            seed=subset_seed,
             classes=classes, single_cls=single_cls)
         self.names = self.index.names
+        self._groups = self.index.groups        # shards: each image's chunk (Mosaic partners come from it)
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
         self._rect_shapes: np.ndarray | None = None  # rect training: (h, w) of each image's batch
         self.hyp = hyp or AugmentConfig()
         if albumentations is not None and not isinstance(albumentations, Albumentations):
             albumentations = Albumentations(albumentations)
         self.albumentations = albumentations
-        self._state = _SharedState([0, 1, 0, 0])
+        self._state = SharedArray("q", [0, 1, 0, 0])   # epoch, mosaic, seed, pass
         self.hsv_in_batch = False   # HSV tables drawn here, applied on the device (build_dataloader's hsv_on_device)
         self.recipe_in_batch = False  # augment_on="device": items carry recipes (data.recipes), no pixels
         self._pass: int | None = None  # the pass this process's buffer belongs to
@@ -155,7 +142,8 @@ class DetectionDataset(Dataset):
         if mode == "ram":
             self._ram = RamCache(self.index.shapes, imgsz, self._read_resized, peers=cache_peers)
         elif mode == "disk":
-            self._disk = DiskCache(self.index.paths, imgsz, cache_dir or cache_home() / "images")
+            self._disk = DiskCache(self.index.paths, imgsz, cache_dir or cache_home() / "images",
+                                   stamp=None if self.index.store is None else self.index.stamp)
             self._disk.fill(range(local_rank, len(self), local_world), self._read_resized,
                             threads=max(1, min(8, (os.cpu_count() or 1) // local_world)), progress=local_rank == 0)
 
@@ -256,7 +244,7 @@ class DetectionDataset(Dataset):
                            path, reason)
 
     def _read_resized(self, i: int) -> np.ndarray:
-        image = read_image(self.index.paths[i])
+        image = decode_image(self.index.image_bytes(i))
         h, w = image.shape[:2]
         r = self.imgsz / max(h, w)
         if r != 1:
@@ -312,13 +300,16 @@ class DetectionDataset(Dataset):
         """`load(i)` (default `self.load`; the recipes pass theirs), or the next readable image when i
         cannot be read (reported once), with the index read last."""
         load = load or self.load
-        n = len(self)
-        for k in range(n):
-            j = (i + k) % n
+        n, j = len(self), i
+        for _ in range(n):
             try:
                 return (*load(j), j)
+            except ShardLost as err:            # a whole chunk (named once by the store): on after it
+                after = int(np.searchsorted(self.index.items, err.next_item)) % n
+                j = after if after != j else (j + 1) % n
             except ImageError as err:
                 self._warn_once(self.index.paths[j], str(err))
+                j = (j + 1) % n
         raise DatasetError("no image of the dataset can be read any more")
 
     # ------------------------------------------------------------------ items
@@ -354,7 +345,7 @@ class DetectionDataset(Dataset):
         hyp = self.hyp
         image, boxes, classes, ratio_pad, i = self._geometric_view(i, rng)
         if hyp.mixup > 0 and not self.rect and rng.random() < hyp.mixup:   # rect: one batch shape, no MixUp
-            other = self._geometric_view(int(rng.integers(len(self))), rng)
+            other = self._geometric_view(int(self._anywhere(rng, i)), rng)
             image, boxes, classes = mixup((image, boxes, classes), other[:3], rng)
         if self.albumentations is not None:
             image, boxes, classes = self.albumentations(image, boxes, classes, rng)
@@ -364,12 +355,21 @@ class DetectionDataset(Dataset):
         image, boxes = random_flip(image, boxes, rng, fliplr=hyp.fliplr, flipud=hyp.flipud)   # commutes with HSV
         return image, boxes, classes, ratio_pad, i, lut
 
-    def _partners(self, rng: np.random.Generator) -> list[int]:
-        """Three Mosaic partners: from the buffer once it is a quarter full, else anywhere."""
+    def _partners(self, rng: np.random.Generator, i: int | None = None) -> list[int]:
+        """Three Mosaic partners of image i: from the buffer once it is a quarter full, else `_anywhere`."""
         if self.buffer_size and len(self._buffer) >= min(self.buffer_size, len(self)) // 4:
             keys = list(self._buffer)
             return [keys[k] for k in rng.integers(0, len(keys), 3)]
-        return [int(j) for j in rng.integers(0, len(self), 3)]
+        return [int(j) for j in self._anywhere(rng, i, 3)]
+
+    def _anywhere(self, rng: np.random.Generator, i: int | None, size: int | None = None):
+        """Images drawn to go with image i (Mosaic partners, MixUp's other): any of the split; from shards,
+        any of i's chunk, so that no other chunk is fetched for them."""
+        g = self._groups
+        if g is None or i is None:
+            return rng.integers(0, len(self), size) if size is not None else rng.integers(len(self))
+        lo, hi = int(np.searchsorted(g, g[i], "left")), int(np.searchsorted(g, g[i], "right"))
+        return lo + (rng.integers(0, hi - lo, size) if size is not None else rng.integers(hi - lo))
 
     def _geometric_view(self, i: int, rng: np.random.Generator):
         """Mosaic + affine, or letterbox + affine; output imgsz square (rect: no Mosaic, the batch's shape)."""
@@ -379,7 +379,7 @@ class DetectionDataset(Dataset):
         if not self.rect and self.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
             image, boxes, classes, ratio, i = self._load_any(i)
             samples = [(image, boxes, classes)]
-            for j in self._partners(rng):
+            for j in self._partners(rng, i):
                 samples.append(self._load_any(j)[:3])
             canvas, boxes, classes = mosaic4_canvas(samples, s, rng)  # painted where the affine reads
             image, boxes, classes = random_affine(canvas, boxes, classes, rng,

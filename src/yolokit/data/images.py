@@ -10,6 +10,7 @@ through `image_tensor`.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,14 +68,22 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     Raises:
         ImageError: the file is missing, unreadable or cannot be decoded.
     """
-    data = read_bytes(path)
+    return decode_image(read_bytes(path))
+
+
+def decode_image(data: np.ndarray) -> np.ndarray:
+    """Decode an image file's bytes (uint8 [N]) into upright 8-bit BGR [H, W, 3].
+
+    Raises:
+        ImageError: the bytes cannot be decoded.
+    """
     image = cv2.imdecode(data, cv2.IMREAD_COLOR)
     if image is None:  # a few valid files (e.g. some rotated TIFFs) trip OpenCV
-        image = _read_with_pillow(path)
+        image = _read_with_pillow(io.BytesIO(data.tobytes()))
     return image
 
 
-def _read_with_pillow(path: str | os.PathLike) -> np.ndarray:
+def _read_with_pillow(path) -> np.ndarray:
     from PIL import Image, ImageOps
 
     try:

@@ -15,6 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,9 @@ class SplitIndex:
         problems: every file that was excluded, fixed or used as a background.
         category_ids: COCO only: the json category id of each class index.
         image_ids: COCO only: the json image id of each image.
+        store: shards only (`yolokit.data.stream.ShardStore`): where the images' bytes are read;
+            `paths` then names each image (the split's url and its key) but is no file.
+        items: shards only: each image's item in `store`.
     """
 
     paths: list[str]
@@ -64,9 +68,32 @@ class SplitIndex:
     problems: list[Problem] = field(default_factory=list)
     category_ids: list[int] | None = None
     image_ids: list[int] | None = None
+    store: Any = None
+    items: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def image_bytes(self, i: int) -> np.ndarray:
+        """The encoded bytes of image ``i`` as uint8 [N], from its file or its shard.
+
+        Raises:
+            ImageError: unreadable (a shard's: `ShardLost`, naming the chunk skipped).
+        """
+        if self.store is None:
+            from yolokit.data.images import read_bytes
+
+            return read_bytes(self.paths[i])
+        return self.store.read(int(self.items[i]))
+
+    def stamp(self, i: int) -> str:
+        """Shards: what names image ``i``'s content (its item and its chunk), for the disk cache."""
+        return self.store.stamp(int(self.items[i]))
+
+    @property
+    def groups(self) -> np.ndarray | None:
+        """Shards: the chunk of each image (the sampler shuffles within chunks); None for files."""
+        return None if self.store is None else np.asarray(self.store.chunk_of(self.items))
 
 
 def empty_labels() -> np.ndarray:

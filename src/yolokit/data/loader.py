@@ -336,7 +336,8 @@ def build_dataloader(
     else:
         batches = ShardedBatchSampler(len(dataset), batch_size, rank=rank, world_size=world_size,
                                       accumulate=accumulate, shuffle=shuffle, seed=seed,
-                                      drop_last=drop_last, whole_steps=whole_steps)
+                                      drop_last=drop_last, whole_steps=whole_steps,
+                                      groups=getattr(getattr(dataset, "index", None), "groups", None))
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     loader.seed, loader._buffers = seed, buffers
     return loader

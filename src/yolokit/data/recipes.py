@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from yolokit.data.buffers import SLOT_KEY, BatchBuffers, fresh_shared
-from yolokit.data.images import read_bytes
 from yolokit.data.mosaic import mosaic4_canvas
 from yolokit.data.transforms import affine_boxes, affine_plan, hsv_lut, scale_boxes
 from yolokit.ops.geometry import letterbox_plan
@@ -52,7 +51,7 @@ def _loaded_size(ds, i: int) -> tuple[int, int]:
 
 def _read_source(ds, i: int) -> Source:
     path = ds.index.paths[i]
-    data = read_bytes(path)
+    data = ds.index.image_bytes(i)
     if data.size > 3 and data[0] == 0xFF and data[1] == 0xD8 and _ends(data) and not _turned(data):
         return Source(i, _loaded_size(ds, i), jpeg=data, decoded=tuple(int(v) for v in ds.index.shapes[i]),
                       path=path)                                  # the device decodes it
@@ -128,7 +127,7 @@ def _view(ds, i: int, rng: np.random.Generator):
     if not ds.rect and ds.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
         src, boxes, classes, ratio, i = _load_any(ds, i)
         samples = [(src, boxes, classes)]
-        for j in ds._partners(rng):
+        for j in ds._partners(rng, i):
             samples.append(_load_any(ds, j)[:3])
         canvas, boxes, classes = mosaic4_canvas(samples, s, rng)
         plan = affine_plan(rng, canvas.shape[:2], (s, s), **affine)
@@ -158,7 +157,7 @@ def train_recipe(ds, i: int, rng: np.random.Generator) -> dict:
     view, boxes, classes, ratio_pad, i = _view(ds, i, rng)
     views, mix = [view], 1.0
     if hyp.mixup > 0 and not ds.rect and rng.random() < hyp.mixup:
-        other = _view(ds, int(rng.integers(len(ds))), rng)
+        other = _view(ds, int(ds._anywhere(rng, i)), rng)
         mix = float(rng.beta(32.0, 32.0))
         views.append(other[0])
         boxes = np.concatenate([boxes, other[1]]).astype(np.float32)

@@ -98,6 +98,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         shuffle: Random order per epoch.
         seed: Base seed of the order.
         drop_last: Drop the last micro-batch when it is not full.
+        groups: Each item's group (shards: its chunk, `SplitIndex.groups`): shuffling visits the
+            groups in a seeded order and shuffles the items within each, so a few chunks are read at
+            a time; the order is still one over all ranks.
         whole_steps: Drop the micro-batches of an incomplete last step too, so every rank
             runs the same number of micro-batches (what SyncBatchNorm's collectives in
             forward and backward need); at most ``world_size * accumulate - 1`` micro-batches
@@ -105,13 +108,17 @@ class ShardedBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, size: int, batch_size: int, *, rank: int = 0, world_size: int = 1, accumulate: int = 1,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, whole_steps: bool = False) -> None:
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, whole_steps: bool = False,
+                 groups: np.ndarray | None = None) -> None:
         if batch_size < 1 or accumulate < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size >= 1, accumulate >= 1 and 0 <= rank < world_size, got "
                              f"{batch_size}, {accumulate}, {rank}, {world_size}")
         self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
         self.accumulate, self.shuffle, self.seed, self.drop_last = accumulate, shuffle, seed, drop_last
         self.whole_steps = whole_steps
+        self.groups = None if groups is None else torch.as_tensor(np.asarray(groups), dtype=torch.int64)
+        if self.groups is not None and len(self.groups) != size:
+            raise ValueError(f"groups: one per item, got {len(self.groups)} for {size} items")
         self.epoch, self.start_step = 0, 0
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
@@ -133,11 +140,20 @@ class ShardedBatchSampler(Sampler[list[int]]):
         chunks = range(self.start_step * group, total)   # resuming: the first steps' chunks left out
         return [c for c in chunks if first <= c % group < first + self.accumulate]
 
+    def order(self) -> torch.Tensor:
+        """The epoch's order of the dataset's indices (the same on every rank)."""
+        if not self.shuffle:
+            return torch.arange(self.size)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        if self.groups is None:
+            return torch.randperm(self.size, generator=generator)
+        _, group = torch.unique(self.groups, return_inverse=True)     # groups in a seeded order, then
+        place = torch.empty(int(group.max()) + 1, dtype=torch.int64)  # the images within each shuffled
+        place[torch.randperm(len(place), generator=generator)] = torch.arange(len(place))
+        return torch.argsort(place[group] * self.size + torch.randperm(self.size, generator=generator))
+
     def __iter__(self) -> Iterator[list[int]]:
-        if self.shuffle:
-            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        else:
-            order = torch.arange(self.size)
+        order = self.order()
         b = self.batch_size
         for c in self._mine():
             yield order[c * b:(c + 1) * b].tolist()

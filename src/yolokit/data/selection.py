@@ -51,7 +51,8 @@ def select(index: SplitIndex, *, fraction: float = 1.0, seed: int = 0, classes: 
         chosen = np.sort(np.random.default_rng(seed).permutation(n)[:keep])
         index = replace(index, paths=[index.paths[i] for i in chosen], shapes=index.shapes[chosen],
                         labels=[index.labels[i] for i in chosen],
-                        image_ids=[index.image_ids[i] for i in chosen] if index.image_ids else index.image_ids)
+                        image_ids=[index.image_ids[i] for i in chosen] if index.image_ids else index.image_ids,
+                        items=index.items[chosen] if index.items is not None else None)
         notes.append(f"fraction {fraction:g}: {keep} of {n} images (seed {seed})")
     if classes is not None:
         wanted = sorted({int(c) for c in classes})

@@ -145,10 +145,6 @@ def _check_yolo_image(image: str, label: str, num_classes: int):
     return shape, labels, None
 
 
-def _threads() -> int:
-    return min(8, (os.cpu_count() or 1) + 2)
-
-
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -169,7 +165,7 @@ def check_files(check: Callable[[T], R], items: Sequence[T], *, chunk: int = 64)
     waiting = time.perf_counter() - wall > 2 * (time.thread_time() - cpu) + 1e-3
     rest = [items[i:i + chunk] for i in range(chunk, len(items), chunk)]
     if waiting and len(rest) > 1:
-        pool = ThreadPoolExecutor(_threads())
+        pool = ThreadPoolExecutor(min(8, (os.cpu_count() or 1) + 2))
         try:
             for part in pool.map(lambda c: [check(x) for x in c], rest):
                 out.extend(part)
@@ -227,7 +223,8 @@ def _yolo_cache_path(spec: str | list, root: Path, first_label: str) -> Path:
     return folder.parent / f"{folder.name}{CACHE_SUFFIX}"
 
 
-def yolo_index(data_yaml: str | os.PathLike, split: str, *, cache: bool = True) -> SplitIndex:
+def yolo_index(data_yaml: str | os.PathLike, split: str, *, cache: bool = True,
+               shards: dict | None = None) -> SplitIndex:
     """Index one split of a YOLO-format dataset.
 
     Args:
@@ -244,6 +241,11 @@ def yolo_index(data_yaml: str | os.PathLike, split: str, *, cache: bool = True) 
     cfg = read_data_yaml(data_yaml)
     if not cfg.get(split):
         raise DatasetError(f"{data_yaml}: no '{split}' split")
+    from yolokit.data.stream import is_shards, shard_index
+
+    spec = cfg[split] if not isinstance(cfg[split], str) or "://" in cfg[split] else str(cfg["path"] / cfg[split])
+    if isinstance(spec, str) and is_shards(spec):   # the split is shards: a folder of them, or s3://...
+        return shard_index(spec, names=cfg["names"], **(shards or {}))
     images, problems = list_split(cfg[split], cfg["path"])
     where = f"{split} ({cfg[split]} in {cfg['path']})"
     if not images:
@@ -366,23 +368,28 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
 
 
 def load_split(source: str | os.PathLike, split: str = "train", *,
-               image_dir: str | os.PathLike | None = None, cache: bool = True) -> SplitIndex:
+               image_dir: str | os.PathLike | None = None, cache: bool = True,
+               shards: dict | None = None) -> SplitIndex:
     """Index a split of any supported source.
 
     Args:
-        source: a data.yaml path, a COCO instances json path, or "shapes" (the built-in
-            synthetic set, generated on first use by `make_shapes`).
+        source: a data.yaml path, a COCO instances json path, "shapes" (the built-in
+            synthetic set, generated on first use by `make_shapes`), or shards (`yolokit data
+            shard`): their folder or ``s3://bucket/prefix``. A data.yaml's split may name shards too.
         split: split name for yaml sources; ignored for a json.
         image_dir: COCO only, the image folder.
         cache: use the label cache.
+        shards: for shards, `shard_index`'s ``cache_dir`` and ``max_cache``.
 
     Returns:
         SplitIndex.
     """
-    if str(source) == "shapes":
-        from yolokit.data.shapes import make_shapes
+    from yolokit.data.shapes import make_shapes
+    from yolokit.data.stream import is_shards, shard_index, shards_root_split
 
-        source = make_shapes()
+    source = make_shapes() if str(source) == "shapes" else source
+    if is_shards(source):         # s3://bucket/prefix, or a folder of shards (`yolokit data shard`)
+        return shard_index(shards_root_split(str(source), split), **(shards or {}))
     path = Path(source)
     if not path.exists():
         raise DatasetError(f"dataset source not found: {path}")
@@ -390,4 +397,4 @@ def load_split(source: str | os.PathLike, split: str = "train", *,
         return coco_index(path, image_dir=image_dir, cache=cache)
     if path.is_dir() and (path / "data.yaml").is_file():
         path = path / "data.yaml"
-    return yolo_index(path, split, cache=cache)
+    return yolo_index(path, split, cache=cache, shards=shards)

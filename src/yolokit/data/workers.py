@@ -15,8 +15,33 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from multiprocessing.context import get_spawning_popen
 
 import cv2
+
+
+class SharedArray:
+    """A small typed array in shared memory (``.array``), seen by the loader's workers however they start.
+
+    Inherited by forked workers and passed to spawned ones; pickled at any other time (a deepcopy, a
+    checkpoint) it becomes an independent copy.
+
+    Args:
+        typecode: the `multiprocessing.RawArray` type ("q" int64, "b" int8, ...).
+        values: the initial values.
+    """
+
+    def __init__(self, typecode: str, values: list[int]) -> None:
+        self.array = multiprocessing.RawArray(typecode, values)
+
+    def __getstate__(self) -> dict:
+        if get_spawning_popen() is not None:
+            return {"array": self.array}
+        return {"typecode": self.array._type_._type_, "values": list(self.array)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.array = state["array"] if "array" in state else multiprocessing.RawArray(state["typecode"],
+                                                                                    state["values"])
 
 
 @contextlib.contextmanager

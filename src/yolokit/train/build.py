@@ -21,6 +21,7 @@ from torch import nn
 from yolokit.accel import Accumulator, GracefulStop, Precision, RankExchange, Watchdog, distributed, perf
 from yolokit.accel.checkpointing import enable_activation_checkpointing
 from yolokit.data import DetectionDataset, build_dataloader
+from yolokit.data.stream import CacheUse, share_cache
 from yolokit.losses import YOLO26Loss, YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, build_model, config_from_dict, create_model
 from yolokit.models.heads import AnchorHead, DFLHead, EndToEndHead
@@ -150,7 +151,8 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
                    batch=batch, per_process=plan.per_rank, accumulate=plan.accumulate,
                    step_batch=plan.images_per_step, optimizer=opt_name, lr0=lr0, precision=precision.precision,
                    layout=perf.describe(train_net), workers=settings.workers, sync_bn=settings.sync_bn,
-                   config=cfg.to_yaml(), notes=notes)
+                   config=cfg.to_yaml(), notes=notes,
+                   shard_cache=CacheUse([d.index.store for d in (train_set, val_set) if d.index.store is not None]))
     return Built(parts, progress, resume_meter, summary)
 
 
@@ -230,12 +232,13 @@ def build_datasets(cfg: TrainConfig, procs: Processes, report: Callable[[str], N
     with ``seed`` (the same on every rank and after a resume); ``classes`` and ``single_cls``
     apply to both splits. ``report`` receives what they left out.
     """
-    chosen = dict(classes=cfg.classes, single_cls=cfg.single_cls)
+    chosen = dict(classes=cfg.classes, single_cls=cfg.single_cls, shards={"max_cache": cfg.shard_cache})
     train_set = DetectionDataset(cfg.data, "train", imgsz=cfg.imgsz, augment=True, hyp=cfg.augment,
                                  cache_images=cfg.cache, cache_peers=cache_peers("train", procs),
                                  buffer_size=cfg.mosaic_buffer, fraction=cfg.fraction, subset_seed=cfg.seed, **chosen)
     val_set = DetectionDataset(cfg.data, "val", imgsz=cfg.imgsz, rect=True, cache_images=cfg.cache,
                                cache_peers=cache_peers("val", procs), **chosen)
+    share_cache([d.index.store for d in (train_set, val_set) if d.index.store is not None], cfg.shard_cache)
     for split, data in (("train", train_set), ("val", val_set)):
         for note in data.selection_notes:
             report(f"{split}: {note}")

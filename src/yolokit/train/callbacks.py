@@ -48,8 +48,9 @@ class Callback:
     def on_setup_end(self, summary: dict[str, Any]) -> None:
         """What setup built: ``model``, ``data``, ``classes``, ``world``, ``device``, ``batch``,
         ``per_process``, ``accumulate``, ``step_batch``, ``optimizer``, ``lr0``, ``precision``,
-        ``layout``, ``sync_bn``, ``workers``, ``config`` (YAML text) and ``notes`` (lines from the batch
-        finder, pretrained weights and resume)."""
+        ``layout``, ``sync_bn``, ``workers``, ``config`` (YAML text), ``notes`` (lines from the batch
+        finder, pretrained weights and resume) and ``shard_cache`` (data from remote shards: a callable
+        that says what their local cache holds against its cap, "1.2G/25.0G"; false otherwise)."""
 
     def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None: ...
 
@@ -101,6 +102,7 @@ class ProgressBar(Callback):
 
     def __init__(self, enabled: bool = True):
         self.enabled, self.bar, self.run_dir, self.postfix = enabled, None, None, {}
+        self.shard_cache = None
 
     def _write(self, text: str) -> None:
         if self.enabled:
@@ -116,6 +118,7 @@ class ProgressBar(Callback):
                     f"config:\n{s['config']}")
         for note in s["notes"]:
             self._write(note)
+        self.shard_cache = s.get("shard_cache") or None
 
     def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None:
         self.run_dir = run_dir
@@ -130,6 +133,8 @@ class ProgressBar(Callback):
         rate = self.images / max(time.perf_counter() - self.start, 1e-9)
         self.postfix = {**{k: f"{v:.3f}" for k, v in losses.items()}, "img_s": f"{rate:.1f}",
                         "data": f"{100 * data_share:.0f}%", "mem": f"{memory_gb:.2f}G"}
+        if self.shard_cache:                # remote shards: the local cache of their chunks against its cap
+            self.postfix["cache"] = self.shard_cache()
         self.bar.set_postfix(self.postfix, refresh=False)
         self.bar.update(1)
 
@@ -142,6 +147,8 @@ class ProgressBar(Callback):
         if self.enabled and "mAP50" in row:
             tqdm.write(f"  val: P {row['precision']:.3f}  R {row['recall']:.3f}  "
                        f"mAP50 {row['mAP50']:.3f}  mAP50-95 {row['mAP50-95']:.3f}")
+        if self.enabled and row.get("lost_images"):
+            tqdm.write(f"  data: {int(row['lost_images'])} images of unreadable shards skipped (named above)")
         gpu = [text.format(row[key]) for key, text in GPU_COLUMNS.items() if key in row]
         if self.enabled and gpu:      # is the GPU fed? next to data%
             tqdm.write(f"  gpu: {'  '.join(gpu)}  data {row['data%']:.0f}%")

@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from yolokit.data import AugmentConfig
+from yolokit.data.stream import parse_size
 from yolokit.models import MODELS, packaged_yamls
 from yolokit.models.zoo import is_yaml_name
 from yolokit.train.trackers import tracker_names
@@ -86,6 +87,8 @@ class TrainConfig:
     compile_augment: bool = False  # the device's augmentation (the pass, or the HSV step) through torch.compile:
     #                                a few fused kernels, the same images, compiled once (data.fused)
     cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)
+    shard_cache: str = "25GB"   # data from remote shards (s3://): the cap of the local cache of their chunks (the
+    #                             splits share it by size), in cache_home()/shards
     monitor: bool | None = None  # the device's busy share, peak memory, temperature and power per epoch (results.csv,
     #                              console, trackers) and a warning when the GPU starves; None: on with CUDA
     # reproducibility, output, control
@@ -126,6 +129,10 @@ class TrainConfig:
                 raise ValueError(f"cache must be ram, disk or false, got {self.cache!r}")
             self.cache = cache[self.cache.lower()]
         self.cache = "ram" if self.cache is True else self.cache
+        try:
+            parse_size(self.shard_cache)
+        except ValueError:
+            raise ValueError(f"shard_cache: expected a size such as 25GB or 512MB, got {self.shard_cache!r}") from None
         if isinstance(self.compile, str):                 # the CLI and YAML give strings
             mode = {"true": "default", "false": False, "none": False, "": False}.get(self.compile.lower(),
                                                                                    self.compile.lower())

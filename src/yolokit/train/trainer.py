@@ -27,6 +27,7 @@ from yolokit.accel.devices import DeviceFailure, is_device_error
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
 from yolokit.data.images import batch_files
+from yolokit.data.remote import StoreError, one_line
 from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback
@@ -90,6 +91,16 @@ class Trainer:
             _call(parts.callbacks, "on_interrupt", progress.steps, parts.run_dir)
             stop.reported = True                 # the callbacks said where it stopped
             raise stop from None
+        except StoreError as exc:                # the object store stopped answering: one line, exit 1
+            parts.accumulator.rewind()
+            if progress.epoch == epoch and parts.plan.world == 1:   # (several processes: a collective that
+                self.save_position(epoch)                           # a rank still loading would not join)
+            last = parts.run_dir / "weights" / "last.pt"
+            then = (f"{last} holds step {progress.steps}" if progress.epoch == epoch and parts.plan.world == 1
+                    else f"{last} holds the last finished epoch")
+            raise StoreError(f"the data stopped: {one_line(exc)}; {then}: when the store is back, resume with "
+                             f"`yolokit train --resume {parts.run_dir}`" if last.exists() else
+                             f"the data stopped: {one_line(exc)}") from None
         except SaveError as exc:                 # a full disk: what is intact, and how to go on
             exc.advice = exc.advice or self.weights.advice()
             raise
@@ -247,6 +258,17 @@ class Trainer:
         _call(parts.callbacks, "on_validation_end", result, samples, list(parts.names))
         return result
 
+    def lost_images(self) -> dict[str, int]:
+        """Data from shards: ``{"lost_images": n}``, the images of the shards found unreadable so far by any
+        process (each is named in the log once); nothing for data from files."""
+        stores = [d.index.store for d in (self.parts.train_set, self.parts.val_loader.dataset)
+                  if getattr(getattr(d, "index", None), "store", None) is not None]
+        if not stores:
+            return {}
+        seen = distributed.all_gather_object([s.lost_chunks() for s in stores])
+        return {"lost_images": sum(int(s.sizes[sorted({c for rank in seen for c in rank[k]})].sum())
+                                   for k, s in enumerate(stores))}
+
     def save_position(self, epoch: int) -> None:
         """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
         ranks = rank_states(self.meter)
@@ -271,7 +293,7 @@ class Trainer:
         row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **progress.result.as_dict(),
                "fitness": progress.result.fitness, "lr": parts.optimizer.param_groups[0]["lr"],
                "steps": progress.steps, "seconds": time.perf_counter() - self.epoch_started,
-               "data%": round(100 * data_share, 1), **device}
+               "data%": round(100 * data_share, 1), **device, **self.lost_images()}
         ranks = rank_states()
         with parts.stop.deferred():
             progress.epoch_done()

@@ -1,0 +1,206 @@
+"""Where shards live: a local folder or an S3-compatible bucket, behind one small interface.
+
+`Place(url)` reads, writes, lists and sizes files under a folder or an ``s3://bucket/prefix``.
+S3 goes through boto3 (a dependency of the `stream` extra's engine), configured only from the
+standard variables: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``,
+``AWS_DEFAULT_REGION``, ``AWS_PROFILE`` and the files boto3 reads. No credential passes through
+yolokit's own code, so none can reach a log line, a config.yaml, a tracker or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+class StoreError(RuntimeError):
+    """The object store cannot be reached, or refuses us, after retries."""
+
+
+class CredentialsError(StoreError):
+    """The object store refused the credentials (wrong key or secret, or no access)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """A StoreError's own message, also when a loader worker raised it (the loader passes the worker's
+    whole traceback as the message: its last line is the error)."""
+    text = str(exc).strip()
+    last = text.splitlines()[-1] if text else type(exc).__name__
+    name, sep, rest = last.partition(": ")
+    return rest if sep and name.rsplit(".", 1)[-1].endswith("Error") else last
+
+
+_DENIED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
+           "403", "Forbidden", "AuthorizationHeaderMalformed"}
+
+
+def is_remote(url: str | os.PathLike) -> bool:
+    """Whether ``url`` names an object store (``s3://...``) rather than a local path."""
+    return str(url).startswith("s3://")
+
+
+def join(url: str, *parts: str) -> str:
+    """``url`` and ``parts`` joined with "/" (a local path or an ``s3://`` url alike)."""
+    out = str(url).rstrip("/")
+    for p in parts:
+        out += "/" + str(p).strip("/")
+    return out
+
+
+def endpoint() -> str | None:
+    """The S3 endpoint boto3 will use from the environment (None: AWS itself)."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+class Place:
+    """A folder or an ``s3://bucket/prefix``, with the few operations shards need.
+
+    Args:
+        url: local folder path or ``s3://bucket/prefix``.
+        retries: attempts of each S3 request before `StoreError` (with backoff 0.5 s, 1 s, 2 s, ...).
+    """
+
+    def __init__(self, url: str | os.PathLike, *, retries: int = 4) -> None:
+        self.url = str(url).rstrip("/")
+        self.remote = is_remote(self.url)
+        self.retries = retries
+        if self.remote:
+            parsed = urlparse(self.url)
+            self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+            if not self.bucket:
+                raise ValueError(f"{url}: an s3 url names a bucket: s3://bucket/prefix")
+        self._client = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_client": None}     # a boto3 client is per process
+
+    # ------------------------------------------------------------------ s3
+
+    def client(self):
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._client = boto3.client("s3", config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                                                            connect_timeout=5, read_timeout=60))
+        return self._client
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}".lstrip("/") if name else self.prefix
+
+    def _call(self, what: str, fn):
+        """``fn()`` with retries and backoff on transport errors; credentials refused: at once."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        delay, last = 0.5, None
+        for attempt in range(self.retries):
+            try:
+                return fn()
+            except NoCredentialsError as err:
+                raise CredentialsError(f"{what}: no S3 credentials (set AWS_ACCESS_KEY_ID and "
+                                       "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)") from err
+            except ClientError as err:
+                code = str(err.response.get("Error", {}).get("Code", ""))
+                status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if code in _DENIED or status == 403:
+                    raise CredentialsError(f"{what}: the store refused the credentials ({code or status}); "
+                                           "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY") from err
+                if code in ("NoSuchKey", "404", "NoSuchBucket", "NotFound"):
+                    raise FileNotFoundError(f"{what}: not found ({code})") from err
+                last = err
+            except BotoCoreError as err:
+                last = err
+            if attempt + 1 < self.retries:
+                time.sleep(delay)
+                delay *= 2
+        raise StoreError(f"{what}: the store did not answer after {self.retries} tries ({last})")
+
+    # ------------------------------------------------------------------ operations
+
+    def where(self, name: str) -> str:
+        """The full url or path of ``name`` here."""
+        return join(self.url, name)
+
+    def check(self) -> None:
+        """Reach the store once (credentials and bucket), before any work. Local: nothing to check."""
+        if self.remote:
+            self._call(f"s3://{self.bucket}", lambda: self.client().head_bucket(Bucket=self.bucket))
+
+    def read(self, name: str) -> bytes:
+        """The bytes of ``name``. Raises FileNotFoundError when missing, StoreError when unreachable."""
+        if not self.remote:
+            return Path(self.where(name)).read_bytes()
+        return self._call(self.where(name), lambda: self.client().get_object(
+            Bucket=self.bucket, Key=self._key(name))["Body"].read())
+
+    def size(self, name: str) -> int | None:
+        """The size of ``name`` in bytes, None when missing."""
+        try:
+            if not self.remote:
+                return os.path.getsize(self.where(name))
+            return int(self._call(self.where(name), lambda: self.client().head_object(
+                Bucket=self.bucket, Key=self._key(name)))["ContentLength"])
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, data: bytes) -> None:
+        """``name`` holds ``data`` afterwards, whole or not at all (local: a temporary file renamed)."""
+        if self.remote:
+            self._call(self.where(name), lambda: self.client().put_object(
+                Bucket=self.bucket, Key=self._key(name), Body=data))
+            return
+        target = Path(self.where(name))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def remove(self, name: str) -> None:
+        """Delete ``name`` here (nothing when it is missing)."""
+        if self.remote:
+            self._call(self.where(name), lambda: self.client().delete_object(Bucket=self.bucket, Key=self._key(name)))
+        else:
+            Path(self.where(name)).unlink(missing_ok=True)
+
+    def put_file(self, name: str, local: str | os.PathLike) -> None:
+        """Copy the local file ``local`` to ``name`` here (whole or not at all)."""
+        if self.remote:
+            self._call(self.where(name), lambda: self.client().upload_file(
+                str(local), self.bucket, self._key(name)))
+            return
+        target = Path(self.where(name))
+        if Path(local).resolve() == target.resolve():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part")
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, target)
+
+
+def allow_plain_http() -> None:
+    """Let the engine's fast S3 path (obstore) talk to an ``http://`` endpoint, as boto3 does.
+
+    litdata 0.2.76 builds its obstore client with fixed client options that leave out
+    ``allow_http``, so an ``http://`` endpoint (a store on loopback or inside a cluster) fails with
+    "builder error" on every chunk download. With an http endpoint set we add that one option;
+    https endpoints and AWS itself are untouched.
+    """
+    url = endpoint()
+    if not url or not url.startswith("http://"):
+        return
+    try:
+        from litdata.streaming import downloader
+    except ImportError:
+        return
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict):
+        options["allow_http"] = "true"

@@ -1,0 +1,293 @@
+"""Write a dataset as shards: `write_shards(src, out)`, `yolokit data shard SRC OUT`.
+
+The shards are litdata's chunked format (the `stream` extra), one dataset per split, so any
+litdata reader can stream them; yolokit adds a label index beside each split so that training
+knows every image's size and boxes before it reads a byte of pixels::
+
+    OUT/yolokit-shards.json     class names, the splits and what was written or left out
+    OUT/data.yaml               names the splits: `yolokit train --data OUT/data.yaml` (or `--data OUT`)
+    OUT/<split>/index.json      litdata's index of the chunks
+    OUT/<split>/chunk-0-K.bin   items {"image": the file's bytes as on disk, "key": its path in the
+                                source, "labels": float32 [G, 5] (class, x1, y1, x2, y2) in its pixels}
+    OUT/<split>/labels.npz      the label index: sizes, labels and keys of every item, in item order
+    OUT/<split>/progress.json   what is written so far; writing again into OUT continues from it
+
+OUT is a local folder or ``s3://bucket/prefix`` (credentials and endpoint from the standard AWS
+variables). Each chunk is committed (uploaded, its labels saved, then progress.json) before the next
+one is started, so an interrupted write loses at most the chunk under way: writing again checks the
+chunks already listed (one cut short is named, counted and written again) and goes on from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from yolokit.data.images import ImageError, read_bytes
+from yolokit.data.labels import EXCLUDED, Problem, SplitIndex
+from yolokit.data.remote import Place, join
+from yolokit.data.sources import DatasetError, load_split, read_data_yaml
+
+logger = logging.getLogger("yolokit.data")
+
+MANIFEST = "yolokit-shards.json"
+LABELS = "labels.npz"
+PROGRESS = "progress.json"
+FORMAT = "yolokit-shards/1"
+
+
+@dataclass
+class ShardSummary:
+    """What one split's writing did.
+
+    Attributes:
+        split: the split's name.
+        url: where its shards are.
+        images: items in the shards now.
+        chunks: chunk files.
+        written: items written by this call (0: it was complete already).
+        problems: images of the source left out (unreadable; named), and chunks found cut short.
+    """
+
+    split: str
+    url: str
+    images: int
+    chunks: int
+    written: int
+    problems: list[Problem] = field(default_factory=list)
+
+
+def _require_engine():
+    try:
+        from litdata.streaming.writer import BinaryWriter
+    except ImportError as err:
+        raise ImportError("shards need the streaming engine: pip install 'yolokit[stream]' (litdata)") from err
+    return BinaryWriter
+
+
+def _keys(index: SplitIndex, root: Path | None) -> list[str]:
+    out = []
+    for p in index.paths:
+        try:
+            out.append(Path(p).resolve().relative_to(root).as_posix() if root else Path(p).name)
+        except ValueError:
+            out.append(Path(p).name)
+    return out
+
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _label_part(keys: list[str], shapes: list, labels: list[np.ndarray], image_ids: list[int] | None) -> dict:
+    blobs = [k.encode() for k in keys]
+    counts = np.array([len(x) for x in labels], np.int64)
+    return dict(shapes=np.array(shapes, np.int32).reshape(-1, 2),
+                label_offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                labels=(np.concatenate(labels) if labels else np.zeros((0, 5))).astype(np.float32).reshape(-1, 5),
+                keys=np.frombuffer(b"".join(blobs), np.uint8).copy(),
+                key_offsets=np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64),
+                image_ids=np.array(image_ids if image_ids is not None else [], np.int64))
+
+
+def _merge_parts(parts: list[dict]) -> dict:
+    """One label index from the parts of consecutive chunks."""
+    out = {"shapes": np.concatenate([p["shapes"] for p in parts]).reshape(-1, 2),
+           "labels": np.concatenate([p["labels"] for p in parts]).reshape(-1, 5),
+           "keys": np.concatenate([p["keys"] for p in parts]),
+           "image_ids": np.concatenate([p["image_ids"] for p in parts])}
+    for name, base in (("label_offsets", "labels"), ("key_offsets", "keys")):
+        offsets, at = [np.zeros(1, np.int64)], 0
+        for p in parts:
+            offsets.append(p[name][1:] + at)
+            at += len(p[base])
+        out[name] = np.concatenate(offsets)
+    return out
+
+
+def _source_key(keys: list[str], index: SplitIndex) -> str:
+    h = hashlib.sha1("\n".join(keys).encode())
+    h.update(json.dumps(index.names).encode())
+    return h.hexdigest()
+
+
+def _write_split(index: SplitIndex, keys: list[str], place: Place, split: str, *, chunk_bytes: int | str,
+                 log_every: int) -> ShardSummary:
+    BinaryWriter = _require_engine()
+    source = _source_key(keys, index)
+    problems: list[Problem] = []
+    try:
+        progress = json.loads(place.read(PROGRESS))
+    except FileNotFoundError:
+        progress = None
+    if progress is not None and progress.get("source") != source:
+        raise DatasetError(f"{place.url} holds shards of another source (other images or class names); "
+                           "write into an empty OUT, or delete it first")
+    progress = progress or {"format": FORMAT, "source": source, "chunks": [], "consumed": [], "config": None,
+                            "excluded": []}
+    # chunks listed but cut short (an upload or a disk that stopped): named, counted, written again
+    for k, info in enumerate(progress["chunks"]):
+        size = place.size(info["filename"])
+        if size != info["chunk_bytes"]:
+            lost = sum(c["chunk_size"] for c in progress["chunks"][k:])
+            problems.append(Problem(place.where(info["filename"]), f"shard cut short ({size or 0} of "
+                                    f"{info['chunk_bytes']} bytes): its {lost} image(s) written again", EXCLUDED))
+            logger.warning("%s: %s", problems[-1].path, problems[-1].reason)
+            progress["chunks"], progress["consumed"] = progress["chunks"][:k], progress["consumed"][:k]
+            break
+    start = progress["consumed"][-1] if progress["consumed"] else 0
+    items = sum(c["chunk_size"] for c in progress["chunks"])
+    progress["excluded"] = [e for e in progress["excluded"] if e[0] < start]
+    problems += [Problem(e[1], e[2], EXCLUDED) for e in progress["excluded"]]
+    if start >= len(keys) and place.size("index.json") is not None and place.size(LABELS) is not None:
+        return ShardSummary(split, place.url, items, len(progress["chunks"]), 0, problems)
+
+    place.remove("index.json")                # unfinished again until the end (and litdata's writer stops at one)
+    stage = Path(place.url) if not place.remote else Path(tempfile.mkdtemp(prefix="yolokit-shards-"))
+    stage.mkdir(parents=True, exist_ok=True)
+    writer = BinaryWriter(str(stage), chunk_bytes=chunk_bytes, chunk_index=len(progress["chunks"]))
+    pending: list[tuple[int, int]] = []      # (item, source position) not yet in a committed chunk
+    written = 0
+
+    def commit(path: str) -> None:
+        nonlocal pending
+        info = writer._chunks_info[-1]
+        n = int(info["chunk_size"])
+        members, pending = pending[:n], pending[n:]
+        if Path(path).name != info["filename"] or len(members) != n:
+            raise RuntimeError(f"{path}: the writer's chunk does not match its items")
+        part = _label_part([keys[s] for _, s in members], [index.shapes[s] for _, s in members],
+                           [index.labels[s] for _, s in members],
+                           [index.image_ids[s] for _, s in members] if index.image_ids is not None else None)
+        place.write(f"parts/labels-{len(progress['chunks'])}.npz", _npz(**part))
+        place.put_file(info["filename"], path)
+        if place.remote:
+            os.remove(path)
+        progress["chunks"].append(info)
+        progress["consumed"].append(members[-1][1] + 1)
+        progress["config"] = writer.get_config()
+        place.write(PROGRESS, json.dumps(progress).encode())
+
+    try:
+        item = items
+        for s in range(start, len(keys)):
+            try:
+                data = read_bytes(index.paths[s]).tobytes()
+            except ImageError as err:
+                problems.append(Problem(index.paths[s], f"not written: {err}", EXCLUDED))
+                logger.warning("%s: %s", index.paths[s], problems[-1].reason)
+                progress["excluded"].append([s, index.paths[s], f"not written: {err}"])
+                continue
+            pending.append((item, s))
+            done = writer.add_item(item, {"image": data, "key": keys[s],
+                                          "labels": np.asarray(index.labels[s], np.float32).reshape(-1, 5)})
+            item += 1
+            written += 1
+            if done:
+                commit(done)
+            if log_every and written % log_every == 0:
+                logger.info("%s: %d / %d images written", place.url, s + 1, len(keys))
+        for path in writer.done():
+            if path:
+                commit(path)
+    finally:
+        if place.remote:
+            shutil.rmtree(stage, ignore_errors=True)
+        else:
+            for f in stage.glob("*.index.json"):      # the writer's own partial index: ours is index.json
+                f.unlink(missing_ok=True)
+    chunks = progress["chunks"]
+    if not chunks:
+        raise DatasetError(f"{place.url}: no image of split '{split}' could be written")
+    parts = [dict(np.load(io.BytesIO(place.read(f"parts/labels-{k}.npz")), allow_pickle=False))
+             for k in range(len(chunks))]
+    place.write(LABELS, _npz(**_merge_parts(parts)))
+    place.write("index.json", json.dumps({"chunks": chunks, "config": progress["config"]}, sort_keys=True).encode())
+    return ShardSummary(split, place.url, sum(c["chunk_size"] for c in chunks), len(chunks), written, problems)
+
+
+def _splits_of(src: str | os.PathLike, splits: list[str] | None) -> tuple[list[str], Path | None, bool]:
+    """The splits to write, the root keys are made relative to, and whether the source is a COCO json."""
+    if str(src) == "shapes":
+        from yolokit.data.shapes import make_shapes
+
+        src = make_shapes()
+    path = Path(src)
+    if path.suffix.lower() == ".json":
+        return splits or ["train"], None, True
+    if path.is_dir():
+        path = path / "data.yaml"
+    cfg = read_data_yaml(path)
+    found = [s for s in ("train", "val", "test") if cfg.get(s)]
+    return splits or found, cfg["path"], False
+
+
+def write_shards(src: str | os.PathLike, out: str | os.PathLike, *, splits: list[str] | None = None,
+                 chunk_bytes: int | str = "64MB", image_dir: str | os.PathLike | None = None,
+                 log_every: int = 10000) -> dict[str, ShardSummary]:
+    """Write a YOLO-format dataset (its data.yaml or folder, or "shapes") or a COCO json as shards.
+
+    Args:
+        src: the source dataset.
+        out: a local folder or ``s3://bucket/prefix``; writing again into it continues where a
+            previous write stopped (the same source only).
+        splits: the splits to write; default every one of train/val/test the data.yaml names (a
+            COCO json is one split, "train" unless named here).
+        chunk_bytes: the size of a chunk file ("64MB"; litdata's notation).
+        image_dir: COCO only, the image folder.
+        log_every: a progress line every this many images.
+
+    Returns:
+        a `ShardSummary` per split. Images left out are named in the log and in the summary.
+
+    Example:
+        >>> out = write_shards("shapes", "/tmp/shapes-shards")   # doctest: +SKIP
+        >>> out["train"].images, out["train"].chunks               # doctest: +SKIP
+        (128, 1)
+    """
+    _require_engine()
+    from yolokit.data.remote import allow_plain_http
+
+    allow_plain_http()
+    names, root, coco = _splits_of(src, splits)
+    top = Place(out)
+    top.check()
+    try:
+        manifest = json.loads(top.read(MANIFEST))
+    except FileNotFoundError:                   # written first: a folder cut short is still known as shards
+        manifest = {"format": FORMAT, "names": None, "splits": {}}
+        top.write(MANIFEST, json.dumps(manifest, indent=1).encode())
+    summaries: dict[str, ShardSummary] = {}
+    for split in names:
+        index = load_split(src, split, image_dir=image_dir)
+        if manifest["names"] is not None and manifest["names"] != index.names:
+            raise DatasetError(f"{out}: its shards have classes {manifest['names']}, the source {index.names}")
+        manifest["names"] = index.names
+        if index.category_ids is not None:
+            manifest["category_ids"] = index.category_ids
+        keys = _keys(index, root if not coco else None)
+        summary = _write_split(index, keys, Place(join(str(out), split)), split, chunk_bytes=chunk_bytes,
+                               log_every=log_every)
+        summary.problems = [p for p in index.problems if p.action == EXCLUDED] + summary.problems
+        manifest["splits"][split] = {"images": summary.images, "chunks": summary.chunks,
+                                     "left_out": sum(p.action == EXCLUDED for p in summary.problems),
+                                     "problems": [[p.path, p.reason, p.action]
+                                                  for p in index.problems + summary.problems[len(
+                                                      [q for q in index.problems if q.action == EXCLUDED]):]]}
+        top.write(MANIFEST, json.dumps(manifest, indent=1).encode())
+        summaries[split] = summary
+    yaml_text = "".join(["path: .\n"] + [f"{s}: {s}\n" for s in manifest["splits"]]
+                        + ["names:\n"] + [f"  {i}: {json.dumps(n)}\n" for i, n in enumerate(manifest["names"])])
+    top.write("data.yaml", yaml_text.encode())
+    return summaries

@@ -1,0 +1,320 @@
+"""Read shards (`yolokit.data.shards`) from a folder or object storage, through litdata.
+
+`shard_index(url)` opens one split's label index (`labels.npz`: every image's size, boxes and key
+as flat arrays, so a million images cost tens of MB, not a Python object each) and returns a
+`SplitIndex` whose `store` is a `ShardStore`. The dataset reads an image's bytes with
+`store.read(item)`: litdata downloads the chunk that holds it into a local cache bounded by
+``max_cache`` (evicting chunks it no longer needs), and reads the item from there.
+
+Which images a batch holds stays the sampler's business (`ShardedBatchSampler`, `groups`): it
+visits the chunks in a seeded order and shuffles within them, so the same steps come out of
+1 or N processes, resume is exact, and a process touches a few chunks at a time.
+
+Faults:
+- a chunk shorter than the index says, or whose items cannot be read back, is *lost*: named once
+  in the log, counted (`lost_images`, shared with the loader's workers), and its images are
+  replaced by readable ones as an unreadable file is;
+- a store that does not answer: `StoreError` after retries with backoff, naming the chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from yolokit.data.images import ImageError
+from yolokit.data.labels import EXCLUDED, Problem, SplitIndex, cache_home
+from yolokit.data.remote import Place, allow_plain_http, is_remote, join
+from yolokit.data.workers import SharedArray
+
+logger = logging.getLogger("yolokit.data")
+
+MANIFEST, LABELS = "yolokit-shards.json", "labels.npz"
+
+
+class ShardLost(ImageError):
+    """The chunk holding an image cannot be read: its images are replaced, as an unreadable file's is.
+
+    Attributes:
+        next_item: the first item after the lost chunk (the dataset tries that one next).
+    """
+
+    def __init__(self, message: str, next_item: int = -1) -> None:
+        super().__init__(message)
+        self.next_item = next_item
+
+
+def _quiet_cap_advice(record: logging.LogRecord) -> bool:
+    """Leaves out litdata's advice to cache 25GB or more, given for its own prefetching over many workers
+    (printed by every worker): the sampler here reads chunk after chunk, and the cap is the user's."""
+    return "max_cache_size` is less than" not in str(record.msg)
+
+
+def share_cache(stores: Sequence[ShardStore], cap: int | str | None) -> None:
+    """One cap for the remote splits of a run: each gets its share in proportion to its bytes."""
+    remote = [s for s in stores if s.remote]
+    total, cap = sum(s.total_bytes for s in remote), parse_size(cap)
+    for s in remote:
+        s.max_cache = max(1 << 20, cap * s.total_bytes // max(1, total)) if cap else None
+
+
+def parse_size(size: int | str | None) -> int | None:
+    """Bytes of "20GB", "512MB", "64KB", or an int; None stays None."""
+    if size is None or isinstance(size, int):
+        return size
+    text = str(size).strip().upper().removesuffix("B").removesuffix("I")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    scale = units.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if text[-1:] in units else text) * scale)
+    except ValueError:
+        raise ValueError(f"cache size: expected a size such as '20GB' or '512MB', got {size!r}") from None
+
+
+class ShardStore:
+    """The items of one split's shards, read through litdata with a bounded local cache.
+
+    Picklable: a loader's workers (fork or spawn) each open their own litdata reader; the
+    lost-chunk flags are shared with them.
+
+    Args:
+        url: the split's folder or ``s3://bucket/prefix/split``.
+        chunks: litdata's chunk entries (index.json's "chunks").
+        cache_dir: where remote chunks are kept; default ``cache_home()/shards``.
+        max_cache: the cache's cap ("20GB"); chunks beyond it are evicted, least needed first.
+    """
+
+    def __init__(self, url: str, chunks: list[dict], *, cache_dir: str | os.PathLike | None = None,
+                 max_cache: int | str | None = "20GB") -> None:
+        self.url, self.remote = url, is_remote(url)
+        self.files = [c["filename"] for c in chunks]
+        self.sizes = np.array([c["chunk_size"] for c in chunks], np.int64)
+        self.nbytes = [int(c["chunk_bytes"]) for c in chunks]
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        own = hashlib.sha1(url.encode()).hexdigest()[:16]      # one folder per split: its use is its own
+        self.cache_dir = str(Path(cache_dir or cache_home() / "shards") / own) if self.remote else None
+        self.max_cache = parse_size(max_cache)
+        self.lost = SharedArray("b", [0] * max(1, len(chunks)))   # 1: the chunk is lost
+        self.keys: Keys | None = None       # each item's key: an item read back with another is from a corrupt chunk
+        self._place = Place(url)
+        self._reader, self._pid, self._checked = None, None, set()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_reader": None, "_pid": None, "_checked": set()}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def chunk_of(self, items: np.ndarray | int) -> np.ndarray | int:
+        """The chunk of each item."""
+        return np.searchsorted(self.starts, items, side="right") - 1
+
+    def stamp(self, item: int) -> str:
+        """What names item ``item``'s content: the split, the item, its chunk's file and size."""
+        chunk = int(self.chunk_of(item))
+        return f"{self.url}|{item}|{self.files[chunk]}|{self.nbytes[chunk]}"
+
+    def lost_chunks(self) -> list[int]:
+        """The chunks found unreadable so far (by this process or its loader's workers)."""
+        return np.flatnonzero(np.frombuffer(self.lost.array, np.int8)[:len(self.files)]).tolist()
+
+    @property
+    def lost_images(self) -> int:
+        """Images of the chunks found unreadable so far (by this process or its workers)."""
+        return int(self.sizes[self.lost_chunks()].sum())
+
+    def cache_bytes(self) -> int:
+        """Bytes in this split's local cache now (0 for local shards, read in place)."""
+        if not self.cache_dir or not os.path.isdir(self.cache_dir):
+            return 0
+        return sum(f.stat().st_size for f in Path(self.cache_dir).rglob("*.bin") if f.is_file())
+
+    @property
+    def total_bytes(self) -> int:
+        """The bytes of all the split's chunks."""
+        return int(sum(self.nbytes))
+
+    def _open(self):
+        if self._reader is None or self._pid != os.getpid():
+            from litdata import StreamingDataset
+
+            allow_plain_http()
+            logging.getLogger(StreamingDataset.__module__).addFilter(_quiet_cap_advice)
+            kwargs = {"max_cache_size": self.max_cache} if self.remote and self.max_cache else {}
+            reader = StreamingDataset(self.url, cache_dir=self.cache_dir, **kwargs)
+            reader._on_demand_bytes = False      # whole chunks into the cache: the sampler reads chunk by chunk
+            self._reader, self._pid, self._checked = reader, os.getpid(), set()
+        return self._reader
+
+    def _lose(self, chunk: int, why: str) -> ShardLost:
+        first = not self.lost.array[chunk]
+        self.lost.array[chunk] = 1
+        if first:
+            logger.warning("shard %s is unreadable (%s): its %d image(s) are skipped",
+                           join(self.url, self.files[chunk]), why, int(self.sizes[chunk]))
+        return ShardLost(f"in lost shard {self.files[chunk]}", int(self.starts[chunk + 1]) % len(self))
+
+    def read(self, item: int) -> np.ndarray:
+        """The encoded bytes of item ``item`` (its number in the split) as uint8 [N].
+
+        Raises:
+            ShardLost: its chunk is unreadable (it is skipped from now on).
+            StoreError: the store did not answer after retries with backoff.
+        """
+        chunk = int(self.chunk_of(item))
+        if self.lost.array[chunk]:
+            raise ShardLost(f"in lost shard {self.files[chunk]}", int(self.starts[chunk + 1]) % len(self))
+        if chunk not in self._checked:          # a chunk cut short would make litdata wait for the rest
+            size = self._place.size(self.files[chunk])
+            if size != self.nbytes[chunk]:
+                raise self._lose(chunk, "missing" if size is None else f"{size} of {self.nbytes[chunk]} bytes")
+            self._checked.add(chunk)
+        last = None
+        for _ in range(2):                     # a failed read: the store down (StoreError, after its retries),
+            try:                                # or a glitch (read again), or a corrupt chunk (lost)
+                value = self._open()[int(item)]
+                break
+            except Exception as err:
+                last, self._reader = err, None
+                self._place.size(self.files[chunk])
+        else:
+            raise self._lose(chunk, f"{type(last).__name__}: {str(last)[:200]}")
+        if not isinstance(value, dict) or "image" not in value or (
+                self.keys is not None and value.get("key") != self.keys.key(item)):
+            raise self._lose(chunk, "an item does not match the label index")
+        return np.frombuffer(value["image"], np.uint8)
+
+
+class Keys(Sequence):
+    """The items' paths (the split's url and each image's key), made on demand from one byte array."""
+
+    def __init__(self, base: str, blob: np.ndarray, offsets: np.ndarray) -> None:
+        self.base, self.blob, self.offsets = base, blob, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def key(self, i: int) -> str:
+        return self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes().decode()
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i) + (len(self) if int(i) < 0 else 0)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return f"{self.base}/{self.key(i)}"
+
+
+class FlatLabels(Sequence):
+    """Each item's float32 [G, 5] labels, as views of one array."""
+
+    def __init__(self, labels: np.ndarray, offsets: np.ndarray) -> None:
+        self.labels, self.offsets = labels, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i) + (len(self) if int(i) < 0 else 0)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.labels[self.offsets[i]:self.offsets[i + 1]]
+
+
+def is_shards(spec: str | os.PathLike) -> bool:
+    """Whether ``spec`` names shards: an ``s3://`` url, or a folder holding a label index or a manifest."""
+    if is_remote(spec):
+        return True
+    p = Path(spec)
+    return p.is_dir() and ((p / LABELS).is_file() or (p / MANIFEST).is_file())
+
+
+def shards_root_split(url: str, split: str) -> str:
+    """The split's url: ``url`` itself when it holds a split, else ``url/split`` (a shards root)."""
+    place = Place(url)
+    if place.size(LABELS) is not None:
+        return url
+    return join(url, split)
+
+
+def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache_dir: str | os.PathLike | None = None,
+                max_cache: int | str | None = "20GB") -> SplitIndex:
+    """The `SplitIndex` of one split's shards; its images are read through ``index.store``.
+
+    Args:
+        url: the split's folder or ``s3://.../split``.
+        names: class names (default: the manifest's beside the split).
+        cache_dir, max_cache: the local chunk cache (remote shards).
+
+    Raises:
+        FileNotFoundError: no finished shards there (`yolokit data shard` writes the index last).
+        StoreError / CredentialsError: the store cannot be reached, or refuses the credentials.
+    """
+    url = str(url).rstrip("/")
+    place = Place(url)
+    place.check()
+    try:
+        chunks = json.loads(place.read("index.json"))["chunks"]
+        arrays = np.load(io.BytesIO(place.read(LABELS)), allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{url}: no finished shards (index.json and {LABELS}); write them with "
+                                "`yolokit data shard SRC OUT` (run it again to finish a cut-short write)") from None
+    manifest = {}
+    if names is None:
+        try:
+            manifest = json.loads(Place(url.rsplit("/", 1)[0]).read(MANIFEST))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{url}: no {MANIFEST} beside the split to name the classes") from None
+        names = list(manifest["names"])
+    store = ShardStore(url, chunks, cache_dir=cache_dir, max_cache=max_cache)
+    n = len(arrays["shapes"])
+    if n != len(store):
+        raise FileNotFoundError(f"{url}: {LABELS} lists {n} images, index.json {len(store)}: "
+                                "the write did not finish; run `yolokit data shard` again")
+    split = url.rsplit("/", 1)[-1]
+    problems = [Problem(*p) for p in manifest.get("splits", {}).get(split, {}).get("problems", [])]
+    image_ids = arrays["image_ids"].tolist() if len(arrays["image_ids"]) == n else None
+    store.keys = Keys(url, arrays["keys"], arrays["key_offsets"])
+    index = SplitIndex(paths=store.keys, shapes=arrays["shapes"],
+                       labels=FlatLabels(arrays["labels"], arrays["label_offsets"]), names=names,
+                       problems=[p for p in problems if p.action == EXCLUDED], image_ids=image_ids,
+                       category_ids=manifest.get("category_ids"), store=store, items=np.arange(n, dtype=np.int64))
+    return index
+
+
+def _gigabytes(n: int) -> str:
+    return f"{n / 2**30:.1f}G" if n >= 2**28 else f"{n / 2**20:.1f}M"
+
+
+class CacheUse:
+    """What the local cache of remote shards holds against its cap, for the progress line ("1.2G/25.0G").
+
+    Args:
+        stores: the `ShardStore`s of a run's splits (local shards have no cache and are left out).
+        every: seconds between two looks at the cache folder (the answer in between is the last one).
+    """
+
+    def __init__(self, stores: Sequence[ShardStore], every: float = 2.0) -> None:
+        self.stores = [s for s in stores if s.cache_dir]
+        self.every, self.seen, self.text = every, -float("inf"), ""
+
+    def __bool__(self) -> bool:
+        return bool(self.stores)
+
+    def __call__(self) -> str:
+        if time.monotonic() - self.seen >= self.every:
+            used = sum(s.cache_bytes() for s in self.stores)
+            cap = sum(s.max_cache or 0 for s in self.stores)
+            self.text, self.seen = f"{_gigabytes(used)}/{_gigabytes(cap)}", time.monotonic()
+        return self.text

@@ -1,0 +1,81 @@
+"""Shards in a real S3-compatible store (SeaweedFS on loopback, the `s3_env` fixture): written, read back
+item for item through litdata's cache, named by a local data.yaml, and refused credentials in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from yolokit.data import DetectionDataset, build_dataloader, make_shapes
+from yolokit.data.sources import load_split
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("litdata") is None, reason="needs yolokit[stream]")
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> Path:
+    return make_shapes(tmp_path_factory.mktemp("shapes") / "set", seed=2, n_train=20, n_val=6, imgsz=64)
+
+
+def test_shards_written_to_the_store_read_back_as_the_folder(shapes, s3_env, tmp_path):
+    from yolokit.data.shards import write_shards
+
+    url = s3_env.bucket("shards-roundtrip") + "/set"
+    summary = write_shards(shapes, url, chunk_bytes="8KB")
+    assert summary["train"].images == 20 and summary["train"].chunks > 2 and summary["val"].images == 6
+    keys = {o["Key"] for o in s3_env.client().list_objects_v2(Bucket="shards-roundtrip")["Contents"]}
+    assert {"set/yolokit-shards.json", "set/data.yaml", "set/train/index.json", "set/train/labels.npz",
+            "set/val/chunk-0-0.bin"} <= keys
+    assert write_shards(shapes, url, chunk_bytes="8KB")["train"].written == 0        # complete already
+
+    folder, sharded = load_split(shapes, "train"), load_split(url, "train")
+    assert sharded.paths[4] == f"{url}/train/images/train/{Path(folder.paths[4]).name}"
+    for i in range(len(folder)):
+        assert sharded.image_bytes(i).tobytes() == Path(folder.paths[i]).read_bytes()
+        np.testing.assert_array_equal(sharded.labels[i], folder.labels[i])
+    cache = Path(os.environ["YOLOKIT_CACHE"]) / "shards"
+    assert sharded.store.cache_bytes() >= sum(sharded.store.nbytes) and cache.is_dir()   # whole chunks, cached
+
+    # a local data.yaml whose splits are in the store; the loader's workers read them too
+    (tmp_path / "data.yaml").write_text(f"train: {url}/train\nval: {url}/val\nnames: {json.dumps(folder.names)}\n")
+    a = DetectionDataset(shapes, "val", imgsz=64)
+    b = DetectionDataset(tmp_path / "data.yaml", "val", imgsz=64)
+    for i in range(len(a)):
+        assert torch.equal(a[i]["image"], b[i]["image"]) and torch.equal(a[i]["boxes"], b[i]["boxes"])
+    train = DetectionDataset(url, "train", imgsz=64, augment=True)
+    seen = [i for batch in build_dataloader(train, 6, workers=2, seed=1) for i in batch["indices"]]
+    assert sorted(seen) == list(range(20)) and train.index.store.lost_images == 0
+
+
+def _cli(*args, env, timeout=120):
+    return subprocess.run([sys.executable, "-m", "yolokit", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_wrong_credentials_are_one_line_and_exit_2_before_any_work(shapes, s3_env, tmp_path):
+    from yolokit.data.shards import write_shards
+
+    url = s3_env.bucket("shards-credentials") + "/set"
+    write_shards(shapes, url, chunk_bytes="8KB", splits=["val"])
+    env = {**os.environ, "AWS_SECRET_ACCESS_KEY": "not-the-secret-at-all"}
+    for args in (["data", "shard", str(shapes), url + "2"],
+                 ["train", "--data", url, "--imgsz", "64", "--epochs", "1", "--out", str(tmp_path / "run")],
+                 ["val", "--data", url, "--imgsz", "64"]):
+        done = _cli(*args, env=env)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert len(lines) == 1 and "refused the credentials" in lines[0], done.stderr[-2000:]
+        assert "not-the-secret-at-all" not in done.stdout + done.stderr
+    assert not (tmp_path / "run").exists()                # before training: no run folder at all
+    env.pop("AWS_SECRET_ACCESS_KEY")
+    env.pop("AWS_ACCESS_KEY_ID")
+    done = _cli("data", "shard", str(shapes), url, env={**env, "HOME": str(tmp_path)})
+    assert done.returncode == 2 and "no S3 credentials" in done.stderr
