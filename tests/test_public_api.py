@@ -34,6 +34,7 @@ PUBLIC = {
         apply_hsv_lut apply_hsv_lut_batch augment_hsv build_dataloader collate flip_lr flip_ud
         hsv_lut image_tensor letterbox make_shapes mixup mosaic4 random_affine random_flip
         read_image read_video scale_boxes to_device transform_boxes verify_image
+        CredentialsError ShardSummary StoreError shard_index write_shards write_split
     """,
     "interop": """
         UnsafeFileError export_onnx load read_darknet_header save

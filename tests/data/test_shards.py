@@ -217,3 +217,43 @@ def test_mosaic_partners_and_selection_stay_within_the_shards(shards):
         j = int(index.items[k])
         assert index.image_bytes(k).tobytes() == ds.index.image_bytes(j).tobytes()
         np.testing.assert_array_equal(index.labels[k], ds.index.labels[j])
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_the_image_caches_hold_the_shards_images(shards, cache):
+    plain = DetectionDataset(shards, "train", imgsz=64, augment=True, buffer_size=0)
+    cached = DetectionDataset(shards, "train", imgsz=64, augment=True, buffer_size=0, cache_images=cache)
+    for i in (0, 7, 24):
+        a, b = plain[i], cached[i]
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["boxes"], b["boxes"])
+    if cache == "disk":
+        files = {cached._disk.file(i) for i in range(len(cached))}
+        assert len(files) == 25 and all(f.is_file() for f in files)   # one file per image, keyed by its chunk
+        again = DetectionDataset(shards, "train", imgsz=64, cache_images="disk")
+        assert {again._disk.file(i) for i in range(25)} == files
+
+
+def test_the_device_augmentation_makes_the_workers_labels_from_shards(shards):
+    from yolokit.data.device_augment import augment_batch
+
+    batches = {}
+    for augment_on in ("workers", "device"):
+        ds = DetectionDataset(shards, "train", imgsz=64, augment=True, hyp=None)
+        loader = build_dataloader(ds, 8, workers=0, seed=2, uint8_images=True, augment_on=augment_on)
+        batches[augment_on] = next(iter(loader))
+    a, b = batches["workers"], batches["device"]
+    assert torch.equal(a["targets"], b["targets"]) and a["indices"] == b["indices"]
+    images = augment_batch(b, "cpu")
+    assert (images.int() - a["images_uint8"].int()).abs().float().mean((1, 2, 3)).max() <= 1.0
+
+
+def test_predict_reads_a_split_of_shards_named_by_its_keys(shapes, shards):
+    from yolokit.predict.sources import frames
+
+    folder = load_split(shapes, "val")
+    seen = list(frames(str(shards / "val")))
+    assert [f.name for f in seen] == [f"images/val/{Path(p).name}" for p in folder.paths]
+    files = list(frames(str(Path(folder.paths[0]).parent)))
+    assert all(torch.equal(a.image, b.image) for a, b in zip(seen, files, strict=True))
+    with pytest.raises(FileNotFoundError, match="name one, e.g."):
+        list(frames(str(shards)))

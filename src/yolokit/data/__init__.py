@@ -1,4 +1,5 @@
-"""Data: sources (YOLO, COCO, shapes), transforms, Mosaic, albumentations adapter, loader.
+"""Data: sources (YOLO, COCO, shapes, shards local or in object storage), transforms, Mosaic, albumentations
+adapter, loader.
 
 Typical use:
     >>> from yolokit.data import DetectionDataset, build_dataloader  # doctest: +SKIP
@@ -20,8 +21,11 @@ from yolokit.data.loader import (
     to_device,
 )
 from yolokit.data.mosaic import mixup, mosaic4
+from yolokit.data.remote import CredentialsError, StoreError
 from yolokit.data.shapes import SHAPE_NAMES, make_shapes
+from yolokit.data.shards import ShardSummary, write_shards, write_split
 from yolokit.data.sources import DatasetError
+from yolokit.data.stream import shard_index
 from yolokit.data.transforms import (
     AugmentConfig,
     apply_hsv_lut,
@@ -36,9 +40,10 @@ from yolokit.data.transforms import (
 )
 
 __all__ = [
-    "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "DatasetError", "DetectionDataset", "DetectionLoader",
-    "ImageError", "RectBatchSampler", "SHAPE_NAMES", "ShardedBatchSampler", "VideoFrame", "apply_hsv_lut",
-    "apply_hsv_lut_batch", "augment_hsv", "build_dataloader", "collate", "flip_lr", "flip_ud", "hsv_lut",
-    "image_tensor", "letterbox", "make_shapes", "mixup", "mosaic4", "random_affine", "random_flip", "read_image",
-    "read_video", "scale_boxes", "to_device", "transform_boxes", "verify_image",
+    "Albumentations", "AspectRatioBatchSampler", "AugmentConfig", "CredentialsError", "DatasetError",
+    "DetectionDataset", "DetectionLoader", "ImageError", "RectBatchSampler", "SHAPE_NAMES", "ShardSummary",
+    "ShardedBatchSampler", "StoreError", "VideoFrame", "apply_hsv_lut", "apply_hsv_lut_batch", "augment_hsv",
+    "build_dataloader", "collate", "flip_lr", "flip_ud", "hsv_lut", "image_tensor", "letterbox", "make_shapes",
+    "mixup", "mosaic4", "random_affine", "random_flip", "read_image", "read_video", "scale_boxes", "shard_index",
+    "to_device", "transform_boxes", "verify_image", "write_shards", "write_split",
 ]

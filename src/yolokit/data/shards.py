@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from yolokit.data.images import ImageError, read_bytes
 from yolokit.data.labels import EXCLUDED, Problem, SplitIndex
-from yolokit.data.remote import Place, join
+from yolokit.data.remote import Place, allow_plain_http, join
 from yolokit.data.sources import DatasetError, load_split, read_data_yaml
 
 logger = logging.getLogger("yolokit.data")
@@ -122,8 +123,8 @@ def _source_key(keys: list[str], index: SplitIndex) -> str:
     return h.hexdigest()
 
 
-def _write_split(index: SplitIndex, keys: list[str], place: Place, split: str, *, chunk_bytes: int | str,
-                 log_every: int) -> ShardSummary:
+def _write_split(index: SplitIndex, keys: Sequence[str], place: Place, split: str, *, chunk_bytes: int | str,
+                 log_every: int, read: Callable[[int], bytes] | None = None) -> ShardSummary:
     BinaryWriter = _require_engine()
     source = _source_key(keys, index)
     problems: list[Problem] = []
@@ -183,7 +184,7 @@ def _write_split(index: SplitIndex, keys: list[str], place: Place, split: str, *
         item = items
         for s in range(start, len(keys)):
             try:
-                data = read_bytes(index.paths[s]).tobytes()
+                data = read(s) if read is not None else read_bytes(index.paths[s]).tobytes()
             except ImageError as err:
                 problems.append(Problem(index.paths[s], f"not written: {err}", EXCLUDED))
                 logger.warning("%s: %s", index.paths[s], problems[-1].reason)
@@ -233,6 +234,56 @@ def _splits_of(src: str | os.PathLike, splits: list[str] | None) -> tuple[list[s
     return splits or found, cfg["path"], False
 
 
+def _open_manifest(top: Place) -> dict:
+    try:
+        return json.loads(top.read(MANIFEST))
+    except FileNotFoundError:                   # written first: a folder cut short is still known as shards
+        manifest = {"format": FORMAT, "names": None, "splits": {}}
+        top.write(MANIFEST, json.dumps(manifest, indent=1).encode())
+        return manifest
+
+
+def write_split(index: SplitIndex, out: str | os.PathLike, split: str, *, keys: Sequence[str],
+                read: Callable[[int], bytes] | None = None, chunk_bytes: int | str = "64MB",
+                log_every: int = 10000) -> ShardSummary:
+    """Write one split given as a `SplitIndex` (images, sizes, labels, names) as shards under ``out/split``.
+
+    What `write_shards` does for each split of a dataset; for images that are not files (generated,
+    or from another store), pass ``read``. Writing again continues where a write stopped.
+
+    Args:
+        index: the split (`paths` are named in problems; `shapes`, `labels`, `names`, COCO ids).
+        out: the shards' folder or ``s3://bucket/prefix`` (its manifest and data.yaml are updated).
+        split: the split's name.
+        keys: each image's key, kept in its item (its path relative to the dataset's root).
+        read: image ``s``'s encoded bytes; default the file ``index.paths[s]``.
+        chunk_bytes, log_every: as `write_shards`.
+    """
+    _require_engine()
+    allow_plain_http()
+    top = Place(out)
+    top.check()
+    manifest = _open_manifest(top)
+    if manifest["names"] is not None and manifest["names"] != index.names:
+        raise DatasetError(f"{out}: its shards have classes {manifest['names']}, the split {index.names}")
+    manifest["names"] = index.names
+    if index.category_ids is not None:
+        manifest["category_ids"] = index.category_ids
+    summary = _write_split(index, keys, Place(join(str(out), split)), split, chunk_bytes=chunk_bytes,
+                           log_every=log_every, read=read)
+    found = list(index.problems)
+    summary.problems = [p for p in found if p.action == EXCLUDED] + summary.problems
+    manifest["splits"][split] = {"images": summary.images, "chunks": summary.chunks,
+                                 "left_out": sum(p.action == EXCLUDED for p in summary.problems),
+                                 "problems": [[p.path, p.reason, p.action] for p in found
+                                              + [q for q in summary.problems if q not in found]]}
+    top.write(MANIFEST, json.dumps(manifest, indent=1).encode())
+    yaml_text = "".join(["path: .\n"] + [f"{s}: {s}\n" for s in manifest["splits"]]
+                        + ["names:\n"] + [f"  {i}: {json.dumps(n)}\n" for i, n in enumerate(manifest["names"])])
+    top.write("data.yaml", yaml_text.encode())
+    return summary
+
+
 def write_shards(src: str | os.PathLike, out: str | os.PathLike, *, splits: list[str] | None = None,
                  chunk_bytes: int | str = "64MB", image_dir: str | os.PathLike | None = None,
                  log_every: int = 10000) -> dict[str, ShardSummary]:
@@ -257,37 +308,11 @@ def write_shards(src: str | os.PathLike, out: str | os.PathLike, *, splits: list
         (128, 1)
     """
     _require_engine()
-    from yolokit.data.remote import allow_plain_http
-
-    allow_plain_http()
     names, root, coco = _splits_of(src, splits)
-    top = Place(out)
-    top.check()
-    try:
-        manifest = json.loads(top.read(MANIFEST))
-    except FileNotFoundError:                   # written first: a folder cut short is still known as shards
-        manifest = {"format": FORMAT, "names": None, "splits": {}}
-        top.write(MANIFEST, json.dumps(manifest, indent=1).encode())
+    Place(out).check()                          # credentials refused: before any image is read
     summaries: dict[str, ShardSummary] = {}
     for split in names:
         index = load_split(src, split, image_dir=image_dir)
-        if manifest["names"] is not None and manifest["names"] != index.names:
-            raise DatasetError(f"{out}: its shards have classes {manifest['names']}, the source {index.names}")
-        manifest["names"] = index.names
-        if index.category_ids is not None:
-            manifest["category_ids"] = index.category_ids
-        keys = _keys(index, root if not coco else None)
-        summary = _write_split(index, keys, Place(join(str(out), split)), split, chunk_bytes=chunk_bytes,
-                               log_every=log_every)
-        summary.problems = [p for p in index.problems if p.action == EXCLUDED] + summary.problems
-        manifest["splits"][split] = {"images": summary.images, "chunks": summary.chunks,
-                                     "left_out": sum(p.action == EXCLUDED for p in summary.problems),
-                                     "problems": [[p.path, p.reason, p.action]
-                                                  for p in index.problems + summary.problems[len(
-                                                      [q for q in index.problems if q.action == EXCLUDED]):]]}
-        top.write(MANIFEST, json.dumps(manifest, indent=1).encode())
-        summaries[split] = summary
-    yaml_text = "".join(["path: .\n"] + [f"{s}: {s}\n" for s in manifest["splits"]]
-                        + ["names:\n"] + [f"  {i}: {json.dumps(n)}\n" for i, n in enumerate(manifest["names"])])
-    top.write("data.yaml", yaml_text.encode())
+        summaries[split] = write_split(index, out, split, keys=_keys(index, root if not coco else None),
+                                       chunk_bytes=chunk_bytes, log_every=log_every)
     return summaries

@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,9 +107,14 @@ class ShardStore:
         self.keys: Keys | None = None       # each item's key: an item read back with another is from a corrupt chunk
         self._place = Place(url)
         self._reader, self._pid, self._checked = None, None, set()
+        self._lock = threading.Lock()      # litdata's reader is not for several threads (the disk cache's fill)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_reader": None, "_pid": None, "_checked": set()}
+        return {**self.__dict__, "_reader": None, "_pid": None, "_checked": set(), "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -169,6 +175,10 @@ class ShardStore:
             ShardLost: its chunk is unreadable (it is skipped from now on).
             StoreError: the store did not answer after retries with backoff.
         """
+        with self._lock:
+            return self._read(item)
+
+    def _read(self, item: int) -> np.ndarray:
         chunk = int(self.chunk_of(item))
         if self.lost.array[chunk]:
             raise ShardLost(f"in lost shard {self.files[chunk]}", int(self.starts[chunk + 1]) % len(self))
@@ -270,7 +280,7 @@ def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache
     except FileNotFoundError:
         raise FileNotFoundError(f"{url}: no finished shards (index.json and {LABELS}); write them with "
                                 "`yolokit data shard SRC OUT` (run it again to finish a cut-short write)") from None
-    manifest = {}
+    manifest: dict = {}
     if names is None:
         try:
             manifest = json.loads(Place(url.rsplit("/", 1)[0]).read(MANIFEST))

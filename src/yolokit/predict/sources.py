@@ -1,7 +1,8 @@
 """What a prediction reads: every image and frame a source names, one at a time.
 
 A source is a file (image or video), a folder (searched recursively), a glob, a ``.txt``
-file listing paths, an image in memory (numpy, PIL, Tensor[3, H, W]) or a
+file listing paths, one split of shards (its folder or ``s3://bucket/prefix/split``), an
+image in memory (numpy, PIL, Tensor[3, H, W]) or a
 Tensor[B, 3, H, W], a camera index, a stream URL OpenCV can open, or a list of any of
 these. ``frames(source)`` yields ``Frame``s lazily: a folder of a million images costs
 one decoded image at a time.
@@ -14,6 +15,7 @@ parent of listed files), so that same-named files of two folders stay apart.
 from __future__ import annotations
 
 import glob as globlib
+import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -23,7 +25,16 @@ from typing import Any
 
 from torch import Tensor
 
-from yolokit.data.images import ImageError, bgr_to_tensor, image_tensor, is_image_file, read_image, read_video
+from yolokit.data.images import (
+    ImageError,
+    bgr_to_tensor,
+    decode_image,
+    image_tensor,
+    is_image_file,
+    read_image,
+    read_video,
+)
+from yolokit.data.stream import is_shards
 
 VIDEO_SUFFIXES = frozenset({".asf", ".avi", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".webm",
                             ".wmv"})
@@ -151,6 +162,9 @@ def _one_path(source: str | Path | int, root: Path, vid_stride: int, counter: li
         yield from _video(target, str(source), name, vid_stride)
         return
     text = str(source)
+    if is_shards(text):
+        yield from _shards(text)
+        return
     if globlib.has_magic(text):
         files = sorted(Path(p) for p in globlib.glob(text, recursive=True) if _is_media(p))
         if not files:
@@ -211,6 +225,32 @@ def _files(files: Sequence[Path], root: Path, vid_stride: int, *, strict: bool) 
             warnings.warn(f"skipped {path}: {err}", stacklevel=2)
             continue
         yield Frame(bgr_to_tensor(bgr), str(path), name)
+
+
+def _shards(url: str) -> Iterator[Frame]:
+    """The images of one split of shards (`yolokit data shard`), named by their keys; those of a chunk that
+    cannot be read are skipped (the chunk named once)."""
+    from yolokit.data.remote import Place
+    from yolokit.data.stream import LABELS, MANIFEST, ShardLost, shard_index
+
+    place = Place(url)
+    if place.size(LABELS) is None:
+        try:
+            splits = list(json.loads(place.read(MANIFEST))["splits"])
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no finished shards at {url}") from None
+        raise FileNotFoundError(f"{url} holds the splits {', '.join(splits)} as shards: name one, e.g. "
+                                f"{url.rstrip('/')}/{splits[-1] if splits else 'val'}")
+    index = shard_index(url, names=[])
+    for i in range(len(index)):
+        try:
+            bgr = decode_image(index.image_bytes(i))
+        except ShardLost:
+            continue
+        except ImageError as err:
+            warnings.warn(f"skipped {index.paths[i]}: {err}", stacklevel=2)
+            continue
+        yield Frame(bgr_to_tensor(bgr), index.paths[i], index.paths.key(i))
 
 
 def _video(target: str | int, path: str, name: str, vid_stride: int) -> Iterator[Frame]:
