@@ -63,3 +63,21 @@ def test_own_network_trains_four_networks_and_compares_them(tmp_path):
     table = out[out.index("timm:" if timm else "se:"):]
     for run_dir in ("baseline", "p2", "se") + (("timm",) if timm else ()):
         assert str(tmp_path / "runs" / run_dir) in table                # each run in the comparison
+
+
+def test_shards_s3_writes_trains_and_resumes_from_the_store(s3_env, tmp_path):
+    import pytest
+
+    pytest.importorskip("litdata", reason="needs yolokit[stream]")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "YOLOKIT_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "shards_s3.py"), "--bucket", "example-shards",
+                           "--imgsz", "64", "--epochs", "2", "--batch", "8", "--workers", "1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"train: \d+ images in \d+ shards at s3://example-shards/shapes", out)
+    assert "stopped after 1 epoch(s)" in out and "resumed to epoch 2" in out and "unreadable shards 0" in out
+    chunks = [k["Key"] for k in s3_env.client().list_objects_v2(Bucket="example-shards")["Contents"]]
+    assert any(k.startswith("shapes/train/chunk-") for k in chunks)
+    assert any((tmp_path / "cache" / "shards").rglob("chunk-*.bin"))      # streamed through the local cache
+    assert s3_env.env["AWS_SECRET_ACCESS_KEY"] not in (tmp_path / "runs" / "shards" / "config.yaml").read_text()

@@ -157,4 +157,5 @@ def test_a_corrupt_chunk_is_named_skipped_and_counted_in_results(store, tmp_path
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert int(float(rows[-1]["lost_images"])) == lost > 0
     assert f"{lost} images of unreadable shards skipped" in stdout + err
+    assert "cache=" in err and "/25.0G" in err            # the local chunk cache against its cap, as it fills
     assert os.path.exists(out / "weights" / "last.pt")
