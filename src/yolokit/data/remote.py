@@ -81,13 +81,17 @@ class Place:
     # ------------------------------------------------------------------ s3
 
     def client(self):
-        if self._client is None:
-            import boto3
-            from botocore.config import Config
+        """This process's boto3 client (a forked loader worker makes its own: sockets are not shared)."""
+        if self._client is None or self._client[0] != os.getpid():
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError as err:
+                raise ImportError("s3:// needs boto3: pip install 'yolokit[stream]'") from err
 
-            self._client = boto3.client("s3", config=Config(retries={"max_attempts": 1, "mode": "standard"},
-                                                            connect_timeout=5, read_timeout=60))
-        return self._client
+            self._client = (os.getpid(), boto3.client("s3", config=Config(
+                retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=60)))
+        return self._client[1]
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}".lstrip("/") if name else self.prefix
