@@ -203,42 +203,46 @@ class ShardStore:
         return np.frombuffer(value["image"], np.uint8)
 
 
-class Keys(Sequence):
-    """The items' paths (the split's url and each image's key), made on demand from one byte array."""
+class _Ragged(Sequence):
+    """Item i of a flat array cut at ``offsets`` (one Python object per item only when asked for)."""
 
-    def __init__(self, base: str, blob: np.ndarray, offsets: np.ndarray) -> None:
-        self.base, self.blob, self.offsets = base, blob, offsets
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.offsets = offsets
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i) + (len(self) if int(i) < 0 else 0)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._item(i)
+
+
+class Keys(_Ragged):
+    """The items' paths (the split's url and each image's key), made on demand from one byte array."""
+
+    def __init__(self, base: str, blob: np.ndarray, offsets: np.ndarray) -> None:
+        super().__init__(offsets)
+        self.base, self.blob = base, blob
 
     def key(self, i: int) -> str:
         return self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes().decode()
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        i = int(i) + (len(self) if int(i) < 0 else 0)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+    def _item(self, i: int) -> str:
         return f"{self.base}/{self.key(i)}"
 
 
-class FlatLabels(Sequence):
+class FlatLabels(_Ragged):
     """Each item's float32 [G, 5] labels, as views of one array."""
 
     def __init__(self, labels: np.ndarray, offsets: np.ndarray) -> None:
-        self.labels, self.offsets = labels, offsets
+        super().__init__(offsets)
+        self.labels = labels
 
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        i = int(i) + (len(self) if int(i) < 0 else 0)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+    def _item(self, i: int) -> np.ndarray:
         return self.labels[self.offsets[i]:self.offsets[i + 1]]
 
 
