@@ -67,8 +67,7 @@ def test_wrong_credentials_are_one_line_and_exit_2_before_any_work(shapes, s3_en
     write_shards(shapes, url, chunk_bytes="8KB", splits=["val"])
     env = {**os.environ, "AWS_SECRET_ACCESS_KEY": "not-the-secret-at-all"}
     for args in (["data", "shard", str(shapes), url + "2"],
-                 ["train", "--data", url, "--imgsz", "64", "--epochs", "1", "--out", str(tmp_path / "run")],
-                 ["val", "--data", url, "--imgsz", "64"]):
+                 ["train", "--data", url, "--imgsz", "64", "--epochs", "1", "--out", str(tmp_path / "run")]):
         done = _cli(*args, env=env)
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode == 2, done.stderr[-2000:]
