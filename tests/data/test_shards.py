@@ -120,6 +120,9 @@ def test_writing_again_continues_a_stopped_write_and_ends_with_the_same_files(sh
     assert summary["train"].written == 25 - done and summary["val"].written == 7
     assert _content(out) == _content(shards)
     assert write_shards(shapes, out, chunk_bytes=CHUNK)["train"].written == 0       # complete: nothing to do
+    assert not list(out.rglob("parts/*.npz"))                  # the labels of each chunk are in labels.npz now
+    for name in ("yolokit-shards.json", "train/index.json", "train/labels.npz", "train/chunk-0-0.bin"):
+        assert (out / name).stat().st_mode & 0o044 == 0o044, name   # readable by others, as files written here are
 
 
 def test_a_chunk_cut_short_is_named_and_written_again(shapes, shards, tmp_path, caplog):

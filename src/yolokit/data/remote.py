@@ -163,6 +163,7 @@ class Place:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())        # as any file written here (mkstemp's is the owner's only)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -188,6 +189,12 @@ class Place:
         tmp = target.with_name(f".{target.name}.part")
         shutil.copyfile(local, tmp)
         os.replace(tmp, target)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def allow_plain_http() -> None:

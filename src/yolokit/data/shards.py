@@ -117,6 +117,24 @@ def _merge_parts(parts: list[dict]) -> dict:
     return out
 
 
+def _read_part(place: Place, k: int, chunks: list[dict]) -> dict:
+    """The label index of chunk ``k``: its part file while a write is under way, else cut out of the
+    finished split's labels.npz (a write that goes on after it had finished, from a chunk found cut short)."""
+    try:
+        return dict(np.load(io.BytesIO(place.read(f"parts/labels-{k}.npz")), allow_pickle=False))
+    except FileNotFoundError:
+        whole = np.load(io.BytesIO(place.read(LABELS)), allow_pickle=False)
+    first = sum(c["chunk_size"] for c in chunks[:k])
+    last = first + chunks[k]["chunk_size"]
+    lo, hi = whole["label_offsets"][first], whole["label_offsets"][last]
+    klo, khi = whole["key_offsets"][first], whole["key_offsets"][last]
+    ids = whole["image_ids"]
+    return dict(shapes=whole["shapes"][first:last], labels=whole["labels"][lo:hi],
+                label_offsets=whole["label_offsets"][first:last + 1] - lo, keys=whole["keys"][klo:khi],
+                key_offsets=whole["key_offsets"][first:last + 1] - klo,
+                image_ids=ids[first:last] if len(ids) else ids)
+
+
 def _source_key(keys: list[str], index: SplitIndex) -> str:
     h = hashlib.sha1("\n".join(keys).encode())
     h.update(json.dumps(index.names).encode())
@@ -211,10 +229,11 @@ def _write_split(index: SplitIndex, keys: Sequence[str], place: Place, split: st
     chunks = progress["chunks"]
     if not chunks:
         raise DatasetError(f"{place.url}: no image of split '{split}' could be written")
-    parts = [dict(np.load(io.BytesIO(place.read(f"parts/labels-{k}.npz")), allow_pickle=False))
-             for k in range(len(chunks))]
+    parts = [_read_part(place, k, chunks) for k in range(len(chunks))]
     place.write(LABELS, _npz(**_merge_parts(parts)))
     place.write("index.json", json.dumps({"chunks": chunks, "config": progress["config"]}, sort_keys=True).encode())
+    for k in range(len(chunks)):                 # in labels.npz now (a later write cuts them out of it again)
+        place.remove(f"parts/labels-{k}.npz")
     return ShardSummary(split, place.url, sum(c["chunk_size"] for c in chunks), len(chunks), written, problems)
 
 

@@ -106,11 +106,11 @@ class ShardStore:
         self.lost = SharedArray("b", [0] * max(1, len(chunks)))   # 1: the chunk is lost
         self.keys: Keys | None = None       # each item's key: an item read back with another is from a corrupt chunk
         self._place = Place(url)
-        self._reader, self._pid, self._checked = None, None, set()
+        self._reader, self._pid, self._checked, self._mapped = None, None, set(), False
         self._lock = threading.Lock()      # litdata's reader is not for several threads (the disk cache's fill)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_reader": None, "_pid": None, "_checked": set(), "_lock": None}
+        return {**self.__dict__, "_reader": None, "_pid": None, "_checked": set(), "_lock": None, "_mapped": False}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -155,10 +155,33 @@ class ShardStore:
             allow_plain_http()
             logging.getLogger(StreamingDataset.__module__).addFilter(_quiet_cap_advice)
             kwargs = {"max_cache_size": self.max_cache} if self.remote and self.max_cache else {}
-            reader = StreamingDataset(self.url, cache_dir=self.cache_dir, **kwargs)
+            # batch_decode=0: decode the item asked for, not the 256 around it (an image's neighbours in the
+            # order are seldom its neighbours in the chunk)
+            reader = StreamingDataset(self.url, cache_dir=self.cache_dir, batch_decode=0, **kwargs)
             reader._on_demand_bytes = False      # whole chunks into the cache: the sampler reads chunk by chunk
-            self._reader, self._pid, self._checked = reader, os.getpid(), set()
+            self._reader, self._pid, self._checked, self._mapped = reader, os.getpid(), set(), False
         return self._reader
+
+    def _map_chunks(self) -> None:
+        """Let litdata memory-map the cached chunks (its cache made first, as its ``__getitem__`` makes it).
+
+        litdata maps only the chunks its own iteration hands a worker; an item read by index from any
+        other chunk reads the whole chunk file to look for a header (about 45 ms for an image of a
+        64 MB chunk, against 0.1 ms mapped). Mapping every chunk is safe here: litdata publishes a
+        chunk by renaming a finished download into place and evicts by deleting, and a mapped file
+        that is renamed over or deleted stays readable until it is unmapped.
+        """
+        reader = self._reader
+        if getattr(reader, "cache", None) is None and hasattr(reader, "_create_cache"):
+            from litdata.utilities.env import _WorkerEnv
+
+            reader.worker_env = _WorkerEnv.detect()
+            reader.cache = reader._create_cache(worker_env=reader.worker_env)
+            reader.shuffler = reader._create_shuffler(reader.cache)
+        enable = getattr(getattr(getattr(reader, "cache", None), "_reader", None), "enable_mmap_for_chunks", None)
+        if enable is not None:
+            enable(set(range(len(self.files))))
+        self._mapped = True
 
     def _lose(self, chunk: int, why: str) -> ShardLost:
         first = not self.lost.array[chunk]
@@ -190,7 +213,10 @@ class ShardStore:
         last = None
         for _ in range(2):                     # a failed read: the store down (StoreError, after its retries),
             try:                                # or a glitch (read again), or a corrupt chunk (lost)
-                value = self._open()[int(item)]
+                reader = self._open()
+                if not self._mapped:
+                    self._map_chunks()
+                value = reader[int(item)]
                 break
             except Exception as err:
                 last, self._reader = err, None
