@@ -169,6 +169,29 @@ class Place:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def fetch(self, name: str, local: str | os.PathLike) -> Path:
+        """The file ``name`` as a local file: itself for a folder, else downloaded (streamed) to ``local``."""
+        if not self.remote:
+            path = Path(self.where(name))
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: not found")
+            return path
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.{os.getpid()}")
+        try:
+            def download() -> None:        # one stream, 1 MB at a time (no transfer threads and their buffers)
+                body = self.client().get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+                with open(tmp, "wb") as f:
+                    for part in body.iter_chunks(1 << 20):
+                        f.write(part)
+
+            self._call(self.where(name), download)
+            os.replace(tmp, local)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return local
+
     def remove(self, name: str) -> None:
         """Delete ``name`` here (nothing when it is missing)."""
         if self.remote:

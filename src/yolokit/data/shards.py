@@ -117,13 +117,16 @@ def _merge_parts(parts: list[dict]) -> dict:
     return out
 
 
-def _read_part(place: Place, k: int, chunks: list[dict]) -> dict:
+def _read_part(place: Place, k: int, chunks: list[dict], finished: dict) -> dict:
     """The label index of chunk ``k``: its part file while a write is under way, else cut out of the
-    finished split's labels.npz (a write that goes on after it had finished, from a chunk found cut short)."""
+    finished split's labels.npz (a write that goes on after it had finished, from a chunk found cut short;
+    read once into ``finished``)."""
     try:
         return dict(np.load(io.BytesIO(place.read(f"parts/labels-{k}.npz")), allow_pickle=False))
     except FileNotFoundError:
-        whole = np.load(io.BytesIO(place.read(LABELS)), allow_pickle=False)
+        if not finished:
+            finished.update(np.load(io.BytesIO(place.read(LABELS)), allow_pickle=False))
+        whole = finished
     first = sum(c["chunk_size"] for c in chunks[:k])
     last = first + chunks[k]["chunk_size"]
     lo, hi = whole["label_offsets"][first], whole["label_offsets"][last]
@@ -229,7 +232,8 @@ def _write_split(index: SplitIndex, keys: Sequence[str], place: Place, split: st
     chunks = progress["chunks"]
     if not chunks:
         raise DatasetError(f"{place.url}: no image of split '{split}' could be written")
-    parts = [_read_part(place, k, chunks) for k in range(len(chunks))]
+    finished: dict = {}
+    parts = [_read_part(place, k, chunks, finished) for k in range(len(chunks))]
     place.write(LABELS, _npz(**_merge_parts(parts)))
     place.write("index.json", json.dumps({"chunks": chunks, "config": progress["config"]}, sort_keys=True).encode())
     for k in range(len(chunks)):                 # in labels.npz now (a later write cuts them out of it again)

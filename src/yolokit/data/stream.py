@@ -20,7 +20,6 @@ Faults:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -51,6 +50,11 @@ class ShardLost(ImageError):
     def __init__(self, message: str, next_item: int = -1) -> None:
         super().__init__(message)
         self.next_item = next_item
+
+
+def split_cache(url: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local cache folder of one remote split (its chunks, its label index)."""
+    return Path(cache_dir or cache_home() / "shards") / hashlib.sha1(url.encode()).hexdigest()[:16]
 
 
 def _quiet_cap_advice(record: logging.LogRecord) -> bool:
@@ -100,8 +104,7 @@ class ShardStore:
         self.sizes = np.array([c["chunk_size"] for c in chunks], np.int64)
         self.nbytes = [int(c["chunk_bytes"]) for c in chunks]
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
-        own = hashlib.sha1(url.encode()).hexdigest()[:16]      # one folder per split: its use is its own
-        self.cache_dir = str(Path(cache_dir or cache_home() / "shards") / own) if self.remote else None
+        self.cache_dir = str(split_cache(url, cache_dir)) if self.remote else None   # one folder per split
         self.max_cache = parse_size(max_cache)
         self.lost = SharedArray("b", [0] * max(1, len(chunks)))   # 1: the chunk is lost
         self.keys: Keys | None = None       # each item's key: an item read back with another is from a corrupt chunk
@@ -306,7 +309,8 @@ def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache
     place.check()
     try:
         chunks = json.loads(place.read("index.json"))["chunks"]
-        arrays = np.load(io.BytesIO(place.read(LABELS)), allow_pickle=False)
+        # from a file, array by array (a million images: 92 MB), not from one more copy of it in memory
+        arrays = np.load(place.fetch(LABELS, split_cache(url, cache_dir) / LABELS), allow_pickle=False)
     except FileNotFoundError:
         raise FileNotFoundError(f"{url}: no finished shards (index.json and {LABELS}); write them with "
                                 "`yolokit data shard SRC OUT` (run it again to finish a cut-short write)") from None
