@@ -380,7 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:      # one line, no traceback
         interrupted = Interrupted.of(exc)
         if not interrupted.reported and distributed.is_main():
-            print(f"yolokit {args.command}: stopped by {signal.Signals(interrupted.signum).name}", file=sys.stderr)
+            again = ": the same command continues where it stopped" if args.command == "data" else ""
+            print(f"yolokit {args.command}: stopped by {signal.Signals(interrupted.signum).name}{again}",
+                  file=sys.stderr)
         return interrupted.exit_code
 
 

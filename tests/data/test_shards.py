@@ -260,3 +260,30 @@ def test_predict_reads_a_split_of_shards_named_by_its_keys(shapes, shards):
     assert all(torch.equal(a.image, b.image) for a, b in zip(seen, files, strict=True))
     with pytest.raises(FileNotFoundError, match="name one, e.g."):
         list(frames(str(shards)))
+
+
+def test_ctrl_c_stops_yolokit_data_shard_in_one_line_and_the_same_command_continues(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = make_shapes(tmp_path / "set", seed=3, n_train=300, n_val=4, imgsz=256)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "yolokit", "data", "shard", str(src), str(out), "--chunk-bytes", "40KB"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress = out / "train" / "progress.json"
+    deadline = time.monotonic() + 120
+    while not progress.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == ("yolokit data: stopped by SIGINT: the same command continues where "
+                                            "it stopped") and "Traceback" not in err
+    done = sum(c["chunk_size"] for c in json.loads(progress.read_text())["chunks"])
+    assert 0 < done < 300
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "train: 300 images in" in again.stdout and f"({300 - done} written now)" in again.stdout
+    assert len(load_split(out, "train")) == 300
