@@ -67,6 +67,9 @@ def test_shards_hold_every_image_and_label_of_the_folder(shapes, shards):
     # the data.yaml written beside them trains like the folder, and so does the folder of shards itself
     a, b = DetectionDataset(shapes, "val", imgsz=64), DetectionDataset(shards / "data.yaml", "val", imgsz=64)
     c = DetectionDataset(shards, "val", imgsz=64, rect=True)
+    assert len(DetectionDataset(shards / "val", "val", imgsz=64)) == 7          # one split's own folder
+    with pytest.raises(FileNotFoundError, match=r"holds the shards of one split \(train\), not of 'val'"):
+        DetectionDataset(shards / "train", "val", imgsz=64)                    # would validate on train
     for i in range(len(a)):
         assert torch.equal(a[i]["image"], b[i]["image"]) and torch.equal(a[i]["boxes"], b[i]["boxes"])
         assert a[i]["ratio_pad"] == b[i]["ratio_pad"] and c[i]["image"].shape[1:] == (64, 64)
@@ -268,9 +271,9 @@ def test_ctrl_c_stops_yolokit_data_shard_in_one_line_and_the_same_command_contin
     import sys
     import time
 
-    src = make_shapes(tmp_path / "set", seed=3, n_train=300, n_val=4, imgsz=256)
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "yolokit", "data", "shard", str(src), str(out), "--chunk-bytes", "40KB"]
+    src = make_shapes(tmp_path / "set", seed=3, n_train=300, n_val=4, imgsz=160)
+    out = tmp_path / "out"      # a chunk of one or two images: ~200 commits, seconds of work to stop in
+    cmd = [sys.executable, "-m", "yolokit", "data", "shard", str(src), str(out), "--chunk-bytes", "6KB"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     progress = out / "train" / "progress.json"
     deadline = time.monotonic() + 120
@@ -280,10 +283,11 @@ def test_ctrl_c_stops_yolokit_data_shard_in_one_line_and_the_same_command_contin
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == ("yolokit data: stopped by SIGINT: the same command continues where "
-                                            "it stopped") and "Traceback" not in err
+                                            "it stopped") and "Traceback" not in err, err[-2000:]
     done = sum(c["chunk_size"] for c in json.loads(progress.read_text())["chunks"])
-    assert 0 < done < 300
+    assert 0 < done < 300, err[-2000:]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "train: 300 images in" in again.stdout and f"({300 - done} written now)" in again.stdout
+    assert "train: 300 images in" in again.stdout and f"({300 - done} written now)" in again.stdout, \
+        (done, again.stdout, again.stderr[-2000:])
     assert len(load_split(out, "train")) == 300

@@ -284,11 +284,16 @@ def is_shards(spec: str | os.PathLike) -> bool:
 
 
 def shards_root_split(url: str, split: str) -> str:
-    """The split's url: ``url`` itself when it holds a split, else ``url/split`` (a shards root)."""
-    place = Place(url)
-    if place.size(LABELS) is not None:
-        return url
-    return join(url, split)
+    """The split's url: ``url/split`` for the root `yolokit data shard` wrote, or ``url`` itself when it is
+    that split's folder (one split's url asked for another split is refused: training would validate on
+    its own images)."""
+    url = str(url).rstrip("/")
+    if Place(url).size(LABELS) is None:
+        return join(url, split)
+    if url.rsplit("/", 1)[-1] != split:
+        raise FileNotFoundError(f"{url} holds the shards of one split ({url.rsplit('/', 1)[-1]}), not of "
+                                f"'{split}': name the folder above it, or a data.yaml naming both splits")
+    return url
 
 
 def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache_dir: str | os.PathLike | None = None,
