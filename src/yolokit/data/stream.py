@@ -93,12 +93,12 @@ class ShardStore:
     Args:
         url: the split's folder or ``s3://bucket/prefix/split``.
         chunks: litdata's chunk entries (index.json's "chunks").
-        cache_dir: where remote chunks are kept; default ``cache_home()/shards``.
-        max_cache: the cache's cap ("20GB"); chunks beyond it are evicted, least needed first.
+        cache_dir: where remote chunks are kept; default ``cache_home()/shards`` (a folder per split).
+        max_cache: the cache's cap ("25GB"); chunks beyond it are evicted, least needed first.
     """
 
     def __init__(self, url: str, chunks: list[dict], *, cache_dir: str | os.PathLike | None = None,
-                 max_cache: int | str | None = "20GB") -> None:
+                 max_cache: int | str | None = "25GB") -> None:
         self.url, self.remote = url, is_remote(url)
         self.files = [c["filename"] for c in chunks]
         self.sizes = np.array([c["chunk_size"] for c in chunks], np.int64)
@@ -297,7 +297,7 @@ def shards_root_split(url: str, split: str) -> str:
 
 
 def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache_dir: str | os.PathLike | None = None,
-                max_cache: int | str | None = "20GB") -> SplitIndex:
+                max_cache: int | str | None = "25GB") -> SplitIndex:
     """The `SplitIndex` of one split's shards; its images are read through ``index.store``.
 
     Args:
