@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from yolokit.accel.launcher import launch
-from yolokit.data import DetectionDataset, make_shapes
+from yolokit.data import DetectionDataset, ImageError, make_shapes
 from yolokit.data.cache import DiskCache, RamCache, resized_shape
 
 
@@ -47,7 +47,7 @@ def test_a_cache_that_does_not_fit_is_refused_with_both_figures():
 
 
 def test_the_ram_cache_is_read_only_and_an_unreadable_image_is_tried_again(tmp_path, caplog, monkeypatch):
-    import yolokit.data.images as module
+    import yolokit.data.labels as module
 
     yaml = make_shapes(tmp_path / "set", n_train=6, n_val=2, imgsz=64)
     plain = DetectionDataset(yaml, "train", imgsz=64)
@@ -57,7 +57,7 @@ def test_the_ram_cache_is_read_only_and_an_unreadable_image_is_tried_again(tmp_p
 
     def flaky(p):                                        # image 3 cannot be read, for now
         if str(p) == path and flaky.broken:
-            raise module.ImageError("busy disk")
+            raise ImageError("busy disk")
         return real(p)
 
     flaky.broken = True

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from yolokit.data.images import read_bytes
+
 logger = logging.getLogger("yolokit.data")
 
 CACHE_VERSION = 1
@@ -81,8 +83,6 @@ class SplitIndex:
             ImageError: unreadable (a shard's: `ShardLost`, naming the chunk skipped).
         """
         if self.store is None:
-            from yolokit.data.images import read_bytes
-
             return read_bytes(self.paths[i])
         return self.store.read(int(self.items[i]))
 

@@ -37,11 +37,10 @@ from yolokit.data.images import ImageError, read_bytes
 from yolokit.data.labels import EXCLUDED, Problem, SplitIndex
 from yolokit.data.remote import Place, allow_plain_http, join
 from yolokit.data.sources import DatasetError, load_split, read_data_yaml
+from yolokit.data.stream import LABELS, MANIFEST
 
 logger = logging.getLogger("yolokit.data")
 
-MANIFEST = "yolokit-shards.json"
-LABELS = "labels.npz"
 PROGRESS = "progress.json"
 FORMAT = "yolokit-shards/1"
 
@@ -294,12 +293,11 @@ def write_split(index: SplitIndex, out: str | os.PathLike, split: str, *, keys: 
         manifest["category_ids"] = index.category_ids
     summary = _write_split(index, keys, Place(join(str(out), split)), split, chunk_bytes=chunk_bytes,
                            log_every=log_every, read=read)
-    found = list(index.problems)
-    summary.problems = [p for p in found if p.action == EXCLUDED] + summary.problems
+    written = summary.problems                  # what writing found: unreadable images, chunks cut short
+    summary.problems = [p for p in index.problems if p.action == EXCLUDED] + written
     manifest["splits"][split] = {"images": summary.images, "chunks": summary.chunks,
                                  "left_out": sum(p.action == EXCLUDED for p in summary.problems),
-                                 "problems": [[p.path, p.reason, p.action] for p in found
-                                              + [q for q in summary.problems if q not in found]]}
+                                 "problems": [[p.path, p.reason, p.action] for p in index.problems + written]}
     top.write(MANIFEST, json.dumps(manifest, indent=1).encode())
     yaml_text = "".join(["path: .\n"] + [f"{s}: {s}\n" for s in manifest["splits"]]
                         + ["names:\n"] + [f"  {i}: {json.dumps(n)}\n" for i, n in enumerate(manifest["names"])])
