@@ -86,6 +86,35 @@ def test_fp16_scaler_skips_inf_step_and_lowers_scale():
     assert prec.scale == 1024.0  # growth_interval=2 finite steps in a row doubled it
 
 
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_a_skipped_first_step_of_fused_sgd_leaves_its_momentum_at_zero(precision):
+    """torch's fused SGD makes its momentum buffers with empty_like on its first step and keeps them
+    unwritten when that step is skipped on the device (fp16's first steps overflow): the next step
+    read garbage. Precision.step gives them zeros first; the run then equals the per-parameter
+    (foreach) SGD's bit for bit."""
+    runs = {}
+    for fused in (True, False):
+        model, (x, y) = _mlp(), _data()
+        prec = Precision(precision, "cpu", init_scale=1024.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                              **({"fused": True} if fused else {"foreach": True}))
+        garbage = [torch.full((4096,), 3e38) for _ in range(8)]   # freed memory the buffers may land in
+        del garbage
+        for step in range(3):
+            with prec.autocast():
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            prec.backward(loss)
+            if step == 0:
+                model[0].weight.grad[0, 0] = float("inf")      # the first step is skipped
+            assert prec.step(opt, clip_grad_norm=10.0) is (step > 0)
+            opt.zero_grad(set_to_none=True)
+            if step == 0 and fused:
+                assert all(torch.count_nonzero(s["momentum_buffer"]) == 0 for s in opt.state.values())
+        runs[fused] = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.isfinite(p).all() for p in runs[True])
+    assert all(torch.equal(a, b) for a, b in zip(runs[True], runs[False], strict=True))
+
+
 def test_fp16_unscales_before_clipping():
     model, (x, y) = _mlp(), _data()
     ref = copy.deepcopy(model)

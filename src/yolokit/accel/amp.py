@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -169,6 +170,7 @@ class Precision:
         if grad_norm is None:
             self.unscale_(optimizer)
             grad_norm = self.clip_grad_norm_(optimizer, clip_grad_norm)
+        _zero_momentum_before_first_step(optimizer)
         if self.scaler is not None:
             self.scaler.step(optimizer)  # skips when unscale_ found inf/NaN (on the device for fused optimizers)
             self.scaler.update()
@@ -193,7 +195,15 @@ class Precision:
         if self._runs is None or self._runs.device != stepped.device:
             self._runs = torch.zeros(2, dtype=torch.long, device=stepped.device)  # current run, longest since check
         run = (self._runs[0] + 1) * (~stepped)
-        self._runs = torch.stack([run, torch.maximum(self._runs[1], run)])
+        # in place: a step recorded as a CUDA graph updates this very tensor at each replay
+        self._runs.copy_(torch.stack([run, torch.maximum(self._runs[1], run)]))
+
+    def reset_step(self) -> None:
+        """Forget a step begun but not finished (a failed graph recording): gradients may be
+        unscaled again."""
+        self._unscaled.clear()
+        if self.scaler is not None:
+            getattr(self.scaler, "_per_optimizer_states", {}).clear()   # torch's per-step stage of each optimizer
 
     def check(self) -> int:
         """Read the skipped-step counters (one device read) and warn when steps keep being skipped.
@@ -256,3 +266,26 @@ def _total_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:
         return nn.utils.clip_grad_norm_(params, clip)
     return nn.utils.get_total_norm([p.grad for p in params])
 
+
+def _zero_momentum_before_first_step(optimizer: torch.optim.Optimizer) -> None:
+    """Fused SGD's momentum buffers as zeros before its first step, where they are missing.
+
+    torch's fused SGD makes them with ``empty_like`` on its first step and, when that step is
+    skipped on the device (fp16's first steps overflow; a NaN), keeps them without writing them:
+    the next step then reads whatever the memory held. Zeros give the first step's own result bit
+    for bit (``momentum * 0 + grad`` is ``grad``) whether or not it is skipped. Only without
+    dampening, where that holds.
+    """
+    if optimizer in _PRIMED or not (isinstance(optimizer, torch.optim.SGD)
+                                    and getattr(optimizer, "_step_supports_amp_scaling", False)):
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] == 0 or group["dampening"] != 0:
+            continue
+        for p in group["params"]:
+            if p.grad is not None and "momentum_buffer" not in optimizer.state[p]:
+                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    _PRIMED.add(optimizer)   # checked once: the parameters that have gradients now have buffers
+
+
+_PRIMED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
