@@ -34,9 +34,10 @@ epoch           the trainer itself, yolov8s 640 bf16 b64 on a COCO-sized synthet
                 (118,287 images), on each augmentation path (the workers; the device,  >= 90%
                 compiled): img/s, data%, GPU busy over 30 s of the epoch; the first
                 scan of its labels
-launch          yolov8n 640 b64 bf16 from a batch on the device, eager / compiled /    >= 2000   120
-                compiled with CUDA graphs (``compile="reduce-overhead"``): img/s, the
-                first steps' seconds (each compile)
+launch          yolov8n 640 b64 bf16 from a batch on the device, eager / the whole     >= 2000   120
+                step as a CUDA graph (``cuda_graphs``) / compiled / compiled with
+                CUDA graphs (``compile="reduce-overhead"``) / compiled + cuda_graphs:
+                img/s, the first steps' seconds (each compile, each recording)
 channels_last   on / off img/s, ``precision.CHANNELS_LAST_ROWS`` in order: training    (default) 120
                 bf16 of yolov8s, l, yolov3, a model YAML, yolov8n; fp16; inference
 augment         augment_on="device": the batched pass (nvJPEG decode .. HSV) and the   (none)    40

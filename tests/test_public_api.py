@@ -23,7 +23,7 @@ PUBLIC = {
     """,
     "accel": """
         Accumulator BatchNormSync DeviceMonitor GracefulStop Interrupted LaunchError MuSGD Precision
-        RankExchange TrainingDiverged Watchdog accumulation_steps all_reduce_gradients configure
+        RankExchange StepGraphs TrainingDiverged Watchdog accumulation_steps all_reduce_gradients configure
         disable_activation_checkpointing distributed enable_activation_checkpointing find_batch_size
         is_oom_error launch musgd_param_groups predict_batch_size prepare_model resolve_precision
         retry_step run_batch split_batch

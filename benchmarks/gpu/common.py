@@ -172,10 +172,13 @@ class TrainStep:
         checkpoint: activation checkpointing of every backbone stage and neck block.
         compile: ``torch.compile`` the model (inductor; a string is the mode, "reduce-overhead": CUDA graphs)
             and the loss (the default mode), as ``TrainConfig.compile`` does.
+        graphs: the whole step (forward, loss, backward, clipping, the optimizer's step) recorded as a CUDA
+            graph and replayed, as ``TrainConfig(cuda_graphs=True)`` does (``yolokit.accel.graphs``): the
+            boxes padded to their bucket, two eager steps, then the recording.
     """
 
     def __init__(self, s: Settings, name: str, batch: int, precision: str, *, channels_last: bool | None = None,
-                 checkpoint: bool = False, compile: bool | str = False) -> None:
+                 checkpoint: bool = False, compile: bool | str = False, graphs: bool = False) -> None:
         import yolokit
         from yolokit.accel import Precision, enable_activation_checkpointing, perf
         from yolokit.train import TrainConfig
@@ -198,8 +201,22 @@ class TrainStep:
         images = inputs.random_images(batch, s.imgsz).to(s.device)
         self.images = images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
         self.targets = inputs.random_targets(batch, BOXES, s.imgsz).to(s.device)
+        self.graphs = None
+        if graphs:
+            from yolokit.accel.graphs import StepGraphs, bucket
+            from yolokit.losses.base import pad_targets
+            from yolokit.train.step import GraphStep, baked_numbers
+
+            padded = pad_targets(self.targets, batch, max_boxes=bucket(BOXES))
+            self.graph_inputs = {"images": self.images, "labels": padded.labels, "boxes": padded.boxes,
+                                 "mask": padded.mask}
+            self.graphs = StepGraphs(GraphStep(self.net, self.criterion, self.amp, self.optimizer, 10.0), s.device)
+            self.variant = (True, True, baked_numbers(self.optimizer, self.criterion))
 
     def __call__(self) -> None:
+        if self.graphs is not None:
+            self.graphs(self.graph_inputs, variant=self.variant)
+            return
         self.forward_backward(self.images, self.targets, BOXES, self.batch)
         self.amp.step(self.optimizer, clip_grad_norm=10.0, blocking=False)
         self.optimizer.zero_grad(set_to_none=True)

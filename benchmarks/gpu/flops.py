@@ -90,25 +90,32 @@ def _warmed_rate(s: Settings, make: Callable[[], TrainStep], batch: int, calls: 
 
 def launch(s: Settings, clock: Clock) -> list[Row]:
     """yolov8n at 640, batch 64, bf16 (the library's layout) from a batch on the device: a step of
-    small kernels, held back by their launches. Eager, compiled (``TrainConfig(compile=True)``) and
-    compiled with CUDA graphs (``compile="reduce-overhead"``): img/s and each compile's seconds."""
+    small kernels, held back by their launches. Eager; the whole step as a CUDA graph
+    (``TrainConfig(cuda_graphs=True)``); compiled (``compile=True``); compiled with CUDA graphs of the
+    forward and backward (``compile="reduce-overhead"``); compiled with the whole step as a graph:
+    img/s and each one's first steps' seconds (compile, recording)."""
     name, batch = "yolov8n", s.batch(64)
     rows, best = [], None
-    for mode in (None, "default", "reduce-overhead"):
-        what = f"{name} bf16 b{batch} img/s, " + ("eager" if mode is None else f"compile={mode}")
-        if mode is not None and s.smoke:
-            rows.append(Row("launch", what, None, "img/s", note="skipped: no compile in the smoke run"))
+    for mode, graphs in ((None, False), (None, True), ("default", False), ("reduce-overhead", False),
+                         ("default", True)):
+        what = f"{name} bf16 b{batch} img/s, " + " + ".join(
+            (["eager"] if mode is None else [f"compile={mode}"]) + (["cuda_graphs"] if graphs else []))
+        if (mode is not None or graphs) and s.smoke:
+            rows.append(Row("launch", what, None, "img/s", note="skipped: no compile or CUDA graph in the smoke run"))
             continue
         if rows and clock.over():
             rows.append(clock.skipped(what))
             continue
-        # two first calls: reduce-overhead records its graphs on the second
-        rate, warm, note = _warmed_rate(s, lambda mode=mode: TrainStep(s, name, batch, "bf16", compile=mode or False),
-                                        batch, calls=2)
+        # three first calls: reduce-overhead records its graphs on the second, cuda_graphs on the third
+
+        def make(mode=mode, graphs=graphs) -> TrainStep:
+            return TrainStep(s, name, batch, "bf16", compile=mode or False, graphs=graphs)
+
+        rate, warm, note = _warmed_rate(s, make, batch, calls=3)
         best = rate if rate is not None and (best is None or rate > best) else best
         print(f"  {what}: {note or f'{rate:.0f} img/s'} (first steps {warm:.0f} s)", flush=True)
-        rows.append(Row("launch", what, rate, "img/s", note=note or f"first two steps {warm:.0f} s",
-                        data={"images_per_s": rate, "warmup_s": warm, "mode": mode}))
+        rows.append(Row("launch", what, rate, "img/s", note=note or f"first three steps {warm:.0f} s",
+                        data={"images_per_s": rate, "warmup_s": warm, "mode": mode, "cuda_graphs": graphs}))
         free()
     return rows + [Row("launch", f"{name} img/s, best of the above", best, "img/s", (">=", LAUNCH_FLOOR))]
 

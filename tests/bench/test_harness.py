@@ -106,3 +106,23 @@ def test_unknown_case_is_an_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--cases", "nope"])
     assert exit_.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_the_gpu_pass_step_as_cuda_graphs_records_and_replays(monkeypatch):
+    """benchmarks/gpu's TrainStep(graphs=True) (the launch section's cuda_graphs rows) on the CPU stand-in
+    for CUDA graphs (tests/_graph_tape.py): two eager steps, a recording, then replays, each an SGD step."""
+    from gpu.common import Settings, TrainStep
+
+    from tests._graph_tape import TapeBackend
+    from yolokit.accel import graphs
+
+    monkeypatch.setitem(graphs._BACKENDS, "cpu", TapeBackend)
+    s = Settings(torch.device("cpu"), imgsz=64, smoke=True, warmup=0, repeats=1, iters=1, workers=0)
+    step = TrainStep(s, "yolov8n", 2, "fp32", graphs=True)
+    weight = step.model.head.cls[0][0].conv.weight
+    seen = []
+    for _ in range(5):
+        step()
+        seen.append(weight.detach().clone())
+    assert (step.graphs.stats.eager, step.graphs.stats.recorded, step.graphs.stats.replays) == (2, 1, 2)
+    assert all(not torch.equal(a, b) for a, b in zip(seen[:-1], seen[1:], strict=True))   # each call stepped

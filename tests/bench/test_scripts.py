@@ -138,7 +138,8 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
 
     launch = rows["launch"]   # the smoke run compiles nothing: the eager row and the best of them
     assert launch["yolov8n bf16 b2 img/s, eager"]["value"] > 0
-    assert launch["yolov8n bf16 b2 img/s, compile=reduce-overhead"]["note"] == "skipped: no compile in the smoke run"
+    for mode in ("compile=reduce-overhead", "eager + cuda_graphs", "compile=default + cuda_graphs"):
+        assert launch[f"yolov8n bf16 b2 img/s, {mode}"]["note"] == "skipped: no compile or CUDA graph in the smoke run"
     assert launch["yolov8n img/s, best of the above"]["value"] == launch["yolov8n bf16 b2 img/s, eager"]["value"]
     assert launch["yolov8n img/s, best of the above"]["target"] == [">=", 2000.0]
 

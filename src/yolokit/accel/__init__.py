@@ -12,7 +12,8 @@ group, PyTorch's DDP wrapper), :mod:`~yolokit.accel.launcher` (start processes),
 :mod:`~yolokit.accel.stop` (Ctrl-C and SIGTERM as a stop at a step boundary),
 :mod:`~yolokit.accel.batch_size` (batch-size finder), :mod:`~yolokit.accel.perf` (speed
 switches), :mod:`~yolokit.accel.devices` (device names), :mod:`~yolokit.accel.monitor`
-(device readings), :mod:`~yolokit.accel.musgd` (YOLO26's MuSGD optimizer and its groups).
+(device readings), :mod:`~yolokit.accel.musgd` (YOLO26's MuSGD optimizer and its groups),
+:mod:`~yolokit.accel.graphs` (a whole training step recorded as a CUDA graph and replayed).
 """
 
 from yolokit.accel import distributed
@@ -22,6 +23,7 @@ from yolokit.accel.amp import Precision, resolve_precision
 from yolokit.accel.batch_size import find_batch_size, predict_batch_size
 from yolokit.accel.checkpointing import disable_activation_checkpointing, enable_activation_checkpointing
 from yolokit.accel.divergence import TrainingDiverged, Watchdog
+from yolokit.accel.graphs import StepGraphs
 from yolokit.accel.launcher import LaunchError, launch
 from yolokit.accel.monitor import DeviceMonitor
 from yolokit.accel.musgd import MuSGD, musgd_param_groups
@@ -41,6 +43,7 @@ __all__ = [
     "MuSGD",
     "Precision",
     "RankExchange",
+    "StepGraphs",
     "TrainingDiverged",
     "Watchdog",
     "accumulation_steps",

@@ -203,6 +203,13 @@ class Accumulator:
         due = self._batches_this_step()
         return len(self.held) >= due and (due > 0 or self._mine is not None)
 
+    def completes_step(self) -> bool:
+        """Whether one more loader batch of this rank makes the step due (it is then the step's last).
+        Changes nothing."""
+        if self._epoch_steps is not None and self._step_index >= self._epoch_steps:
+            return False
+        return len(self.held) + 1 >= self._batches_this_step()
+
     def sync(self) -> None:
         """Sum the gradients over the processes and combine their BatchNorm statistics; the step is
         then counted, and the next one begins. Call it on every rank when :meth:`step_due` says so."""

@@ -32,7 +32,9 @@ class DetectionLoss(nn.Module):
     def _loss(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None) -> tuple[Tensor, dict[str, Tensor]]:
         raise NotImplementedError
 
-    def forward(self, maps: Sequence[Tensor], targets: Tensor, *,
+    takes_padded_targets: bool = False   # forward also takes PaddedTargets (a static shape: CUDA graphs)
+
+    def forward(self, maps: Sequence[Tensor], targets: Tensor | PaddedTargets, *,
                 max_boxes: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss of one batch, without reading anything back from the device.
 
@@ -40,7 +42,9 @@ class DetectionLoss(nn.Module):
             maps: per level Tensor[B, channels, H_l, W_l], levels in ``strides`` order.
             targets: Tensor[N, 6] rows ``(image_index, class, x1, y1, x2, y2)`` in input pixels,
                 on the maps' device, image indices in [0, B) (not checked: that would read the
-                device).
+                device). Losses with ``takes_padded_targets`` also take :class:`PaddedTargets`
+                (``pad_targets``' result, its G any number of slots at least the busiest image's):
+                shapes that do not follow the number of boxes, as a CUDA graph needs.
             max_boxes: the most boxes one image of the batch holds (G), when the caller knows
                 it (the data side does, on the host): the losses then work on targets padded
                 per image, which is faster. Fewer than an image holds raises an IndexError
@@ -59,6 +63,8 @@ class DetectionLoss(nn.Module):
             if m.ndim != 4 or m.shape[1] != want:
                 raise ValueError(f"each map must be Tensor[B, {want}, H, W] ({self.channel_layout}), "
                                  f"got {tuple(m.shape)}")
+        if isinstance(targets, PaddedTargets):
+            return self._padded_forward(maps, targets)
         if targets.ndim != 2 or targets.shape[1] != 6:
             raise ValueError(f"targets must be Tensor[N, 6] (image_index, class, x1, y1, x2, y2), "
                              f"got {tuple(targets.shape)}")
@@ -67,6 +73,22 @@ class DetectionLoss(nn.Module):
                              "batch once, with yolokit.data.to_device (a loss moves nothing)")
         with torch.autocast(maps[0].device.type, enabled=False):
             return self._loss([m.float() for m in maps], targets.float(), max_boxes)
+
+    def _padded_forward(self, maps: Sequence[Tensor], targets: PaddedTargets) -> tuple[Tensor, dict[str, Tensor]]:
+        if not self.takes_padded_targets:
+            raise TypeError(f"{type(self).__name__} takes targets as Tensor[N, 6] rows, not PaddedTargets")
+        b = maps[0].shape[0]
+        labels, boxes, mask = targets
+        if labels.shape[0] != b or labels.ndim != 2 or mask.shape != labels.shape or \
+                boxes.shape != (*labels.shape, 4):
+            raise ValueError(f"PaddedTargets for {b} images must be labels [B, G], boxes [B, G, 4], mask [B, G]; "
+                             f"got {tuple(labels.shape)}, {tuple(boxes.shape)}, {tuple(mask.shape)}")
+        if boxes.device != maps[0].device:
+            raise ValueError(f"targets are on {boxes.device} but the maps on {maps[0].device}: move the "
+                             "batch once, with yolokit.data.to_device (a loss moves nothing)")
+        padded = PaddedTargets(labels, boxes.float(), mask)
+        with torch.autocast(maps[0].device.type, enabled=False):
+            return self._loss([m.float() for m in maps], padded, labels.shape[1])
 
 
 class PaddedTargets(NamedTuple):
@@ -145,3 +167,10 @@ def pad_targets(targets: Tensor, batch_size: int, *, max_boxes: int | None = Non
         labels[image_sorted, slot] = rows[:, 1].long()
         boxes[image_sorted, slot] = rows[:, 2:6]
     return PaddedTargets(labels, boxes, mask)
+
+
+def as_padded(targets: Tensor | PaddedTargets, batch_size: int, max_boxes: int) -> PaddedTargets:
+    """``targets`` padded per image to ``max_boxes`` slots (``pad_targets``), or as they are when already padded."""
+    if isinstance(targets, PaddedTargets):
+        return targets
+    return pad_targets(targets, batch_size, max_boxes=max_boxes)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner, widening_side
-from yolokit.losses.base import DetectionLoss, pad_targets
+from yolokit.losses.base import DetectionLoss, as_padded
 from yolokit.losses.yolov8 import distribution_focal_loss
 from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.pick import pick
@@ -126,7 +126,7 @@ class YOLO26BranchLoss(DetectionLoss):
             the second level's stride (:func:`~yolokit.losses.assigners.widening_side`).
     """
 
-    channel_layout = "4 * reg_max + C"
+    channel_layout, takes_padded_targets = "4 * reg_max + C", True
 
     def __init__(
         self,
@@ -184,7 +184,7 @@ class YOLO26BranchLoss(DetectionLoss):
         if max_boxes is None:  # the targets' rows as they come: nothing to read back
             gt = (targets[:, 0].long(), targets[:, 1].long(), targets[:, 2:6], None)
         else:
-            gt = pad_targets(targets, b, max_boxes=max_boxes).rows()
+            gt = as_padded(targets, b, max_boxes).rows()
         assigned = self.assigner.assign_rows(cls_logits.transpose(1, 2), pred_boxes, points * stride, *gt,
                                              per_image=max_boxes, logits=True)
         return assigned, gt
@@ -338,8 +338,12 @@ class YOLO26Loss(nn.Module):
         self.one2many = YOLO26BranchLoss(**common, topk=topk)
         self.one2one = YOLO26BranchLoss(**common, topk=one2one_topk, topk2=one2one_topk2)
         self.num_classes, self.strides, self.reg_max = num_classes, self.one2many.strides, reg_max
-        self.start, self.final = start, final
-        self.epoch_weights = branch_weights(0, 1, start=start, final=final)
+        self.start, self.final, self.epoch_weights = start, final, branch_weights(0, 1, start=start, final=final)
+
+    takes_padded_targets = True   # PaddedTargets pass to both branches (a CUDA graph's static shapes)
+
+    def baked_numbers(self) -> tuple[float, ...]:   # what a recorded step holds to (yolokit.accel.graphs)
+        return tuple(self.epoch_weights)
 
     def extra_repr(self) -> str:
         o2m, o2o = self.epoch_weights

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner
-from yolokit.losses.base import DetectionLoss, pad_targets
+from yolokit.losses.base import DetectionLoss, as_padded
 from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import ciou
 from yolokit.ops.pick import pick
@@ -87,6 +87,7 @@ class YOLOv8Loss(DetectionLoss):
         return f"num_classes={self.num_classes}, strides={self.strides}, reg_max={self.reg_max}, {gains}"
 
     channel_layout = "4 * reg_max + C"
+    takes_padded_targets = True
 
     def map_channels(self) -> list[int]:
         return [4 * self.reg_max + self.num_classes] * len(self.strides)
@@ -106,7 +107,7 @@ class YOLOv8Loss(DetectionLoss):
             if max_boxes is None:  # the targets' rows as they come: nothing to read back
                 gt = (targets[:, 0].long(), targets[:, 1].long(), targets[:, 2:6], None)
             else:
-                gt = pad_targets(targets, b, max_boxes=max_boxes).rows()
+                gt = as_padded(targets, b, max_boxes).rows()
             assigned = self.assigner.assign_rows(cls_logits.transpose(1, 2), pred_boxes, points, *gt,
                                                  per_image=max_boxes, logits=True)
             fg_image, fg_point, fg_label, target, weight = _training_points(assigned, *gt[:3])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from yolokit.accel import Accumulator, GracefulStop, Precision, RankExchange, Watchdog, distributed, perf
 from yolokit.accel.checkpointing import enable_activation_checkpointing
+from yolokit.accel.graphs import StepGraphs
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.data.stream import CacheUse, share_cache
 from yolokit.losses import YOLO26Loss, YOLOv3Loss, YOLOv8Loss
@@ -33,9 +35,10 @@ from yolokit.train.ema import ModelEMA
 from yolokit.train.files import write_text
 from yolokit.train.freeze import freeze, freeze_prefixes
 from yolokit.train.optim import LRSchedule, build_optimizer, resolve_optimizer
-from yolokit.train.plan import Processes, device_settings, runtime_plan, start_processes
+from yolokit.train.plan import Processes, RuntimePlan, device_settings, runtime_plan, start_processes
 from yolokit.train.scales import MultiScale
 from yolokit.train.state import Parts, Progress, StepVotes
+from yolokit.train.step import GraphStep, graphs_off_reason
 from yolokit.train.trackers import run_callbacks
 from yolokit.train.weights import DEFAULT_MODEL, read_pretrained, transfer_weights
 
@@ -134,12 +137,13 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     optimizer = build_optimizer(model, opt_name, lr0, momentum, decay, fused=settings.fused_optimizer)
     schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, plan.steps_per_epoch, cfg.warmup_epochs,
                           cfg.warmup_momentum, bias_lr, momentum, cfg.cos_lr)
+    graphs = step_graphs(cfg, plan, train_net, criterion, precision, optimizer, report=notes.append)
     parts = Parts(config=cfg, plan=plan, settings=settings, run_dir=run_dir, callbacks=tuple(callbacks),
                   names=tuple(names), train_set=train_set, loader=loader, val_loader=val_loader, model=model,
                   train_net=train_net, criterion=criterion, precision=precision, accumulator=accumulator,
                   optimizer=optimizer, schedule=schedule, ema=ema, frozen=frozen, scale=scale,
                   watchdog=Watchdog(cfg.max_bad_steps), stop=GracefulStop(several=plan.world > 1),
-                  exchange=RankExchange(StepVotes, world_size=plan.world))
+                  exchange=RankExchange(StepVotes, world_size=plan.world), graphs=graphs)
     progress, resume_meter = Progress(), None
     if resume is not None:
         resume_meter = restore_run(parts, progress, resume)
@@ -154,6 +158,23 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
                    config=cfg.to_yaml(), notes=notes,
                    shard_cache=CacheUse([d.index.store for d in (train_set, val_set) if d.index.store is not None]))
     return Built(parts, progress, resume_meter, summary)
+
+
+def step_graphs(cfg: TrainConfig, plan: RuntimePlan, train_net: nn.Module, criterion: nn.Module, precision: Precision,
+                optimizer: torch.optim.Optimizer, *, report: Callable[[str], None]) -> StepGraphs | None:
+    """The step's CUDA graphs when ``cfg.cuda_graphs`` asks for them and the run allows them (else a
+    note says why not, and the step runs eagerly)."""
+    if not cfg.cuda_graphs:
+        return None
+    reason = graphs_off_reason(cfg, device=plan.device, world=plan.world, criterion=criterion, optimizer=optimizer)
+    if reason is not None:
+        report(f"cuda_graphs: off, the step runs eagerly: {reason}")
+        warnings.warn(f"cuda_graphs cannot record this run's step: {reason}; it runs eagerly", RuntimeWarning,
+                      stacklevel=3)
+        return None
+    report("cuda_graphs: each step shape (batch, image size, boxes padded to 8, 16, 32, ...) is recorded after "
+           "two eager steps with the same learning rate, so from the end of the warmup, once per epoch")
+    return StepGraphs(GraphStep(train_net, criterion, precision, optimizer, cfg.clip_grad_norm or None), plan.device)
 
 
 def run_model(cfg: TrainConfig, classes: int, *, given: Detector | None, resume: dict | None,

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from yolokit.accel import Accumulator, GracefulStop, Precision, RankExchange, Watchdog
+from yolokit.accel.graphs import StepGraphs
 from yolokit.data import DetectionDataset, DetectionLoader
 from yolokit.models import Detector
 from yolokit.train.callbacks import Callback
@@ -64,6 +65,7 @@ class Parts:
     watchdog: Watchdog                  # stops a diverged run (TrainConfig.max_bad_steps)
     stop: GracefulStop                  # Ctrl-C / SIGTERM at a step boundary
     exchange: RankExchange[StepVotes]   # the ranks' per-step agreement
+    graphs: StepGraphs | None = None    # the step recorded as CUDA graphs (TrainConfig.cuda_graphs)
 
     @property
     def main(self) -> bool:

@@ -19,14 +19,20 @@ which survives out of memory (the step's batches run again, split finer).
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Hashable
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from yolokit.accel import Precision
-from yolokit.accel.oom import retry_step, run_batch
+from yolokit.accel.graphs import GraphCaptureError, StepGraphs, backend_for, bucket, capturable
+from yolokit.accel.oom import free_memory, is_oom_error, retry_step, run_batch
 from yolokit.data import to_device
+from yolokit.losses.base import PaddedTargets, pad_targets
+from yolokit.train.config import TrainConfig
 from yolokit.train.meter import LossMeter
 from yolokit.train.state import Parts, Progress
 
@@ -38,6 +44,13 @@ def train_step(parts: Parts, progress: Progress, meter: LossMeter, batch: dict |
         Whether an optimizer step was taken.
     """
     acc, optimizer, precision = parts.accumulator, parts.optimizer, parts.precision
+    graphs = parts.graphs
+    if graphs is not None and graphs.failed is None and batch is not None and acc.splits == 1:
+        stepped = graphed_step(parts, graphs, progress, meter, batch, epoch)
+        if stepped is not None:
+            return stepped
+    if graphs is not None and batch is not None and not acc.held:   # the graphs leave gradients: a step starts at 0
+        optimizer.zero_grad(set_to_none=False)
     if batch is not None:       # forward/backward of its micro-batches; out of memory: split finer, the step replayed
         meter.add(run_batch(acc, batch, partial(micro_step, parts, epoch, progress.step_in_epoch)))
     if not acc.step_due():                                    # this rank's batches of the step have all run
@@ -48,7 +61,7 @@ def train_step(parts: Parts, progress: Progress, meter: LossMeter, batch: dict |
         precision.unscale_(optimizer)                         # fp16: gradients in true units
         norm = precision.clip_grad_norm_(optimizer, parts.config.clip_grad_norm)
         retry_step(acc, precision.step, optimizer, norm, blocking=False)   # inf/NaN: skipped; OOM: once more
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=graphs is None)   # graphs: they stay, not made again inside a recording
         if parts.ema is not None:
             parts.ema.update(parts.model)
         progress.step_taken()
@@ -90,3 +103,114 @@ def forward_backward(net: nn.Module, criterion: nn.Module, precision: Precision,
         loss, parts = criterion(net(images), targets, max_boxes=max_boxes)
     precision.backward(loss * weight)
     return loss.detach(), parts
+
+
+# --- the step as a CUDA graph ------------------------------------------------------------------------------
+
+def graphs_off_reason(config: TrainConfig, *, device: torch.device, world: int, criterion: nn.Module,
+                      optimizer: torch.optim.Optimizer) -> str | None:
+    """Why ``TrainConfig.cuda_graphs`` cannot record this run's step (None: it can)."""
+    if backend_for(device) is None:
+        return f"they need a CUDA device, this run trains on {device.type}"
+    if world > 1:
+        return "several processes exchange gradients on the host's schedule, which a graph does not record"
+    if not getattr(criterion, "takes_padded_targets", False):
+        loss = type(getattr(criterion, "_orig_mod", criterion)).__name__
+        return f"{loss} takes its targets as rows, whose number changes from batch to batch"
+    if not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return (f"{type(optimizer).__name__} decides on the host whether to step (only torch's fused SGD and "
+                "AdamW skip on the device)")
+    if config.compile == "reduce-overhead":
+        return "torch.compile's reduce-overhead records graphs of its own"
+    return None
+
+
+class GraphStep:
+    """One loader batch as :class:`yolokit.accel.graphs.StepGraphs` records it.
+
+    ``variant = (first, last, ...)``: the step's first batch zeroes the gradients (in place: a
+    graph keeps them from step to step), every batch backpropagates ``loss * images``, and the
+    step's last batch unscales, clips and steps the optimizer (fused: a step with inf/NaN
+    gradients is skipped on the device). The rest of the variant is the numbers it bakes in
+    (each group's lr, momentum and decay, the loss's own): read by :func:`graphed_step`.
+    """
+
+    def __init__(self, train_net: nn.Module, criterion: nn.Module, precision: Precision,
+                 optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
+        self.train_net, self.criterion, self.precision, self.optimizer = train_net, criterion, precision, optimizer
+        self.clip_grad_norm = clip_grad_norm
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def __call__(self, variant: tuple, images: Tensor, labels: Tensor, boxes: Tensor,
+                 mask: Tensor) -> dict[str, Tensor]:
+        first, last = variant[0], variant[1]
+        if first:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if grads:
+                torch._foreach_zero_(grads)
+        _, losses = forward_backward(self.train_net, self.criterion, self.precision, images,
+                                     PaddedTargets(labels, boxes, mask), max_boxes=None,
+                                     weight=images.shape[0], channels_last=False)
+        if last:
+            self.precision.unscale_(self.optimizer)
+            norm = self.precision.clip_grad_norm_(self.optimizer, self.clip_grad_norm)
+            with capturable(self.optimizer):
+                self.precision.step(self.optimizer, norm, blocking=False)
+        return losses
+
+
+def baked_numbers(optimizer: torch.optim.Optimizer, criterion: nn.Module) -> Hashable:
+    """The Python numbers a recorded optimizer step and loss keep: each group's hyperparameters, the loss's."""
+    groups = tuple(tuple((k, v) for k, v in sorted(g.items()) if isinstance(v, (int, float, tuple, bool)))
+                   for g in optimizer.param_groups)
+    own = getattr(criterion, "baked_numbers", None)
+    return groups, tuple(own()) if callable(own) else ()
+
+
+def graphed_step(parts: Parts, graphs: StepGraphs, progress: Progress, meter: LossMeter, batch: dict,
+                 epoch: int) -> bool | None:
+    """``train_step`` of one loader batch through the step's CUDA graphs (None: the graphs failed;
+    the caller runs the batch eagerly, as the rest of the run)."""
+    acc, optimizer = parts.accumulator, parts.optimizer
+    first, last = not acc.held, acc.completes_step()
+    data = to_device(batch, parts.plan.device, non_blocking=True, compiled=parts.settings.compile_augment)
+    images, targets = parts.scale(data["images"], data["targets"], epoch, progress.step_in_epoch)
+    if parts.settings.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    padded = pad_targets(targets, len(images), max_boxes=bucket(batch["max_boxes"]))   # a few static sizes
+    variant: tuple = (first, last)
+    if last:   # the step's numbers, before it is recorded or replayed with them
+        parts.schedule.apply(optimizer, epoch, progress.iteration(parts.plan.steps_per_epoch))
+        variant += (baked_numbers(optimizer, parts.criterion),)
+    inputs = {"images": images, "labels": padded.labels, "boxes": padded.boxes, "mask": padded.mask}
+    with parts.stop.deferred() if last else contextlib.nullcontext():
+        try:
+            losses = graphs(inputs, variant=variant)
+        except Exception as exc:
+            if not (isinstance(exc, GraphCaptureError) or is_oom_error(exc)):
+                raise
+            failure = exc
+        else:
+            failure = None
+            meter.add([(losses, len(images))])
+            acc.ran(batch)
+            if last:
+                acc.sync()                                        # one process: BatchNorm statistics marked
+                if parts.ema is not None:
+                    parts.ema.update(parts.model)
+                progress.step_taken()
+                meter.mark()
+    if failure is None:
+        return last
+    # the step goes on eagerly, from its first batch: what the graphs did of it is dropped
+    graphs.failed = f"{type(failure).__name__}: {failure}".splitlines()[0]
+    graphs.clear()
+    parts.precision.reset_step()
+    held = list(acc.held)
+    acc.rewind()
+    free_memory()
+    warnings.warn(f"CUDA graphs are off for the rest of this run ({graphs.failed}); the step runs eagerly",
+                  RuntimeWarning, stacklevel=3)
+    for earlier in held:   # counted by the meter already
+        run_batch(acc, earlier, partial(micro_step, parts, epoch, progress.step_in_epoch))
+    return None
