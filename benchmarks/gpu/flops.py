@@ -96,8 +96,8 @@ def launch(s: Settings, clock: Clock) -> list[Row]:
     img/s and each one's first steps' seconds (compile, recording)."""
     name, batch = "yolov8n", s.batch(64)
     rows, best = [], None
-    for mode, graphs in ((None, False), (None, True), ("default", False), ("reduce-overhead", False),
-                         ("default", True)):
+    for mode, graphs in ((None, False), (None, True), ("default", False), ("default", True),
+                         ("reduce-overhead", False)):
         what = f"{name} bf16 b{batch} img/s, " + " + ".join(
             (["eager"] if mode is None else [f"compile={mode}"]) + (["cuda_graphs"] if graphs else []))
         if (mode is not None or graphs) and s.smoke:
