@@ -182,3 +182,17 @@ def test_resuming_a_named_run_keeps_its_saved_config(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "train", lambda config: seen.append(config) or {})
     assert cli.main(["train", "--resume", str(tmp_path / "run")]) == 0
     assert seen[0].imgsz == 640 and seen[0].nbs == 64   # no preset: the checkpoint's config decides
+
+
+def test_a_warning_is_one_line_naming_the_command(tmp_path):
+    """A warning on the command line (here: CUDA graphs asked for on the CPU) is one line, not Python's
+    file:line and the source line that raised it."""
+    cmd = [sys.executable, "-m", "yolokit.cli", "train", "--data", "shapes", "--epochs", "1", "--imgsz", "32",
+           "--batch", "4", "--cuda-graphs", "--device", "cpu", "--time", "0.00001", "--no-plots",
+           "--out", str(tmp_path / "run")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = [line for line in result.stderr.splitlines() if "cuda_graphs cannot record" in line]
+    assert said == ["yolokit train: warning: cuda_graphs cannot record this run's step: they need a CUDA device, "
+                    "this run trains on cpu; it runs eagerly"]
+    assert ".py:" not in result.stderr

@@ -14,7 +14,9 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -352,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     stop = GracefulStop()    # the trainer installs its own while it trains
+    formatter, warnings.formatwarning = warnings.formatwarning, partial(_warning_line, args.command)
     try:
         with stop:
             code = args.func(args)
@@ -384,6 +387,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"yolokit {args.command}: stopped by {signal.Signals(interrupted.signum).name}{again}",
                   file=sys.stderr)
         return interrupted.exit_code
+    finally:
+        warnings.formatwarning = formatter
+
+
+def _warning_line(command: str, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  line: str | None = None) -> str:
+    """A warning on the command line: one line naming the command, not the source line that raised it."""
+    kind = "" if category in (UserWarning, RuntimeWarning) else f" ({category.__name__})"
+    return f"yolokit {command}: warning{kind}: {message}\n"
 
 
 if __name__ == "__main__":

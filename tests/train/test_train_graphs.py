@@ -18,6 +18,7 @@ import torch
 
 from tests._graph_tape import TapeBackend
 from tests.train.test_resume_iters import assert_same_run
+from tests.train.test_resume_iters import config as resume_config
 from yolokit.accel import graphs as graphs_module
 from yolokit.accel.graphs import StepGraphs
 from yolokit.data import make_shapes
@@ -70,10 +71,9 @@ def shapes(tmp_path_factory):
 
 
 def config(shapes, out, **kw) -> TrainConfig:
-    base = dict(data=shapes, imgsz=64, batch=2, nbs=6, epochs=3, workers=0, out=str(out), plots=False,
-                warmup_epochs=0.0, close_mosaic=1, mosaic_buffer=0, seed=3, optimizer="SGD", lr0=0.01,
-                save_period_iters=2, cuda_graphs=True)
-    return TrainConfig(**{**base, **kw})
+    """test_resume_iters' run (3 epochs, SGD, EMA, close-Mosaic, a checkpoint every 2 steps), without warmup
+    and with graphs."""
+    return resume_config(shapes, out, **{"warmup_epochs": 0.0, "cuda_graphs": True, **kw})
 
 
 def _fit(cfg: TrainConfig) -> Trainer:
