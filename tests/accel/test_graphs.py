@@ -145,6 +145,19 @@ def test_shapes_are_part_of_the_key_and_the_oldest_graphs_are_dropped():
         graphs({"images": x, "target": y})
     # 8, 12, 16: one eager run and a recording each; 8 again after being dropped: recorded again
     assert (graphs.stats.recorded, graphs.stats.dropped, graphs.graphs) == (4, 2, 2)
+    # one input buffer per name and shape, shared by the graphs that take it, dropped with the last of them:
+    # the images at 16 and 8 px, and the targets (one shape for all)
+    assert sorted(k[1] for k in graphs._buffers) == [(4, 2), (4, 3, 8, 8), (4, 3, 16, 16)]
+
+
+def test_graphs_of_the_same_input_shape_share_its_buffer():
+    """Two variants (two learning rates) at one shape: two graphs reading one images buffer, each replay
+    copying its own batch in first, each equal to the eager steps."""
+    batches = _batches(10)
+    lrs = [0.01, 0.02] * 5                       # alternate: both graphs replayed in turns
+    eager, graphed, graphs, *_ = _both(Run, batches, lrs, warmup=1)
+    assert graphs.graphs == 2 and len(graphs._buffers) == 2 and graphs.stats.replays == 6
+    assert _equal(eager, graphed)
 
 
 def test_no_backend_on_the_cpu_and_a_failed_recording_says_so():

@@ -168,6 +168,7 @@ class StepGraphs:
         self.failed: str | None = None   # set by a caller that stopped using the graphs, and why
         self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
         self._seen: OrderedDict[Hashable, int] = OrderedDict()
+        self._buffers: dict[Hashable, Tensor] = {}
 
     def __repr__(self) -> str:
         return f"StepGraphs(graphs={len(self._graphs)}, warmup={self.warmup}, stats={self.stats})"
@@ -181,6 +182,16 @@ class StepGraphs:
         """Drop every graph and what was seen (their memory goes back to the pool)."""
         self._graphs.clear()
         self._seen.clear()
+        self._buffers.clear()
+
+    def _buffer(self, name: str, t: Tensor) -> Tensor:
+        """The static input buffer for ``name`` at ``t``'s shape, dtype and strides, shared by every graph
+        that takes such an input (graphs never run at the same time, and each replay copies its inputs in
+        first): a batch of 64 images at 640 is 315 MB, not to be held once per graph."""
+        key = (name, tuple(t.shape), t.dtype, t.stride(), t.device)
+        if key not in self._buffers:
+            self._buffers[key] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        return self._buffers[key]
 
     def __call__(self, inputs: dict[str, Tensor], *, variant: Hashable = ()) -> dict[str, Tensor]:
         """One step on ``inputs``: eager, recorded, or replayed. Returns the step's outputs (fresh
@@ -202,17 +213,19 @@ class StepGraphs:
         if seen <= self.warmup:
             self.stats.eager += 1
             return self.backend.eager(lambda: self.step(variant, **inputs))
-        static = {name: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-                  for name, t in inputs.items()}
+        static = {name: self._buffer(name, t).copy_(t) for name, t in inputs.items()}
         try:
             replay, outputs = self.backend.record(lambda: self.step(variant, **static))
         except Exception as exc:
             raise GraphCaptureError(f"recording the step as a CUDA graph failed: {type(exc).__name__}: {exc}") from exc
         self.stats.recorded += 1
         self._graphs[key] = _Graph(replay, static, outputs)
-        while len(self._graphs) > self.max_graphs:
-            self._graphs.popitem(last=False)
-            self.stats.dropped += 1
+        if len(self._graphs) > self.max_graphs:
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+                self.stats.dropped += 1
+            used = {id(t) for g in self._graphs.values() for t in g.inputs.values()}
+            self._buffers = {k: t for k, t in self._buffers.items() if id(t) in used}
         if not self.backend.runs_while_recording:
             replay()
             self.stats.replays += 1
