@@ -48,7 +48,23 @@ def test_yolo26_loss_passes_padded_targets_to_both_branches():
     assert loss_fn.baked_numbers() == pytest.approx((0.8, 0.2))
 
 
-def test_padded_targets_are_checked_and_yolov3_asks_for_rows():
+@pytest.mark.parametrize("box", ["ciou", "mse"])
+def test_yolov3_loss_on_padded_targets_equals_the_rows(box):
+    """Padding rows (zero boxes) match an anchor like any row and weigh 0 at every level: the rows' loss
+    within rounding, and no NaN from a zero box."""
+    loss_fn = YOLOv3Loss(3, anchors=[[(10, 13), (16, 30)], [(30, 61), (62, 45)], [(116, 90), (156, 198)]],
+                         strides=(8, 16, 32), box=box)
+    maps = _maps(2 * 8)
+    rows, parts = loss_fn(maps, TARGETS, max_boxes=3)
+    padded, padded_parts = loss_fn(maps, pad_targets(TARGETS, 3, max_boxes=16))
+    torch.testing.assert_close(padded, rows, rtol=1e-6, atol=0)
+    for k in parts:
+        torch.testing.assert_close(padded_parts[k], parts[k], rtol=1e-6, atol=0)
+    for a, b in zip(_grads(rows, maps), _grads(padded, maps), strict=True):
+        assert torch.isfinite(b).all() and (a - b).norm() <= 1e-6 * a.norm()
+
+
+def test_padded_targets_are_checked():
     loss_fn = YOLOv8Loss(3, (8, 16, 32))
     padded = pad_targets(TARGETS, 2, max_boxes=8)          # for 2 images, the maps hold 3
     with pytest.raises(ValueError, match="PaddedTargets for 3 images"):
@@ -56,7 +72,3 @@ def test_padded_targets_are_checked_and_yolov3_asks_for_rows():
     with pytest.raises(ValueError, match="PaddedTargets for 3 images"):
         loss_fn(_maps(64 + 3), PaddedTargets(*(t[:, :4] for t in pad_targets(TARGETS, 3, max_boxes=8)[:2]),
                                             torch.zeros(3, 5, dtype=torch.bool)))
-    v3 = YOLOv3Loss(3, anchors=[[(10, 13), (16, 30)], [(30, 61), (62, 45)], [(116, 90), (156, 198)]],
-                    strides=(8, 16, 32))
-    with pytest.raises(TypeError, match=r"YOLOv3Loss takes targets as Tensor\[N, 6\] rows"):
-        v3([torch.randn(3, 2 * 8, s, s) for s in (8, 4, 2)], pad_targets(TARGETS, 3, max_boxes=8))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from yolokit.losses.anchor_matcher import AnchorMatcher
-from yolokit.losses.base import DetectionLoss, pad_targets
+from yolokit.losses.base import DetectionLoss, PaddedTargets, pad_targets
 from yolokit.ops.anchors import anchor_to_box, grid_points
 from yolokit.ops.boxes import ciou
 from yolokit.ops.cache import ConstantCache, upload
@@ -90,6 +90,7 @@ class YOLOv3Loss(DetectionLoss):
         return f"num_classes={self.num_classes}, box={self.box!r}, ignore_thresh={self.ignore_thresh}, {gains}"
 
     channel_layout = "A * (5 + C)"
+    takes_padded_targets = True
 
     def map_channels(self) -> list[int]:
         return [len(a) * (5 + self.num_classes) for a in self.anchors]
@@ -98,9 +99,14 @@ class YOLOv3Loss(DetectionLoss):
         b, c, device = maps[0].shape[0], self.num_classes, maps[0].device
         shapes = [tuple(m.shape[-2:]) for m in maps]
         image_area = float(shapes[0][0] * shapes[0][1] * self.strides[0] ** 2)
+        valid = None
+        if isinstance(targets, PaddedTargets):   # a static shape (CUDA graphs): B * G rows, padding not valid
+            gt, (image, labels, boxes, valid) = targets, targets.rows()
+            targets = torch.cat((image[:, None].to(boxes.dtype), labels[:, None].to(boxes.dtype), boxes), dim=1)
+        else:
+            gt = pad_targets(targets, b, max_boxes=max_boxes)  # reads G back unless max_boxes is given
         match = self.matcher(targets, shapes)
         labels, gt_xyxy = targets[:, 1].long(), targets[:, 2:6]
-        gt = pad_targets(targets, b, max_boxes=max_boxes)  # reads G back unless max_boxes is given
         rows = torch.arange(targets.shape[0], device=device)
         box = obj = cls = maps[0].new_zeros(())
         for level, (m, anchors, stride) in enumerate(zip(maps, self.anchors, self.strides, strict=True)):
@@ -111,7 +117,7 @@ class YOLOv3Loss(DetectionLoss):
                 grid_points([(h, w)], [1], offset=0.0, device=device)[0],           # [HW, 2] (column, row)
                 upload(anchors, torch.float32, device)))                            # [A, 2]: one copy, then cached
             # every GT row, weighted 1 where it trains at this level and 0 elsewhere (no count is read back)
-            here = match.level == level
+            here = match.level == level if valid is None else (match.level == level) & valid
             img = match.image
             anc = torch.where(here, match.anchor, 0)
             cell = torch.where(here, match.cell_y * w + match.cell_x, 0)

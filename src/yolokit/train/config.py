@@ -87,7 +87,7 @@ class TrainConfig:
     compile_augment: bool = False  # the device's augmentation (the pass, or the HSV step) through torch.compile:
     #                                a few fused kernels, the same images, compiled once (data.fused)
     cuda_graphs: bool = False   # each step recorded as a CUDA graph and replayed with one launch (accel.graphs): for
-    #                             small models held back by launches; one process, fused SGD/AdamW, YOLOv8/YOLO26 losses
+    #                             small models held back by launches; one process, fused SGD or AdamW
     cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)
     shard_cache: str = "25GB"   # data from remote shards (s3://): the cap of the local cache of their chunks (the
     #                             splits share it by size), in cache_home()/shards
