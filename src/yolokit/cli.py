@@ -16,7 +16,6 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -354,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     stop = GracefulStop()    # the trainer installs its own while it trains
-    formatter, warnings.formatwarning = warnings.formatwarning, partial(_warning_line, args.command)
+    formatter, warnings.formatwarning = warnings.formatwarning, lambda m, c, *_: _warning_line(args.command, m, c)
     try:
         with stop:
             code = args.func(args)
@@ -391,8 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.formatwarning = formatter
 
 
-def _warning_line(command: str, message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  line: str | None = None) -> str:
+def _warning_line(command: str, message: Warning | str, category: type[Warning]) -> str:
     """A warning on the command line: one line naming the command, not the source line that raised it."""
     kind = "" if category in (UserWarning, RuntimeWarning) else f" ({category.__name__})"
     return f"yolokit {command}: warning{kind}: {message}\n"
