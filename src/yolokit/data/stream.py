@@ -63,6 +63,25 @@ def _quiet_cap_advice(record: logging.LogRecord) -> bool:
     return "max_cache_size` is less than" not in str(record.msg)
 
 
+def quiet_litdata_threads() -> None:
+    """A litdata download thread that fails prints no traceback (it goes to the debug log): the read that
+    waits for its chunk fails too, and yolokit says that in one line (a stopped store, a lost chunk).
+    Other threads' failures are printed as before. Installed once per process."""
+    previous = threading.excepthook
+    if getattr(previous, "yolokit_quiet_litdata", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.thread is not None and type(args.thread).__module__.startswith("litdata."):
+            logger.debug("litdata's thread %s stopped: %s: %s", args.thread.name, args.exc_type.__name__,
+                         str(args.exc_value).splitlines()[0] if str(args.exc_value) else "")
+            return
+        previous(args)
+
+    hook.yolokit_quiet_litdata = True
+    threading.excepthook = hook
+
+
 def share_cache(stores: Sequence[ShardStore], cap: int | str | None) -> None:
     """One cap for the remote splits of a run: each gets its share in proportion to its bytes."""
     remote = [s for s in stores if s.remote]
@@ -156,6 +175,7 @@ class ShardStore:
             from litdata import StreamingDataset
 
             allow_plain_http()
+            quiet_litdata_threads()
             logging.getLogger(StreamingDataset.__module__).addFilter(_quiet_cap_advice)
             kwargs = {"max_cache_size": self.max_cache} if self.remote and self.max_cache else {}
             # batch_decode=0: decode the item asked for, not the 256 around it (an image's neighbours in the
