@@ -207,3 +207,24 @@ def test_on_cuda_a_graphed_run_trains_as_the_eager_one(tmp_path):
     for key, value in a.items():
         if value.dtype.is_floating_point:
             assert torch.isfinite(b[key]).all() and (b[key] - value).norm() <= 1e-2 * value.norm() + 1e-6, key
+
+
+def test_the_reasons_graphs_cannot_apply(tape):
+    """Each case graphs_off_reason refuses, and None where the step can be recorded (the stand-in
+    records on the CPU here)."""
+    from yolokit.losses import YOLOv8Loss
+    from yolokit.train.step import graphs_off_reason
+
+    net = torch.nn.Linear(2, 2)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, fused=True)
+    loss, cpu = YOLOv8Loss(2, (8, 16, 32)), torch.device("cpu")
+
+    def reason(config=None, world=1, criterion=loss, optimizer=sgd):
+        return graphs_off_reason(config or TrainConfig(), device=cpu, world=world, criterion=criterion,
+                                 optimizer=optimizer)
+
+    assert reason() is None
+    assert "several processes" in reason(world=2)
+    assert "Linear takes its targets as rows" in reason(criterion=net)
+    assert "SGD decides on the host" in reason(optimizer=torch.optim.SGD(net.parameters(), lr=0.1, foreach=True))
+    assert "reduce-overhead records graphs of its own" in reason(config=TrainConfig(compile="reduce-overhead"))

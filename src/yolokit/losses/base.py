@@ -63,32 +63,31 @@ class DetectionLoss(nn.Module):
             if m.ndim != 4 or m.shape[1] != want:
                 raise ValueError(f"each map must be Tensor[B, {want}, H, W] ({self.channel_layout}), "
                                  f"got {tuple(m.shape)}")
-        if isinstance(targets, PaddedTargets):
-            return self._padded_forward(maps, targets)
-        if targets.ndim != 2 or targets.shape[1] != 6:
+        padded = isinstance(targets, PaddedTargets)
+        if padded:
+            self._check_padded(targets, maps[0].shape[0])
+        elif targets.ndim != 2 or targets.shape[1] != 6:
             raise ValueError(f"targets must be Tensor[N, 6] (image_index, class, x1, y1, x2, y2), "
                              f"got {tuple(targets.shape)}")
-        if targets.device != maps[0].device:
-            raise ValueError(f"targets are on {targets.device} but the maps on {maps[0].device}: move the "
+        device = targets.boxes.device if padded else targets.device
+        if device != maps[0].device:
+            raise ValueError(f"targets are on {device} but the maps on {maps[0].device}: move the "
                              "batch once, with yolokit.data.to_device (a loss moves nothing)")
+        if padded:   # G slots per image, whatever the busiest image holds
+            targets, max_boxes = targets._replace(boxes=targets.boxes.float()), targets.labels.shape[1]
+        else:
+            targets = targets.float()
         with torch.autocast(maps[0].device.type, enabled=False):
-            return self._loss([m.float() for m in maps], targets.float(), max_boxes)
+            return self._loss([m.float() for m in maps], targets, max_boxes)
 
-    def _padded_forward(self, maps: Sequence[Tensor], targets: PaddedTargets) -> tuple[Tensor, dict[str, Tensor]]:
+    def _check_padded(self, targets: PaddedTargets, b: int) -> None:
         if not self.takes_padded_targets:
             raise TypeError(f"{type(self).__name__} takes targets as Tensor[N, 6] rows, not PaddedTargets")
-        b = maps[0].shape[0]
         labels, boxes, mask = targets
         if labels.shape[0] != b or labels.ndim != 2 or mask.shape != labels.shape or \
                 boxes.shape != (*labels.shape, 4):
             raise ValueError(f"PaddedTargets for {b} images must be labels [B, G], boxes [B, G, 4], mask [B, G]; "
                              f"got {tuple(labels.shape)}, {tuple(boxes.shape)}, {tuple(mask.shape)}")
-        if boxes.device != maps[0].device:
-            raise ValueError(f"targets are on {boxes.device} but the maps on {maps[0].device}: move the "
-                             "batch once, with yolokit.data.to_device (a loss moves nothing)")
-        padded = PaddedTargets(labels, boxes.float(), mask)
-        with torch.autocast(maps[0].device.type, enabled=False):
-            return self._loss([m.float() for m in maps], padded, labels.shape[1])
 
 
 class PaddedTargets(NamedTuple):

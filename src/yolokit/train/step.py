@@ -44,8 +44,8 @@ def train_step(parts: Parts, progress: Progress, meter: LossMeter, batch: dict |
         Whether an optimizer step was taken.
     """
     acc, optimizer, precision = parts.accumulator, parts.optimizer, parts.precision
-    graphs = parts.graphs
-    if graphs is not None and graphs.failed is None and batch is not None and acc.splits == 1:
+    graphs = parts.graphs if parts.graphs is not None and parts.graphs.failed is None else None
+    if graphs is not None and batch is not None and acc.splits == 1:
         stepped = graphed_step(parts, graphs, progress, meter, batch, epoch)
         if stepped is not None:
             return stepped
@@ -72,12 +72,20 @@ def train_step(parts: Parts, progress: Progress, meter: LossMeter, batch: dict |
 def micro_step(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[dict[str, Tensor], int]:
     """One micro-batch on the device at this step's size (multi-scale): forward, loss, backward of
     ``loss * images`` (Ultralytics' ``loss * batch``). Returns ``(loss parts, images)``."""
-    data = to_device(micro, parts.plan.device, non_blocking=True, compiled=parts.settings.compile_augment)
-    images, targets = parts.scale(data["images"], data["targets"], epoch, step)
+    images, targets = on_device(parts, epoch, step, micro)
     _, losses = forward_backward(parts.train_net, parts.criterion, parts.precision, images, targets,
                                  max_boxes=micro["max_boxes"], weight=len(images),
                                  channels_last=parts.settings.channels_last)
     return losses, len(images)
+
+
+def on_device(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[Tensor, Tensor]:
+    """A micro-batch's images (in the run's layout, at this step's size) and targets on the device."""
+    data = to_device(micro, parts.plan.device, non_blocking=True, compiled=parts.settings.compile_augment)
+    images, targets = parts.scale(data["images"], data["targets"], epoch, step)
+    if parts.settings.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, targets
 
 
 def forward_backward(net: nn.Module, criterion: nn.Module, precision: Precision, images: Tensor, targets: Tensor,
@@ -139,15 +147,12 @@ class GraphStep:
                  optimizer: torch.optim.Optimizer, clip_grad_norm: float | None) -> None:
         self.train_net, self.criterion, self.precision, self.optimizer = train_net, criterion, precision, optimizer
         self.clip_grad_norm = clip_grad_norm
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def __call__(self, variant: tuple, images: Tensor, labels: Tensor, boxes: Tensor,
                  mask: Tensor) -> dict[str, Tensor]:
         first, last = variant[0], variant[1]
         if first:
-            grads = [p.grad for p in self.params if p.grad is not None]
-            if grads:
-                torch._foreach_zero_(grads)
+            self.optimizer.zero_grad(set_to_none=False)
         _, losses = forward_backward(self.train_net, self.criterion, self.precision, images,
                                      PaddedTargets(labels, boxes, mask), max_boxes=None,
                                      weight=images.shape[0], channels_last=False)
@@ -173,10 +178,7 @@ def graphed_step(parts: Parts, graphs: StepGraphs, progress: Progress, meter: Lo
     the caller runs the batch eagerly, as the rest of the run)."""
     acc, optimizer = parts.accumulator, parts.optimizer
     first, last = not acc.held, acc.completes_step()
-    data = to_device(batch, parts.plan.device, non_blocking=True, compiled=parts.settings.compile_augment)
-    images, targets = parts.scale(data["images"], data["targets"], epoch, progress.step_in_epoch)
-    if parts.settings.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
+    images, targets = on_device(parts, epoch, progress.step_in_epoch, batch)
     padded = pad_targets(targets, len(images), max_boxes=bucket(batch["max_boxes"]))   # a few static sizes
     variant: tuple = (first, last)
     if last:   # the step's numbers, before it is recorded or replayed with them
