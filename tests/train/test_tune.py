@@ -179,11 +179,16 @@ def states(out: Path) -> list[tuple[int, str, float | None, dict, dict]]:
     return [(t.number, t.state.name, t.value, t.params, t.user_attrs) for t in made.trials]
 
 
-def checkpointed(log: str) -> list[Path]:
-    """The run folders of the trials under way (started, not ended) that hold a last.pt, from the sweep's log."""
+def checkpointed(log: str, before: int) -> list[Path]:
+    """The run folders of the trials under way (started, not ended) that hold a last.pt and have fewer than
+    ``before`` epochs in their results.csv (so at least one whole epoch is still to come), from the sweep's log."""
     started = dict(re.findall(r"^trial (\d+)(?: \(continuing trial \d+\))?: .* -> (.+)$", log, re.M))
     ended = set(re.findall(r"^trial (\d+): (?!.* -> )", log, re.M))
-    return [Path(d) for n, d in started.items() if n not in ended and (Path(d) / "weights" / "last.pt").is_file()]
+
+    def epochs(run: Path) -> int:
+        return len((run / "results.csv").read_text().splitlines()[1:]) if (run / "results.csv").is_file() else 0
+    return [Path(d) for n, d in started.items()
+            if n not in ended and (Path(d) / "weights" / "last.pt").is_file() and epochs(Path(d)) < before]
 
 
 class Best(Callback):
@@ -201,8 +206,8 @@ def test_two_workers_stopped_by_ctrl_c_resume_and_the_best_retrains_bit_for_bit(
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     cmd = [sys.executable, "-m", "yolokit", "tune", "--space", str(tmp_path / "space.yaml"), "--trials", "4",
            "--parallel", "2", "--out", str(out), "--data", shapes, "--imgsz", "64", "--batch", "8", "--nbs", "8",
-           "--epochs", "2", "--workers", "0", "--no-plots", "--warmup-epochs", "0", "--close-mosaic", "1",
-           "--optimizer", "SGD", "--mosaic-buffer", "0", "--metric", "train/box"]
+           "--epochs", "3", "--workers", "0", "--no-plots", "--warmup-epochs", "0", "--close-mosaic", "1",
+           "--optimizer", "SGD", "--mosaic-buffer", "0", "--metric", "train/box", "--save-period-iters", "1"]
     env = {**subprocess_env(), "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "first.txt"
     with log.open("w") as sink:
@@ -210,8 +215,10 @@ def test_two_workers_stopped_by_ctrl_c_resume_and_the_best_retrains_bit_for_bit(
                                 start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not (": finished, best" in log.read_text() and checkpointed(log.read_text())):
-            # one trial done, and one under way past its first epoch (it has a last.pt to continue from): Ctrl-C
+        while not (": finished, best" in log.read_text() and checkpointed(log.read_text(), before=2)):
+            # one trial done, and one under way with a last.pt to continue from (a step's, from save_period_iters)
+            # and its last epoch still to come: Ctrl-C. A trial two steps from its end could finish before the
+            # signal reaches it (CI saw that), which would leave nothing to continue.
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
@@ -254,7 +261,8 @@ def test_two_workers_stopped_by_ctrl_c_resume_and_the_best_retrains_bit_for_bit(
     assert continued and "(continuing trial " in again.stdout         # from its checkpoint, in its folder
     for _, state, _, _, a in done:
         rows = list(csv.DictReader((Path(a["run_dir"]) / "results.csv").open()))
-        assert [r["epoch"] for r in rows] == (["1", "2"] if state == "COMPLETE" else ["1", "2"][:len(rows)])
+        assert [r["epoch"] for r in rows] == (["1", "2", "3"] if state == "COMPLETE"
+                                              else ["1", "2", "3"][:len(rows)])
     table = again.stdout
     assert all(a["run_dir"] in table for *_, a in done) and "study 'sweep'" in table
     trials_csv = list(csv.DictReader((out / "trials.csv").open()))
