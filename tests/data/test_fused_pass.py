@@ -2,11 +2,13 @@
 pass's images bit for bit, in a few fused kernels that write a bounded number of bytes per image.
 
 On the CPU the stages compile to C++; on CUDA to Triton (the gpu test in this file). The bounds are
-what CI can guard of the GPU's numbers: eager, the pass runs some hundred kernels and allocates over
-a thousand times its output's bytes (measured here: 1,479x, its peak 587x); compiled, 13 kernels,
-23x and 17x, the decoded sources alone being 7x (four 128-px files for each 96-px Mosaic image).
-Nothing compiles again for other batch sizes, shapes, one view or two, or cached pixels (the
-kernel count stays that of the first pass).
+what CI can guard of the GPU's numbers, counted from the allocator's records. Eager, the pass runs
+some hundred kernels and allocates over a thousand times its output's bytes (measured here: 1,162x,
+its peak 72x). Compiled, 5 kernels allocate 14.8x and peak at 6.4x. Of those, 4.2x are the decoded
+sources and their one copy into the batch's atlas (four 128-px files for each 96-px Mosaic image),
+1.2x the resized sources, and 3.1x (1.6x at the peak) the CPU's bucketize, which Triton fuses. The warp
+and MixUp write only their outputs. Nothing compiles again for other batch sizes, shapes, one view or
+two, or cached pixels (the kernel count stays that of the first pass).
 """
 
 from __future__ import annotations
@@ -42,14 +44,20 @@ def _batch(yaml, case: str, imgsz: int = 96) -> dict:
 
 
 def _memory(batch: dict, compiled: bool) -> tuple[float, float, torch.Tensor]:
-    """Bytes the pass allocates and its peak over what it held before, each over the output's bytes."""
+    """Bytes the pass allocates and its peak over what it held before, each over the output's bytes.
+
+    From the allocator's own records (the profiler's ``[memory]`` events, one per allocation and free),
+    not from the ops' memory columns: an op's column also holds what the ops inside it allocated, and a
+    compiled graph's allocations have no op of their own, so summing the columns both counts some
+    bytes several times and misses others."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = augment_batch(batch, "cpu", compiled=compiled)
-    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                     key=lambda e: e.start_ns())
     held = peak = allocated = 0
-    for e in events:
-        held += e.cpu_memory_usage
-        peak, allocated = max(peak, held), allocated + max(0, e.cpu_memory_usage)
+    for e in records:
+        held += e.nbytes()
+        peak, allocated = max(peak, held), allocated + max(0, e.nbytes())
     return allocated / out.numel(), peak / out.numel(), out
 
 
@@ -69,13 +77,13 @@ def fresh(shapes_yaml):
 
 def test_a_few_fused_kernels_and_bounded_bytes_per_image(fresh):
     assert fresh["stages"] == ["_hsv_pixels", "_mix", "_resize_pixels", "_warp_view"]
-    assert 4 <= fresh["kernels"] <= 16, fresh["kernels"]             # eager: 380 aten kernels (256 px, 8 images)
+    assert 4 <= fresh["kernels"] <= 8, fresh["kernels"]             # eager: 380 aten kernels (256 px, 8 images)
     batch = fresh["batch"]
     eager_alloc, eager_peak, eager = _memory(batch, compiled=False)
     alloc, peak, out = _memory(batch, compiled=True)
     assert torch.equal(out, eager)
-    assert alloc <= 35 and peak <= 25, (alloc, peak)
-    assert eager_alloc >= 20 * alloc and eager_peak >= 10 * peak, (eager_alloc, eager_peak, alloc, peak)
+    assert alloc <= 16 and peak <= 8, (alloc, peak)
+    assert eager_alloc >= 50 * alloc and eager_peak >= 8 * peak, (eager_alloc, eager_peak, alloc, peak)
 
 
 @pytest.mark.parametrize("case", list(CASES))

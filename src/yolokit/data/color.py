@@ -126,6 +126,6 @@ def _hsv_pixels(pixels: torch.Tensor, luts: torch.Tensor, sdiv: torch.Tensor, hd
     """`apply_hsv_lut_batch` of uint8 [n, 3, P] pixels and their [n, 3, 256] tables, in one piece
     (``sdiv``, ``hdiv``: `_division_tables`)."""
     x = pixels.to(torch.int32)
-    hsv = torch.stack(_to_hsv(x[:, 0], x[:, 1], x[:, 2], (sdiv, hdiv)), 1)   # [n, 3, P]
-    hsv = torch.gather(luts.to(torch.int64), 2, hsv.to(torch.int64))    # each image through its tables
-    return torch.stack(_to_rgb(hsv[:, 0], hsv[:, 1], hsv[:, 2]), 1)
+    hsv = _to_hsv(x[:, 0], x[:, 1], x[:, 2], (sdiv, hdiv))              # [n, P] each, nothing stacked
+    hsv = [torch.gather(luts[:, c].to(torch.int64), 1, v.to(torch.int64)) for c, v in enumerate(hsv)]
+    return torch.stack(_to_rgb(*hsv), 1)                                # each image through its tables

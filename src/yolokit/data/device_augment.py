@@ -28,8 +28,11 @@ gather, so a gather can never trip a device-side assert. ``YOLOKIT_CHECK_INDICES
 environment (or ``CHECK_INDICES = True``) checks every gather index against its source instead,
 reading each back (slow: for debugging), and names the tensor and the batch's files.
 
-The work is cut into chunks of about `CHUNK` output pixels to bound the temporaries, so the number
-of kernels grows with the batch's pixels over `CHUNK` only.
+Eager, the work is cut into chunks of about `CHUNK` output pixels to bound the temporaries, so the
+number of kernels grows with the batch's pixels over `CHUNK` only. Compiled, a stage keeps no
+temporaries (the four neighbours and the channels are broadcast dimensions, never stacked, and
+`yolokit.data.fused` has inductor recompute rather than store), so it runs on the whole batch at
+once and writes only its output.
 
 Against the workers' OpenCV images (the same recipes, so the same parameters and labels) a sample
 differs by 0.1-0.4 grey levels on average (tests/data/test_device_augment.py bounds it at 1). The
@@ -70,21 +73,23 @@ def _files(batch: dict) -> str:
     return ", ".join(batch_files(batch.get("paths", []), batch.get("aug_files"), most=12))
 
 
-def _gather(source: torch.Tensor, index: torch.Tensor, what: str, batch: dict) -> torch.Tensor:
-    """``source[:, index]`` of a uint8 [3, N] atlas, flat: float [3, index.numel()]. The indices are clamped
-    into the source (they are inside it by construction: a clamp makes a device-side assert impossible
-    even so); with ``CHECK_INDICES`` they are checked instead, and one outside raises, naming the tensor
-    and the batch's files."""
-    n, flat = source.shape[1], index.reshape(-1)
+def _gather(source: torch.Tensor, index: torch.Tensor, what: str, batch: dict, dim: int = 0) -> torch.Tensor:
+    """``source[c, index]`` of a uint8 [3, N] atlas for each channel c, float: ``index``'s shape with its
+    dimension ``dim`` (of size 1) the channels'. Compiled, a gather that fuses with its index and its use. The
+    indices are clamped into the source (they are inside it by construction: a clamp makes a device-side
+    assert impossible even so); with ``CHECK_INDICES`` they are checked instead, and one outside raises,
+    naming the tensor and the batch's files."""
+    n, flat = source.shape[1], index
     if CHECK_INDICES:
+        flat = flat.reshape(-1)
         if flat.numel():
             low, high = (int(v) for v in torch.stack((flat.min(), flat.max())).tolist())
             if low < 0 or high >= n:
                 raise IndexError(f"device augmentation: {what} index {low if low < 0 else high} outside its "
                                  f"source of {n:,} pixels; the batch's files: {_files(batch)}")
-    else:
-        flat = flat.clamp(0, max(n - 1, 0))
-    return source.index_select(1, flat).float()
+    channels = torch.arange(source.shape[0], device=source.device).view([-1 if d == dim else 1
+                                                                        for d in range(index.dim())])
+    return source[channels, index.clamp(0, max(n - 1, 0))].float()
 
 
 def _host_tensors(batch: dict) -> dict:
@@ -169,16 +174,20 @@ def _decode(files: list[torch.Tensor], rows: list[list[int]], names: list[str],
 
 def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, height: torch.Tensor,
               x: torch.Tensor, y: torch.Tensor, batch: dict) -> torch.Tensor:
-    """Each point's bilinear value in its image (border pixels repeated, as `cv2.resize`): float [3, ...]."""
+    """Each point's bilinear value in its image (border pixels repeated, as `cv2.resize`): float [3, ...].
+    The four neighbours are a broadcast dimension, not a stack: compiled, a value the kernel recomputes
+    (the sum over four unrolls), no buffer."""
     x, y = x.clamp(min=0), y.clamp(min=0)
     x0, y0 = torch.minimum(x.floor(), width - 1), torch.minimum(y.floor(), height - 1)
     fx, fy = (x - x0).clamp(max=1), (y - y0).clamp(max=1)
     x0, y0 = x0.long(), y0.long()
     x1, y1 = torch.minimum(x0 + 1, width.long() - 1), torch.minimum(y0 + 1, height.long() - 1)
     w = width.long()
-    idx = torch.stack([base + y0 * w + x0, base + y0 * w + x1, base + y1 * w + x0, base + y1 * w + x1])
-    v = _gather(atlas, idx, "resize", batch).view(3, *idx.shape)
-    weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
+    k = torch.arange(4, device=atlas.device).view(4, *[1] * x.dim())   # the four neighbours, broadcast
+    kx, ky = (k % 2).bool(), (k >= 2)
+    idx = base + torch.where(ky, y1, y0) * w + torch.where(kx, x1, x0)       # [4, ...]
+    v = _gather(atlas, idx.unsqueeze(0), "resize", batch)                     # [3, 4, ...]
+    weights = torch.where(kx, fx, 1 - fx) * torch.where(ky, fy, 1 - fy)
     return (v * weights).sum(1)
 
 
@@ -202,7 +211,7 @@ def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[i
                                                                          strict=True)], dtype=torch.int64)
     floats = torch.tensor([[h, w, h / th, w / tw] for (h, w), (th, tw) in zip(shapes, targets, strict=True)],
                           dtype=torch.float32)
-    starts = torch.tensor(new_offsets, dtype=torch.int64)
+    starts = torch.tensor(new_offsets, dtype=torch.int32 if at < 2**31 else torch.int64)   # int32: half the bytes
     ints, floats, starts = (t.to(dev, non_blocking=True) for t in (ints, floats, starts))
     out = torch.empty((3, at), dtype=torch.uint8, device=dev)
     compiled = compiled and not CHECK_INDICES                          # the check reads indices back: eager
@@ -218,9 +227,9 @@ def _resize_pixels(atlas: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor
     """Output pixels ``lo .. lo + n`` of the resized atlas: uint8 [3, n]. ``ints`` [S, 4] each source's
     (offset, width, target width, new offset), ``floats`` [S, 4] (h, w, h / th, w / tw), ``starts`` [S]
     the new offsets (each pixel's source is the last start at or before it)."""
-    pos = torch.arange(lo, lo + n, device=atlas.device)
-    s = torch.searchsorted(starts, pos, right=True) - 1
-    i, f = ints[s], floats[s]                                          # [n, 4] each
+    pos = torch.arange(lo, lo + n, device=atlas.device, dtype=starts.dtype)
+    s = torch.bucketize(pos, starts, right=True, out_int32=starts.dtype == torch.int32) - 1   # Triton fuses it
+    i, f = ints[s], floats[s]                                          # [n, 4] each (compiled: lookups)
     local = pos - i[:, 3]
     oy = torch.div(local, i[:, 2], rounding_mode="floor")
     ox = local - oy * i[:, 2]
@@ -252,22 +261,23 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     x0, y0 = u.floor(), v.floor()
     fx, fy = u - x0, v - y0
     i32 = torch.int32                                                     # int32 index arithmetic: half the bytes
-    cx = torch.stack([x0, x0 + 1, x0, x0 + 1]).to(i32)                    # [4, n, H, W] frame pixels
-    cy = torch.stack([y0, y0, y0 + 1, y0 + 1]).to(i32)
+    k = torch.arange(4, device=dev).view(4, 1, 1, 1)                      # the four neighbours, broadcast (no
+    kx, ky = (k % 2).bool(), (k >= 2)                                     # stack: compiled, nothing stored)
+    cx, cy = (x0 + kx.float()).to(i32), (y0 + ky.float()).to(i32)         # [4, n, H, W] frame pixels
     fr = frame.view(1, n, 4, 1, 1)
     quadrant = (cx >= fr[:, :, 2]).to(i32) + 2 * (cy >= fr[:, :, 3]).to(i32)
     row = torch.arange(n, device=dev, dtype=i32).view(1, n, 1, 1) * 4 + quadrant
     t = tiles.reshape(n * 4, -1).t()[:, row]                              # [8, 4, n, H, W]
     inside = ((t[0] >= 0) & (cx >= t[2]) & (cx < t[4]) & (cy >= t[3]) & (cy < t[5])
               & (cx >= 0) & (cy >= 0) & (cx < fr[:, :, 1]) & (cy < fr[:, :, 0]))
-    flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0)      # int32: index_select takes it
-    vals = _gather(atlas, flat, "warp", batch or {}).view(3, *flat.shape)
-    vals = torch.where(inside, vals, float(PAD_VALUE))
-    weights = torch.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy])
-    out = (vals * weights).sum(1).round_().clamp_(0, 255)                 # [3, n, H, W]
+    flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0)      # int32
+    vals = _gather(atlas, flat.unsqueeze(2), "warp", batch or {}, dim=2)     # [4, n, 3, H, W]
+    vals = torch.where(inside.unsqueeze(2), vals, float(PAD_VALUE))
+    weights = torch.where(kx, fx, 1 - fx) * torch.where(ky, fy, 1 - fy)     # [4, n, H, W]
+    out = (vals * weights.unsqueeze(2)).sum(0).round_().clamp_(0, 255)     # [n, 3, H, W]
     shown = ((xf >= wd[:, 4]) & (xf < wd[:, 5]) & (yf >= wd[:, 6]) & (yf < wd[:, 7])
-             & (xs < w_b) & (ys < h_b))
-    return torch.where(shown, out, float(PAD_VALUE)).to(torch.uint8).transpose(0, 1)
+             & (xs < w_b) & (ys < h_b)).unsqueeze(1)
+    return torch.where(shown, out, float(PAD_VALUE)).to(torch.uint8)
 
 
 def _mix(a: torch.Tensor, b: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
@@ -353,15 +363,21 @@ def _augment(batch: dict, device: torch.device, compiled: bool = False) -> torch
                 windows=batch["aug_windows"][:, :views].float(), warp=warp[:, :views], flips=batch["aug_flip"],
                 shape=shape)
     on = {k: v.to(device, non_blocking=True) for k, v in host.items()}
-    images = torch.empty((b, 3, height, width), dtype=torch.uint8, device=device)
     step = b if compiled else max(1, CHUNK // max(1, height * width))   # chunks bound the eager temporaries
     mix = batch["aug_mix"].to(device, non_blocking=True)
     warp_view, mix_views = stage(_warp_view, compiled), stage(_mix, compiled)
-    for lo in range(0, b, step):
-        s = slice(lo, lo + step)
+
+    def chunk(s: slice) -> torch.Tensor:
         out = [warp_view(atlas, *_view_args(on, s, k, compiled), (height, width), None if compiled else batch)
                for k in range(views)]                          # compiled: no guards on the batch's dict
-        images[s] = mix_views(out[0], out[1], mix[s]) if mixed else out[0]
+        return mix_views(out[0], out[1], mix[s]) if mixed else out[0]
+
+    if step >= b:
+        images = chunk(slice(0, b))                                     # compiled: the stage's output, no copy
+    else:
+        images = torch.empty((b, 3, height, width), dtype=torch.uint8, device=device)
+        for lo in range(0, b, step):
+            images[lo:lo + step] = chunk(slice(lo, lo + step))
     if "hsv_lut" in batch:
         images = apply_hsv_lut_batch(images, batch["hsv_lut"].to(device, non_blocking=True), compiled=compiled)
         if bool((shape != torch.tensor([height, width])).any()):         # the collate's grey around smaller images

@@ -4,7 +4,9 @@
 tensors. Run eagerly, each tensor operation of a stage is a kernel that reads and writes the whole
 chunk (the warp alone moves about 5 KB per output pixel); `stage(fn, True)` gives the same function
 through ``torch.compile``, which fuses it into a kernel or two (Triton on CUDA, C++ on the CPU) that
-reads its sources and writes its output.
+reads its sources and writes its output. For that the stages keep nothing per pixel between steps
+(no stacked neighbours or channels: each is a term of a sum, gathered where it is used), and
+`OPTIONS` tells inductor to recompute a value several expressions read rather than store it.
 
 The numbers stay OpenCV's: the stages are written so that no step depends on how the compiler
 groups them (the float64 product in the HSV step is exact before its one rounding), and the compile
@@ -24,7 +26,12 @@ from collections.abc import Callable
 
 import torch
 
-OPTIONS = {"emulate_precision_casts": True}
+OPTIONS = {"emulate_precision_casts": True,
+           # recompute, don't store: a value several expressions read (a warp's source point, a corner's
+           # index) stays inside the kernel that writes the output instead of becoming a per-pixel buffer;
+           # what it reads is a few small tables and the sources, so recomputing costs arithmetic, not bytes
+           "realize_reads_threshold": 64, "realize_acc_reads_threshold": 64, "realize_cpu_acc_reads_threshold": 64,
+           "realize_opcount_threshold": 1000, "realize_cpu_opcount_threshold": 1000}
 _compiled: dict[Callable, Callable] = {}
 
 
