@@ -73,23 +73,22 @@ def _files(batch: dict) -> str:
     return ", ".join(batch_files(batch.get("paths", []), batch.get("aug_files"), most=12))
 
 
-def _gather(source: torch.Tensor, index: torch.Tensor, what: str, batch: dict, dim: int = 0) -> torch.Tensor:
-    """``source[c, index]`` of a uint8 [3, N] atlas for each channel c, float: ``index``'s shape with its
-    dimension ``dim`` (of size 1) the channels'. Compiled, a gather that fuses with its index and its use. The
-    indices are clamped into the source (they are inside it by construction: a clamp makes a device-side
-    assert impossible even so); with ``CHECK_INDICES`` they are checked instead, and one outside raises,
-    naming the tensor and the batch's files."""
-    n, flat = source.shape[1], index
+def _gather(source: torch.Tensor, index: torch.Tensor, what: str, batch: dict) -> torch.Tensor:
+    """``source[:, index]`` of a uint8 [3, N] atlas, flat: float [3, index.numel()] (``index_select``, which
+    takes int32 indices as they are; compiled, a gather that fuses with its index and its use). The indices
+    are clamped into the source (they are inside it by construction: a clamp makes a device-side assert
+    impossible even so); with ``CHECK_INDICES`` they are checked instead, and one outside raises, naming
+    the tensor and the batch's files."""
+    n, flat = source.shape[1], index.reshape(-1)
     if CHECK_INDICES:
-        flat = flat.reshape(-1)
         if flat.numel():
             low, high = (int(v) for v in torch.stack((flat.min(), flat.max())).tolist())
             if low < 0 or high >= n:
                 raise IndexError(f"device augmentation: {what} index {low if low < 0 else high} outside its "
                                  f"source of {n:,} pixels; the batch's files: {_files(batch)}")
-    channels = torch.arange(source.shape[0], device=source.device).view([-1 if d == dim else 1
-                                                                        for d in range(index.dim())])
-    return source[channels, index.clamp(0, max(n - 1, 0))].float()
+    else:
+        flat = flat.clamp(0, max(n - 1, 0))
+    return source.index_select(1, flat).float()
 
 
 def _host_tensors(batch: dict) -> dict:
@@ -186,7 +185,7 @@ def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, heig
     k = torch.arange(4, device=atlas.device).view(4, *[1] * x.dim())   # the four neighbours, broadcast
     kx, ky = (k % 2).bool(), (k >= 2)
     idx = base + torch.where(ky, y1, y0) * w + torch.where(kx, x1, x0)       # [4, ...]
-    v = _gather(atlas, idx.unsqueeze(0), "resize", batch)                     # [3, 4, ...]
+    v = _gather(atlas, idx, "resize", batch).view(3, *idx.shape)             # [3, 4, ...]
     weights = torch.where(kx, fx, 1 - fx) * torch.where(ky, fy, 1 - fy)
     return (v * weights).sum(1)
 
@@ -271,13 +270,13 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     inside = ((t[0] >= 0) & (cx >= t[2]) & (cx < t[4]) & (cy >= t[3]) & (cy < t[5])
               & (cx >= 0) & (cy >= 0) & (cx < fr[:, :, 1]) & (cy < fr[:, :, 0]))
     flat = torch.where(inside, t[0] + (cy + t[7]) * t[1] + cx + t[6], 0)      # int32
-    vals = _gather(atlas, flat.unsqueeze(2), "warp", batch or {}, dim=2)     # [4, n, 3, H, W]
+    vals = _gather(atlas, flat, "warp", batch or {}).view(3, *flat.shape).movedim(0, 2)   # [4, n, 3, H, W]
     vals = torch.where(inside.unsqueeze(2), vals, float(PAD_VALUE))
     weights = torch.where(kx, fx, 1 - fx) * torch.where(ky, fy, 1 - fy)     # [4, n, H, W]
     out = (vals * weights.unsqueeze(2)).sum(0).round_().clamp_(0, 255)     # [n, 3, H, W]
     shown = ((xf >= wd[:, 4]) & (xf < wd[:, 5]) & (yf >= wd[:, 6]) & (yf < wd[:, 7])
              & (xs < w_b) & (ys < h_b)).unsqueeze(1)
-    return torch.where(shown, out, float(PAD_VALUE)).to(torch.uint8)
+    return torch.where(shown, out, float(PAD_VALUE)).to(torch.uint8).contiguous()
 
 
 def _mix(a: torch.Tensor, b: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
