@@ -72,7 +72,7 @@ class TrainConfig:
     # speed
     precision: str = "auto"
     checkpointing: str | None = None
-    channels_last: bool | None = None  # None: on the CPU, not on CUDA (train.plan.device_settings)
+    channels_last: bool | None = None  # None: on for the CPU and CUDA (models.prefers_channels_last)
     compile: bool | str = False   # torch.compile the training network: True ("default"), or a mode: "reduce-overhead"
     #                               (CUDA graphs: fewer launches, for small models), "max-autotune" (accel.perf)
     device: str = "auto"
