@@ -3,10 +3,10 @@ pass's images bit for bit, in a few fused kernels that write a bounded number of
 
 On the CPU the stages compile to C++; on CUDA to Triton (the gpu test in this file). The bounds are
 what CI can guard of the GPU's numbers, counted from the allocator's records. Eager, the pass runs
-some hundred kernels and allocates over a thousand times its output's bytes (measured here: 1,162x,
-its peak 72x). Compiled, 5 kernels allocate 14.8x and peak at 6.4x. Of those, 4.2x are the decoded
+some hundred kernels and allocates some thousand times its output's bytes (measured here: 963x,
+its peak 124x). Compiled, 5 kernels allocate 14.8x and peak at 6.4x. Of those, 4.2x are the decoded
 sources and their one copy into the batch's atlas (four 128-px files for each 96-px Mosaic image),
-1.2x the resized sources, and 3.1x (1.6x at the peak) the CPU's bucketize, which Triton fuses. The warp
+1.2x the resized sources, and 3.1x the CPU's bucketize (its int32 positions and results), which Triton fuses. The warp
 and MixUp write only their outputs. Nothing compiles again for other batch sizes, shapes, one view or
 two, or cached pixels (the kernel count stays that of the first pass).
 """
