@@ -120,3 +120,12 @@ def test_on_cuda_the_compiled_pass_makes_the_eager_images_and_never_syncs(shapes
         augment_batch(jpegs, "cuda", compiled=True)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_options_this_torch_does_not_know_are_left_out(monkeypatch):
+    """torch.compile refuses an option name it does not know: torch 2.11's inductor lacks some that
+    later releases have (the CPU twins of the realize thresholds)."""
+    monkeypatch.setitem(fused.OPTIONS, "an_option_of_a_later_torch", 1)
+    known = fused.options()
+    assert "an_option_of_a_later_torch" not in known and known["emulate_precision_casts"] is True
+    assert known["realize_opcount_threshold"] == 1000                  # in every supported release

@@ -35,6 +35,14 @@ OPTIONS = {"emulate_precision_casts": True,
 _compiled: dict[Callable, Callable] = {}
 
 
+def options() -> dict:
+    """`OPTIONS` that this torch's inductor knows (an older release lacks the CPU twins, and
+    ``torch.compile`` refuses a name it does not know)."""
+    from torch._inductor import config
+
+    return {k: v for k, v in OPTIONS.items() if hasattr(config, k)}
+
+
 def stage(fn: Callable, compiled: bool) -> Callable:
     """``fn`` itself, or (``compiled``) its ``torch.compile``d twin, made once per process.
 
@@ -43,7 +51,7 @@ def stage(fn: Callable, compiled: bool) -> Callable:
     if not compiled:
         return fn
     if fn not in _compiled:
-        _compiled[fn] = _untied(torch.compile(fn, dynamic=True, fullgraph=True, options=OPTIONS))
+        _compiled[fn] = _untied(torch.compile(fn, dynamic=True, fullgraph=True, options=options()))
     return _compiled[fn]
 
 
