@@ -174,8 +174,8 @@ def _decode(files: list[torch.Tensor], rows: list[list[int]], names: list[str],
 def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, height: torch.Tensor,
               x: torch.Tensor, y: torch.Tensor, batch: dict) -> torch.Tensor:
     """Each point's bilinear value in its image (border pixels repeated, as `cv2.resize`): float [3, ...].
-    The four neighbours are a broadcast dimension, not a stack: compiled, a value the kernel recomputes
-    (the sum over four unrolls), no buffer."""
+    The four neighbours are a broadcast dimension, not a stack: compiled, values the kernel recomputes,
+    no buffer."""
     x, y = x.clamp(min=0), y.clamp(min=0)
     x0, y0 = torch.minimum(x.floor(), width - 1), torch.minimum(y.floor(), height - 1)
     fx, fy = (x - x0).clamp(max=1), (y - y0).clamp(max=1)
@@ -187,7 +187,8 @@ def _bilinear(atlas: torch.Tensor, base: torch.Tensor, width: torch.Tensor, heig
     idx = base + torch.where(ky, y1, y0) * w + torch.where(kx, x1, x0)       # [4, ...]
     v = _gather(atlas, idx, "resize", batch).view(3, *idx.shape)             # [3, 4, ...]
     weights = torch.where(kx, fx, 1 - fx) * torch.where(ky, fy, 1 - fy)
-    return (v * weights).sum(1)
+    t = v * weights                                       # summed in order, not by a reduction: eager and
+    return t[:, 0] + t[:, 1] + t[:, 2] + t[:, 3]          # compiled add the same way on every device
 
 
 def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[int, int]],
@@ -273,7 +274,8 @@ def _warp_view(atlas: torch.Tensor, tiles: torch.Tensor, frame: torch.Tensor, in
     vals = _gather(atlas, flat, "warp", batch or {}).view(3, *flat.shape).movedim(0, 2)   # [4, n, 3, H, W]
     vals = torch.where(inside.unsqueeze(2), vals, float(PAD_VALUE))
     weights = torch.where(kx, fx, 1 - fx) * torch.where(ky, fy, 1 - fy)     # [4, n, H, W]
-    out = (vals * weights.unsqueeze(2)).sum(0).round_().clamp_(0, 255)     # [n, 3, H, W]
+    t = vals * weights.unsqueeze(2)                       # summed in order, not by a reduction (whose order
+    out = (t[0] + t[1] + t[2] + t[3]).round_().clamp_(0, 255)   # is the device's): [n, 3, H, W]
     shown = ((xf >= wd[:, 4]) & (xf < wd[:, 5]) & (yf >= wd[:, 6]) & (yf < wd[:, 7])
              & (xs < w_b) & (ys < h_b)).unsqueeze(1)
     return torch.where(shown, out, float(PAD_VALUE)).to(torch.uint8).contiguous()
