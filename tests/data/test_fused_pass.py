@@ -82,7 +82,7 @@ def test_a_few_fused_kernels_and_bounded_bytes_per_image(fresh):
     eager_alloc, eager_peak, eager = _memory(batch, compiled=False)
     alloc, peak, out = _memory(batch, compiled=True)
     assert torch.equal(out, eager)
-    assert alloc <= 16 and peak <= 8, (alloc, peak)
+    assert alloc <= 20 and peak <= 10, (alloc, peak)          # 14.8x, 6.4x here; the stacked warp: 172x, 70x
     assert eager_alloc >= 50 * alloc and eager_peak >= 8 * peak, (eager_alloc, eager_peak, alloc, peak)
 
 
