@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from harness.timing import allocations
 
 from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, make_shapes
 from yolokit.data.device_augment import augment_batch
@@ -26,14 +26,7 @@ from yolokit.data.device_augment import augment_batch
 
 def allocated(batch: dict, compiled: bool) -> tuple[float, float]:
     """Bytes allocated and the peak held during one pass, each over the output's bytes."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = augment_batch(batch, "cpu", compiled=compiled)
-    records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                     key=lambda e: e.start_ns())
-    held = peak = total = 0
-    for e in records:
-        held += e.nbytes()
-        peak, total = max(peak, held), total + max(0, e.nbytes())
+    out, total, peak = allocations(lambda: augment_batch(batch, "cpu", compiled=compiled))
     return total / out.numel(), peak / out.numel()
 
 

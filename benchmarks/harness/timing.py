@@ -6,7 +6,8 @@ GPU it synchronizes around each counted run, so the time is the device's.
 ``peak_memory`` reads the memory one call needs at its peak: CUDA's allocator peak on a
 GPU, the process's peak resident set on CPU. ``resident_bytes`` reads the resident set
 (or its peak), ``cpu_seconds`` the CPU time of this process and its children, and
-``header`` the command, machine and versions every script prints first.
+``header`` the command, machine and versions every script prints first, and ``allocations``
+the bytes one call allocates through torch's CPU allocator, in all and at its peak.
 """
 
 from __future__ import annotations
@@ -252,3 +253,24 @@ def command() -> str:
 def header(extra: dict[str, str] | None = None) -> str:
     """The three lines every benchmark prints first: command, machine, versions (plus ``extra``)."""
     return f"command: {command()}\nmachine: {machine()}\nversions: {versions(extra)}"
+
+
+def allocations(fn: Callable[[], Any]) -> tuple[Any, int, int]:
+    """What one call of ``fn`` allocates through torch's CPU allocator: (its result, the bytes
+    allocated in all, the most held at once over what was held before).
+
+    From the allocator's own records (the profiler's ``[memory]`` events, one per allocation and
+    free), not the ops' memory columns: an op's column also holds what the ops inside it allocated,
+    and a compiled graph's buffers have no op of their own, so summing the columns counts some bytes
+    several times and misses others."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                     key=lambda e: e.start_ns())
+    held = peak = total = 0
+    for e in records:
+        held += e.nbytes()
+        peak, total = max(peak, held), total + max(0, e.nbytes())
+    return result, total, peak

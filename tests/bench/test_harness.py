@@ -12,7 +12,7 @@ from harness import inputs
 from harness.cases import CASES
 from harness.pipeline import epochs, time_batches
 from harness.runner import Result, main, run
-from harness.timing import Timed, alternate, cpu_seconds, header, peak_memory, resident_bytes
+from harness.timing import Timed, allocations, alternate, cpu_seconds, header, peak_memory, resident_bytes
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc readings are Linux only")
 
@@ -48,6 +48,19 @@ def test_peak_memory_sees_a_large_temporary():
 
 
 @linux_only
+def test_allocations_counts_each_allocation_once_and_the_peak():
+    def fn():
+        a = torch.empty(1000, dtype=torch.uint8)
+        b = torch.cat([a, a])          # inside an op: its memory column would count it twice, with cat's own
+        del a
+        c = torch.empty(500, dtype=torch.uint8)
+        del c
+        return b
+
+    out, total, peak = allocations(fn)
+    assert out.numel() == 2000 and total == 3500 and peak == 3000
+
+
 def test_resident_set_and_cpu_time():
     now, peak = resident_bytes(), resident_bytes(peak=True)
     assert 20 * 2**20 < now <= peak  # a process with torch loaded holds tens of MiB at least

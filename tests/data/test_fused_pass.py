@@ -17,8 +17,8 @@ import shutil
 
 import pytest
 import torch
+from harness.timing import allocations
 from torch._inductor import metrics
-from torch.profiler import ProfilerActivity, profile
 
 from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, fused, to_device
 from yolokit.data.color import apply_hsv_lut_batch
@@ -44,20 +44,9 @@ def _batch(yaml, case: str, imgsz: int = 96) -> dict:
 
 
 def _memory(batch: dict, compiled: bool) -> tuple[float, float, torch.Tensor]:
-    """Bytes the pass allocates and its peak over what it held before, each over the output's bytes.
-
-    From the allocator's own records (the profiler's ``[memory]`` events, one per allocation and free),
-    not from the ops' memory columns: an op's column also holds what the ops inside it allocated, and a
-    compiled graph's allocations have no op of their own, so summing the columns both counts some
-    bytes several times and misses others."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = augment_batch(batch, "cpu", compiled=compiled)
-    records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                     key=lambda e: e.start_ns())
-    held = peak = allocated = 0
-    for e in records:
-        held += e.nbytes()
-        peak, allocated = max(peak, held), allocated + max(0, e.nbytes())
+    """Bytes the pass allocates and its peak over what it held before, each over the output's bytes, from
+    the allocator's own records (`harness.timing.allocations` says why not the ops' memory columns)."""
+    out, allocated, peak = allocations(lambda: augment_batch(batch, "cpu", compiled=compiled))
     return allocated / out.numel(), peak / out.numel(), out
 
 
