@@ -293,7 +293,7 @@ def test_ctrl_c_stops_yolokit_data_shard_in_one_line_and_the_same_command_contin
     assert len(load_split(out, "train")) == 300
 
 
-def test_a_failed_litdata_thread_prints_no_traceback_others_do(monkeypatch):
+def test_a_failed_litdata_thread_prints_no_traceback_others_do(monkeypatch, capfd, caplog):
     """litdata's chunk download thread dies when the store stops; the read waiting for it says so in one
     line, so the thread's own traceback is left out (seen once in a full run: 'Traceback' beside the one
     line). A thread of anyone else still goes to the hook before (which prints its traceback)."""
@@ -317,3 +317,16 @@ def test_a_failed_litdata_thread_prints_no_traceback_others_do(monkeypatch):
         thread.start()
         thread.join()
     assert reached == ["theirs"]
+
+    # litdata 0.2.76's chunk thread catches its own error, keeps it for the read, and printed its traceback
+    # itself (a full run saw it from a loader worker): now one debug line
+    from litdata.streaming.reader import PrepareChunksThread as Real
+
+    capfd.readouterr()
+    with caplog.at_level(logging.DEBUG, logger="yolokit"):
+        try:
+            boom()
+        except RuntimeError as exc:
+            Real._report_crash(object(), exc)
+    assert capfd.readouterr().err == ""
+    assert "litdata's chunk thread stopped: RuntimeError: Generic S3 error" in caplog.text

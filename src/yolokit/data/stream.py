@@ -64,18 +64,26 @@ def _quiet_cap_advice(record: logging.LogRecord) -> bool:
 
 
 def quiet_litdata_threads() -> None:
-    """A litdata download thread that fails prints no traceback (it goes to the debug log): the read that
+    """A litdata download thread that fails prints no traceback (one debug line instead): the read that
     waits for its chunk fails too, and yolokit says that in one line (a stopped store, a lost chunk).
-    Other threads' failures are printed as before. Installed once per process."""
+    Both ways such a thread reports are covered: its own crash report (`PrepareChunksThread._report_crash`,
+    which prints the traceback itself) and `threading.excepthook`, where other threads' failures still
+    print as before. Installed once per process."""
+    from litdata.streaming import reader
+
+    def quiet(where: str, exc: BaseException) -> None:
+        logger.debug("litdata's %s stopped: %s: %s", where, type(exc).__name__, (str(exc).splitlines() or [""])[0])
+
+    chunks = getattr(reader, "PrepareChunksThread", None)
+    if chunks is not None and hasattr(chunks, "_report_crash"):       # its error stays kept for the read
+        chunks._report_crash = lambda self, exc: quiet("chunk thread", exc)
     previous = threading.excepthook
     if getattr(previous, "yolokit_quiet_litdata", False):
         return
 
     def hook(args: threading.ExceptHookArgs) -> None:
         if args.thread is not None and type(args.thread).__module__.startswith("litdata."):
-            logger.debug("litdata's thread %s stopped: %s: %s", args.thread.name, args.exc_type.__name__,
-                         str(args.exc_value).splitlines()[0] if str(args.exc_value) else "")
-            return
+            return quiet(f"thread {args.thread.name}", args.exc_value)
         previous(args)
 
     hook.yolokit_quiet_litdata = True
