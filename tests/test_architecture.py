@@ -86,6 +86,14 @@ def test_modules_stay_under_the_size_limit(path):
     assert lines <= MAX_LINES, f"{path.relative_to(SRC)}: {lines} lines (the limit is {MAX_LINES})"
 
 
+def test_the_trainer_reads_as_its_epoch_loop():
+    """The loop stays in sight: device-failure reports, lost images and checkpoint writes have homes of their
+    own (train/incidents.py, train/checkpoint.py, train/feeding.py), and the step is train/step.py's."""
+    trainer = (SRC / "train" / "trainer.py").read_text(encoding="utf-8")
+    assert len(trainer.splitlines()) <= 260, "train/trainer.py passed 260 lines: give the new concern its own home"
+    assert "def train_step" not in trainer and "from yolokit.train.step import train_step" in trainer
+
+
 def test_the_check_sees_a_violation(tmp_path):
     fake = SRC / "losses" / "_probe_.py"
     try:

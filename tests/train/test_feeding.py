@@ -57,7 +57,7 @@ def test_a_fed_cool_gpu_warns_nothing_and_a_cpu_reading_adds_no_column():
 def test_a_starved_run_reports_its_device_per_epoch_and_warns_once(tmp_path, monkeypatch, capsys):
     """A run whose loop waited for data 60% of its time (told, not timed) on a device reading 30% busy."""
     monkeypatch.setattr(feeding, "read_device_stats", fake_reader())
-    monkeypatch.setattr(Trainer, "data_share", lambda self: 0.6)
+    monkeypatch.setattr(feeding.DataWait, "share", lambda self: 0.6)
     data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64)
     config = TrainConfig(data=str(data), imgsz=64, batch=4, nbs=4, epochs=2, workers=0, plots=False, monitor=True,
                          out=str(tmp_path / "run"))

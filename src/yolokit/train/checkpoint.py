@@ -91,6 +91,27 @@ class WeightsFolder:
         if name == "last.pt":
             self.saved = (self.progress.epoch, self.progress.step_in_epoch)
 
+    def save_epoch(self, row: dict[str, Any], ranks: list[dict], *, improved: bool) -> None:
+        """At an epoch's end, once ``progress`` counts it done: ``last.pt`` (with the results ``row``),
+        ``best.pt`` when the fitness improved (the weights only, float16 EMA: last.pt is the one to resume),
+        and ``epoch{N}.pt`` every ``save_period`` epochs. Only the main process writes."""
+        if not self.parts.main:
+            return
+        state, epoch, every = run_state(self.parts, self.progress, row, ranks), self.progress.epoch, \
+            self.parts.config.save_period
+        self.save(state, "last.pt")
+        if improved:
+            self.save(state, "best.pt", weights_only=True)
+        if every and epoch % every == 0:
+            self.save(state, f"epoch{epoch}.pt")
+
+    def save_position(self, meter: LossMeter | None) -> None:
+        """``last.pt`` at the last completed optimizer step (mid-epoch: with each rank's loss sums). A
+        collective: every rank calls it."""
+        ranks = rank_states(meter)
+        if self.parts.main:
+            self.save(run_state(self.parts, self.progress, {}, ranks), "last.pt")
+
     def advice(self) -> str:
         """Which checkpoint is intact, and the command that resumes from it."""
         if self.saved is None:

@@ -13,6 +13,7 @@ limit (throttled clocks).
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,32 @@ def nvml_limits(device: torch.device) -> dict[str, float]:
         except Exception:
             continue
     return out
+
+
+class DataWait:
+    """How long the training loop waited for its loader this epoch: host time between asking for a batch
+    and getting it, with no device sync. ``share()`` is ``data%`` of the results row."""
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self.started = self.asked = time.perf_counter()
+        self.waited = 0.0
+
+    def got_batch(self) -> None:
+        self.waited += time.perf_counter() - self.asked
+
+    def ask(self) -> None:
+        self.asked = time.perf_counter()
+
+    def seconds(self) -> float:
+        """Since the epoch started."""
+        return time.perf_counter() - self.started
+
+    def share(self) -> float:
+        """Share of this epoch's training time so far spent waiting for data, in [0, 1]."""
+        return self.waited / max(self.seconds(), 1e-9)
 
 
 class EpochMonitor:

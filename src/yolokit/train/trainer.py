@@ -15,35 +15,30 @@ the last completed step.
 
 from __future__ import annotations
 
-import logging
 import math
-import sys
 import time
-from collections import deque
 from typing import Any
 
 from yolokit.accel import Interrupted, distributed
 from yolokit.accel.devices import DeviceFailure, is_device_error
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
-from yolokit.data.images import batch_files
-from yolokit.data.remote import StoreError, one_line
+from yolokit.data.remote import StoreError
 from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback
 from yolokit.train.callbacks import call_hook as _call
-from yolokit.train.checkpoint import WeightsFolder, rank_states, run_state
+from yolokit.train.checkpoint import WeightsFolder, rank_states
 from yolokit.train.config import TrainConfig
-from yolokit.train.feeding import EpochMonitor
+from yolokit.train.feeding import DataWait, EpochMonitor
 from yolokit.train.files import SaveError
 from yolokit.train.freeze import hold_frozen
+from yolokit.train.incidents import BatchTrail, diverged_where, lost_images, store_stopped
 from yolokit.train.meter import LossMeter
 from yolokit.train.state import Parts, Progress, StepVotes
 from yolokit.train.step import train_step
 from yolokit.train.weights import export_final
 from yolokit.val import EvalResult, validate
-
-logger = logging.getLogger("yolokit.train")
 
 
 class Trainer:
@@ -72,7 +67,7 @@ class Trainer:
                     mid_epoch = progress.step_in_epoch < parts.plan.steps_per_epoch
                     if self.out_of_time and mid_epoch:     # the time budget: validate, save this step
                         progress.result = self.validate()
-                        self.save_position(epoch)
+                        self.weights.save_position(self.meter)
                         break
                     if self.end_epoch(epoch, losses) or self.out_of_time:
                         break
@@ -87,31 +82,23 @@ class Trainer:
             stop = Interrupted.of(exc)
             parts.accumulator.rewind()           # a partial step leaves no trace (gradients, BatchNorm stats)
             if progress.epoch == epoch:          # mid-epoch: a checkpoint at the last completed step
-                self.save_position(epoch)
+                self.weights.save_position(self.meter)
             _call(parts.callbacks, "on_interrupt", progress.steps, parts.run_dir)
             stop.reported = True                 # the callbacks said where it stopped
             raise stop from None
         except StoreError as exc:                # the object store stopped answering: one line, exit 1
             parts.accumulator.rewind()
-            if progress.epoch == epoch and parts.plan.world == 1:   # (several processes: a collective that
-                self.save_position(epoch)                           # a rank still loading would not join)
-            last = parts.run_dir / "weights" / "last.pt"
-            then = (f"{last} holds step {progress.steps}" if progress.epoch == epoch and parts.plan.world == 1
-                    else f"{last} holds the last finished epoch")
-            raise StoreError(f"the data stopped: {one_line(exc)}; {then}: when the store is back, resume with "
-                             f"`yolokit train --resume {parts.run_dir}`" if last.exists() else
-                             f"the data stopped: {one_line(exc)}") from None
+            saved = progress.epoch == epoch and parts.plan.world == 1   # (several processes: a collective that
+            if saved:                                                   # a rank still loading would not join)
+                self.weights.save_position(self.meter)
+            raise store_stopped(exc, parts.run_dir, progress.steps if saved else None) from None
         except SaveError as exc:                 # a full disk: what is intact, and how to go on
             exc.advice = exc.advice or self.weights.advice()
             raise
         except Exception as exc:                 # a CUDA error: say where, with which files, before unwinding
             if not is_device_error(exc) or isinstance(exc, DeviceFailure):
                 raise
-            failure = DeviceFailure(self.where_the_device_failed(exc))
-            logger.error("%s", failure)          # freeing CUDA memory after such an error can abort the process
-            sys.stderr.flush()
-            failure.reported = True
-            raise failure from exc
+            raise self.trail.device_failure(exc, len(parts.loader), parts.run_dir) from exc
         finally:
             parts.loader.close()                 # workers end now, not at interpreter exit
             parts.val_loader.close()
@@ -127,11 +114,9 @@ class Trainer:
         built = build_run(self.config, user_callbacks=self.user_callbacks, model=self.model)
         self.parts, self.progress, self.resume_meter = built.parts, built.progress, built.resume_meter
         self.out_of_time, self.retries_synced = False, 0
-        # the last two batches as (epoch, batch, step, paths, aug_files): lists the batches hold already, named
-        # only if the device fails (the batches themselves are not kept: their buffers go back to the workers)
-        self.recent: deque[tuple[int, int, int, list, list | None]] = deque(maxlen=2)
-        self.phase = "training"
+        self.trail = BatchTrail()            # the last two batches' files: named if the device fails
         self.weights = WeightsFolder(self.parts, self.progress)
+        self.data_wait = DataWait()
         self.monitor = EpochMonitor(self.parts.plan.device) if self.parts.settings.monitor else None
         _call(self.parts.callbacks, "on_setup_end", built.summary)
         _call(self.parts.callbacks, "on_train_start", self.parts.run_dir, self.parts.config.to_dict())
@@ -159,11 +144,10 @@ class Trainer:
         parts.accumulator.start_epoch(len(parts.loader), epoch_steps=parts.plan.steps_per_epoch, first_step=first)
         if self.monitor is not None:                                    # the device's readings, off this thread
             self.monitor.start()
-        self.epoch_started, self.data_wait, ready = time.perf_counter(), 0.0, time.perf_counter()
-        self.phase = "training"
+        self.data_wait.start()
         for i, batch in enumerate(parts.loader):
-            self.data_wait += time.perf_counter() - ready              # the host waited for data (no device sync)
-            self.recent.append((epoch, i, progress.steps, batch.get("paths", []), batch.get("aug_files")))
+            self.data_wait.got_batch()                                  # the host waited for data (no device sync)
+            self.trail.add(epoch, i, progress.steps, batch)
             if train_step(parts, progress, meter, batch, epoch):
                 self.after_step(epoch)
                 if self.out_of_time:                                    # the time budget: every rank stops here
@@ -171,36 +155,14 @@ class Trainer:
             if meter.due(i):                                            # the device is read every few batches
                 self.read_meter()
             _call(parts.callbacks, "on_batch_end", meter.running(), len(batch["indices"]),
-                  memory_in_use(parts.plan.device) / 2**30, self.data_share())
-            ready = time.perf_counter()
+                  memory_in_use(parts.plan.device) / 2**30, self.data_wait.share())
+            self.data_wait.ask()
         while not self.out_of_time and train_step(parts, progress, meter, None, epoch):   # uneven shards:
             self.after_step(epoch)                                                        # the others' last steps
         bad = max(distributed.all_gather_object(meter.longest_nonfinite_run()))
-        parts.watchdog.check(bad_losses=bad, skipped_steps=parts.precision.check(), **self.diverged_where(epoch))
+        parts.watchdog.check(bad_losses=bad, skipped_steps=parts.precision.check(),
+                             **diverged_where(parts.run_dir, epoch))
         return meter.epoch_means()
-
-    def where_the_device_failed(self, exc: BaseException) -> str:
-        """The message of a run the device stopped: the error, where (epoch, step, batch or validation), the
-        last two batches' files, how to find the failing kernel, and the checkpoint to resume from."""
-        what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        lines = [f"the device failed ({type(exc).__name__}: {what})"]
-        if self.recent:
-            epoch, i, steps, paths, sources = self.recent[-1]
-            where = (f"while validating after epoch {epoch + 1}" if self.phase == "validating" else
-                     f"in epoch {epoch + 1}, step {steps + 1}, at batch {i + 1} of {len(self.parts.loader)}")
-            lines[0] += f" {where}"
-            lines.append(f"the batch's images: {', '.join(batch_files(paths, sources))}")
-            if len(self.recent) > 1:
-                before = self.recent[0]
-                lines.append(f"the batch before (epoch {before[0] + 1}, batch {before[1] + 1}): "
-                             f"{', '.join(batch_files(*before[3:]))}")
-        lines.append("CUDA reports a failed kernel at a later call, so it may belong to the batch before: run "
-                     "again with CUDA_LAUNCH_BLOCKING=1 to stop at the kernel itself (and YOLOKIT_CHECK_INDICES=1 "
-                     "to check the device augmentation's gather indices)")
-        last = self.parts.run_dir / "weights" / "last.pt"
-        if last.exists():
-            lines.append(f"the last checkpoint is {last}: resume with yolokit train --resume {self.parts.run_dir}")
-        return "\n  ".join(lines)
 
     def read_meter(self) -> None:
         """The loss sums and skipped-step counts, read from the device; the step's losses to ``on_log``."""
@@ -218,7 +180,7 @@ class Trainer:
         every = self.parts.config.save_period_iters
         if every and self.progress.steps % every == 0:
             with self.parts.stop.deferred():
-                self.save_position(epoch)
+                self.weights.save_position(self.meter)
         self.agree(epoch)
 
     def agree(self, epoch: int) -> None:
@@ -232,20 +194,11 @@ class Trainer:
         if votes.signal:
             raise Interrupted(votes.signal)
         parts.watchdog.check(bad_losses=votes.bad_losses, skipped_steps=votes.skipped_steps,
-                             **self.diverged_where(epoch))
+                             **diverged_where(parts.run_dir, epoch))
         self.out_of_time = self.out_of_time or bool(votes.out_of_time)
         if votes.step_retries > self.retries_synced:
             resync(parts.accumulator, parts.optimizer)
             self.retries_synced = votes.step_retries
-
-    def diverged_where(self, epoch: int) -> dict[str, str]:
-        last = self.parts.run_dir / "weights" / "last.pt"
-        return dict(where=f" in epoch {epoch + 1}",
-                    advice=f"The last good checkpoint is {last}; try a lower lr0 or precision=fp32")
-
-    def data_share(self) -> float:
-        """Share of this epoch's training time so far spent waiting for data, in [0, 1]."""
-        return self.data_wait / max(time.perf_counter() - self.epoch_started, 1e-9)
 
     # --- end of an epoch -------------------------------------------------------------------
 
@@ -258,23 +211,6 @@ class Trainer:
         _call(parts.callbacks, "on_validation_end", result, samples, list(parts.names))
         return result
 
-    def lost_images(self) -> dict[str, int]:
-        """Data from shards: ``{"lost_images": n}``, the images of the shards found unreadable so far by any
-        process (each is named in the log once); nothing for data from files."""
-        stores = [d.index.store for d in (self.parts.train_set, self.parts.val_loader.dataset)
-                  if getattr(getattr(d, "index", None), "store", None) is not None]
-        if not stores:
-            return {}
-        seen = distributed.all_gather_object([s.lost_chunks() for s in stores])
-        return {"lost_images": sum(int(s.sizes[sorted({c for rank in seen for c in rank[k]})].sum())
-                                   for k, s in enumerate(stores))}
-
-    def save_position(self, epoch: int) -> None:
-        """``last.pt`` at the last completed optimizer step of ``epoch`` (a collective: every rank calls it)."""
-        ranks = rank_states(self.meter)
-        if self.parts.main:
-            self.weights.save(run_state(self.parts, self.progress, {}, ranks), "last.pt")
-
     def end_epoch(self, epoch: int, losses: dict[str, float]) -> bool:
         """Validate (every rank its shard), keep the best, write checkpoints and the results row.
 
@@ -282,28 +218,21 @@ class Trainer:
             True when training should stop early (the same answer on every rank).
         """
         parts, progress, cfg = self.parts, self.progress, self.parts.config
-        data_share = self.data_share()                       # of the training loop, before validation
+        data_share = self.data_wait.share()                  # of the training loop, before validation
         knobs = f"{parts.settings.workers} workers, cache {cfg.cache}, augment_on {parts.settings.augment_on}"
         device = self.monitor.stop(epoch, data_share, knobs) if self.monitor is not None else {}
         last = epoch + 1 == cfg.epochs
         evaluated = (epoch + 1) % cfg.val_interval == 0 or last
-        self.phase = "validating"
-        improved = evaluated and progress.validated(self.validate(keep_samples=16 if last and cfg.plots else 0))
-        self.phase = "training"
+        with self.trail.validating():
+            improved = evaluated and progress.validated(self.validate(keep_samples=16 if last and cfg.plots else 0))
         row = {"epoch": epoch + 1, **{f"train/{k}": v for k, v in losses.items()}, **progress.result.as_dict(),
                "fitness": progress.result.fitness, "lr": parts.optimizer.param_groups[0]["lr"],
-               "steps": progress.steps, "seconds": time.perf_counter() - self.epoch_started,
-               "data%": round(100 * data_share, 1), **device, **self.lost_images()}
+               "steps": progress.steps, "seconds": self.data_wait.seconds(), "data%": round(100 * data_share, 1),
+               **device, **lost_images([parts.train_set, parts.val_loader.dataset])}
         ranks = rank_states()
         with parts.stop.deferred():
             progress.epoch_done()
-            if parts.main:
-                state = run_state(parts, progress, row, ranks)
-                self.weights.save(state, "last.pt")
-                if improved:          # the weights only (float16 EMA), as model.pt: last.pt is the one to resume
-                    self.weights.save(state, "best.pt", weights_only=True)
-                if cfg.save_period and (epoch + 1) % cfg.save_period == 0:
-                    self.weights.save(state, f"epoch{epoch + 1}.pt")
+            self.weights.save_epoch(row, ranks, improved=improved)
             _call(parts.callbacks, "on_epoch_end", row)   # results.csv's row: a Ctrl-C waits for it too
         stop = progress.stale >= cfg.patience
         if stop:
