@@ -209,3 +209,22 @@ def test_rectangular_eval_batches_do_not_recompile_every_batch():
         for h, w in shapes:
             net(_images(2, h, w))
     assert counter.frame_count <= 3
+
+
+def test_the_compiled_loss_traces_again_only_when_its_work_changes_shape():
+    """Batches whose busiest image holds 2, 5, 3 and 4 boxes: the YOLOv8 loss is traced for the first batch,
+    then once with the box count as a symbol, and reused. (Its chunk loop steps over whole images, at most
+    the batch: a step that followed the box count made a graph per count, and past dynamo's recompile
+    limit the loss ran eagerly.) The device's chunk size is a constant of the trace, read once."""
+    criterion, counter = YOLOv8Loss(2, (8, 16, 32)), CompileCounter()
+    compiled = torch.compile(criterion, backend=counter, dynamic=None)
+    maps = [torch.randn(2, 64 + 2, s, s) for s in (8, 4, 2)]
+    g = torch.Generator().manual_seed(0)
+    for boxes in (2, 5, 3, 4):
+        xy = torch.rand(boxes + 1, 2, generator=g) * 40
+        targets = torch.cat([torch.tensor([0.0] * boxes + [1.0])[:, None], torch.zeros(boxes + 1, 1),
+                             xy, xy + 8 + torch.rand(boxes + 1, 2, generator=g) * 16], 1)
+        total, _ = compiled(maps, targets, max_boxes=boxes)
+        eager, _ = criterion(maps, targets, max_boxes=boxes)
+        assert torch.allclose(total, eager, rtol=1e-5)
+    assert counter.frame_count == 2, counter.frame_count

@@ -159,8 +159,11 @@ class TaskAlignedAssigner(nn.Module):
         extra += f", contested={self.contested!r}" if self.contested != "kept" else ""
         return f"topk={self.topk}, alpha={self.alpha}, beta={self.beta}, chunk_pairs={self.chunk_pairs}{extra}"
 
+    @torch.compiler.assume_constant_result
     def pairs_per_chunk(self, device: torch.device) -> int:
-        """``chunk_pairs``, or the device's size (read once per device: CUDA's free memory)."""
+        """``chunk_pairs``, or the device's size (read once per device: CUDA's free memory). A constant to
+        ``torch.compile``: read when the loss is traced, not guarded (a guard on the cache would compile the
+        loss a second time, once the first call has filled it)."""
         if self.chunk_pairs is not None:
             return self.chunk_pairs
         if device not in self._sized:
@@ -326,7 +329,8 @@ class TaskAlignedAssigner(nn.Module):
                 rows = slice(start, min(start + rows_per_chunk, n))
                 yield rows, pred_terms.index_select(0, image[rows])[:, :, None], (rows.stop - start, 1)
         elif per_image <= rows_per_chunk:  # whole images at a time
-            g, step = per_image, rows_per_chunk // per_image
+            g = per_image              # step at most the batch: a compiled loss is traced again when the
+            step = min(rows_per_chunk // g, n // g)   # chunk count changes, not for every max_boxes
             for b0 in range(0, n // g, step):
                 b1 = min(b0 + step, n // g)
                 yield slice(b0 * g, b1 * g), pred_terms[b0:b1, :, None], (b1 - b0, g)
