@@ -9,6 +9,11 @@ sources and their one copy into the batch's atlas (four 128-px files for each 96
 1.2x the resized sources, and 3.1x the CPU's bucketize (its int32 positions and results), which Triton fuses. The warp
 and MixUp write only their outputs. Nothing compiles again for other batch sizes, shapes, one view or
 two, or cached pixels (the kernel count stays that of the first pass).
+
+The inductor cases build C++ for a minute on 2 cores: they run with ``pytest -m extended``. The default
+run compiles the same stages with ``aot_eager`` (dynamo's and AOTAutograd's graphs of each stage, run by
+eager kernels; seconds, no C++): every case's images bit for bit, every stage one graph, nothing
+compiled again (test_the_stages_compile_to_one_graph_each_and_make_the_eager_images).
 """
 
 from __future__ import annotations
@@ -64,6 +69,49 @@ def fresh(shapes_yaml):
            "batch": batch}
 
 
+@pytest.fixture
+def aot_stages(monkeypatch):
+    """``fused.stage`` compiles with ``aot_eager`` in this test (its options are inductor's); the graphs
+    each compile makes are counted."""
+    graphs, aot, real = [], torch._dynamo.lookup_backend("aot_eager"), torch.compile
+
+    def counted(gm, example_inputs):
+        graphs.append(gm)
+        return aot(gm, example_inputs)
+
+    def compile_(fn, *, dynamic, fullgraph, options):
+        assert options == fused.options()
+        return real(fn, backend=counted, dynamic=dynamic, fullgraph=fullgraph)
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", compile_)
+    monkeypatch.setattr(fused, "_compiled", {})
+    yield graphs
+    torch._dynamo.reset()
+
+
+def test_the_stages_compile_to_one_graph_each_and_make_the_eager_images(shapes_yaml, aot_stages):
+    """Each stage traces whole (fullgraph) into one graph, with sizes as symbols: other batch sizes, one
+    view or two, cached pixels and rect shapes compile nothing again; the images are eager's bit for bit."""
+    for case in CASES:
+        batch = _batch(shapes_yaml, case)
+        compiled = augment_batch(batch, "cpu", compiled=True)
+        assert torch.equal(compiled, augment_batch(batch, "cpu")), case
+        if case == "mosaic-mixup":
+            assert sorted(f.__name__ for f in fused._compiled) == ["_hsv_pixels", "_mix", "_resize_pixels",
+                                                                   "_warp_view"]
+            first = len(aot_stages)
+            assert first == 4, [g.graph for g in aot_stages]
+    out = to_device(batch, "cpu", compiled=True)                       # what the trainer calls
+    assert torch.equal(out["images"], augment_batch(batch, "cpu").float().mul_(1 / 255))
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (3, 3, 40, 56), dtype=torch.uint8, generator=g)
+    luts = torch.randint(0, 256, (3, 3, 256), dtype=torch.uint8, generator=g)
+    assert torch.equal(apply_hsv_lut_batch(images, luts, compiled=True), apply_hsv_lut_batch(images, luts))
+    assert len(aot_stages) == first
+
+
+@pytest.mark.extended   # a C++ build of a minute; the default run: the aot_eager test above
 def test_a_few_fused_kernels_and_bounded_bytes_per_image(fresh):
     assert fresh["stages"] == ["_hsv_pixels", "_mix", "_resize_pixels", "_warp_view"]
     assert 4 <= fresh["kernels"] <= 8, fresh["kernels"]             # eager: 380 aten kernels (256 px, 8 images)
@@ -75,6 +123,7 @@ def test_a_few_fused_kernels_and_bounded_bytes_per_image(fresh):
     assert eager_alloc >= 50 * alloc and eager_peak >= 8 * peak, (eager_alloc, eager_peak, alloc, peak)
 
 
+@pytest.mark.extended   # with the C++ build above; the default run: the aot_eager test, same cases
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_compiled_pass_makes_the_eager_images_bit_for_bit(fresh, shapes_yaml, case):
     batch = _batch(shapes_yaml, case)
@@ -86,6 +135,7 @@ def test_the_compiled_pass_makes_the_eager_images_bit_for_bit(fresh, shapes_yaml
     assert metrics.generated_kernel_count == fresh["kernels"]
 
 
+@pytest.mark.extended   # with the C++ build above; the default run: the aot_eager test, same images
 def test_the_compiled_hsv_step_is_opencvs_on_a_whole_batch(fresh):
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (3, 3, 40, 56), dtype=torch.uint8, generator=g)   # not square, 3 images
