@@ -16,6 +16,7 @@ from collections import Counter
 import pytest
 import torch
 from _host_sync import count_host_syncs
+from _models import TINY
 
 import yolokit.train.trainer as trainer_module
 from yolokit.data import make_shapes
@@ -75,10 +76,13 @@ def test_the_counter_sees_a_read_in_the_step(shapes, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypatch):
+@pytest.mark.parametrize("model", [pytest.param(TINY, id="tiny"),
+                                   pytest.param("yolov8n", marks=pytest.mark.extended)])   # yolov8n: 50 s
+def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypatch, model):
     """The trainer's compile (aot_eager here: the same graphs as inductor, no C++ build) with
     activation checkpointing, channels_last and an accumulation over an uneven epoch trains
-    what the eager run trains."""
+    what the eager run trains. The default run compiles the smallest network with a C2f block (what
+    checkpointing wraps) and the YOLOv8 loss; yolov8n's compile is the extended case."""
     import csv
 
     from yolokit.accel import perf
@@ -95,7 +99,7 @@ def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypat
     monkeypatch.setattr(perf, "prepare_model", prepare)
     rows = {}
     for compiled in (False, True):
-        cfg = TrainConfig(data=shapes, imgsz=64, batch=4, nbs=8, epochs=2, workers=0, plots=False,
+        cfg = TrainConfig(model=model, data=shapes, imgsz=64, batch=4, nbs=8, epochs=2, workers=0, plots=False,
                           checkpointing="all", compile=compiled, mosaic_buffer=0, close_mosaic=1,
                           out=str(tmp_path / f"run{int(compiled)}"))
         Trainer(cfg).fit()
