@@ -1,8 +1,10 @@
-"""Shared test settings: the `gpu` marker skips without CUDA; no test leaks distributed state."""
+"""Shared test settings: the `gpu` marker skips without CUDA; no test leaks distributed state; ``--changed``
+runs only the test files that use what changed (tests/_changed.py)."""
 
 import atexit
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,38 @@ for folder in (TESTS, os.path.join(TESTS, "train"), BENCHMARKS):  # shared helpe
         sys.path.insert(0, folder)
 
 from _torchrun_env import TORCHRUN_VARS  # noqa: E402  (after the path above)
+
+# One intra-op thread in every test process and the processes it starts: the suite's tensors are small,
+# where a second thread costs more in hand-offs than it computes, and `pytest -n 2` runs two test processes
+# on two cores (BENCHMARKS.md, "Test suite"). A test that needs another count sets it itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--changed", nargs="?", const="HEAD", default=None, metavar="REF",
+                     help="run only the test files that use a file changed since REF (default HEAD: the work tree's "
+                          "changes, untracked files included), by their imports (tests/_changed.py)")
+
+
+def pytest_configure(config):
+    ref = config.getoption("--changed")
+    if ref is not None:
+        import _changed
+
+        changes = _changed.changed_files(ref)
+        files = sorted(Path(TESTS).rglob("test_*.py"))
+        picked = _changed.selected(files, changes)
+        config._changed_files = None if picked is None else set(picked)
+        print(f"--changed {ref}: {len(changes)} changed files; "
+              f"{'every test file' if picked is None else f'{len(picked)} test files use them'}")
+
+
+def pytest_ignore_collect(collection_path, config):
+    chosen = getattr(config, "_changed_files", None)
+    if chosen is not None and collection_path.is_file() and collection_path.name.startswith("test_"):
+        return collection_path not in chosen
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,136 @@
+"""``pytest --changed [REF]``: the test files that use what changed since REF (default HEAD, the work tree).
+
+A test file uses a yolokit module when it imports it, or a name defined in it, directly or through the
+modules it uses (a name re-exported by a package's ``__init__`` counts for the module that defines it, not
+for the whole package), or through the helpers in tests/ it imports. A test that starts ``python -m
+yolokit`` or ``yolokit.cli`` in a subprocess uses ``yolokit.cli``. A changed test file, helper or conftest
+selects the files that use it, and a package's ``__init__`` the files that import through it; a change to
+pyproject.toml or to tests/conftest.py selects everything. Read statically (``ast``), nothing imported: a
+selection in under a second, for the quick loop (README, Contributing); CI runs everything.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC, TESTS = ROOT / "src", ROOT / "tests"
+EVERYTHING = {"pyproject.toml", "tests/conftest.py"}
+CLI_MARKS = ('"-m", "yolokit"', "'-m', 'yolokit'", '"yolokit.cli"', "yolokit.__main__", 'which("yolokit")')
+
+
+def changed_files(ref: str = "HEAD") -> list[str]:
+    """Paths (relative to the checkout) changed since ``ref``, staged or not, and untracked files."""
+    def git(*args: str) -> list[str]:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return [line for line in out.splitlines() if line]
+
+    return sorted(set(git("diff", "--name-only", ref)) | set(git("ls-files", "--others", "--exclude-standard")))
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of a yolokit module or package (None: not ours, or not a module)."""
+    base = SRC.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+@cache
+def _defines(path: Path) -> dict[str, str]:
+    """Names a package ``__init__`` (or module) re-exports: name -> the module it takes it from."""
+    out = {}
+    for node in _tree(path).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("yolokit"):
+            for alias in node.names:
+                out[alias.asname or alias.name] = node.module
+    return out
+
+
+def _resolve(module: str, names: list[str], inits: set[Path]) -> set[str]:
+    """The yolokit modules ``from module import names`` uses: submodules by name, re-exported names at the
+    module that defines them, the module itself for the rest. The package ``__init__`` files passed through
+    go to ``inits`` (used, but what they import is not followed)."""
+    found = set()
+    path = _module_file(module)
+    if path is None:
+        return found
+    for name in names:
+        if path.name == "__init__.py":
+            inits.add(path)
+        if _module_file(f"{module}.{name}") is not None:
+            found.add(f"{module}.{name}")
+        elif path.name == "__init__.py" and name in _defines(path):
+            found |= _resolve(_defines(path)[name], [name], inits) or {_defines(path)[name]}
+        else:
+            found.add(module)
+    return found
+
+
+def _direct(path: Path) -> tuple[set[str], set[Path], set[Path]]:
+    """(yolokit modules, package ``__init__`` files passed through, test helper files) that one file imports
+    at any depth of its code."""
+    modules, inits, helpers = set(), set(), set()
+    text = path.read_text(encoding="utf-8")
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            items = [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            items = [(node.module, [alias.name for alias in node.names])]
+        else:
+            continue
+        for module, names in items:
+            if module == "yolokit" or module.startswith("yolokit."):
+                modules |= _resolve(module, names, inits) if names else {module}
+                continue
+            parts = module.split(".")
+            for helper in (TESTS.joinpath(*parts).with_suffix(".py"), ROOT.joinpath(*parts).with_suffix(".py"),
+                           path.parent.joinpath(*parts).with_suffix(".py"), TESTS / "train" / f"{parts[-1]}.py"):
+                if helper.is_file() and helper != path:
+                    helpers.add(helper)
+                    break
+    if any(mark in text for mark in CLI_MARKS):
+        modules.add("yolokit.cli")
+    return modules, inits, helpers
+
+
+@cache
+def uses(path: Path) -> frozenset[str]:
+    """Every file (relative to the checkout) ``path`` uses: yolokit modules' files and test helpers, closed
+    over what each of those uses."""
+    seen: set[Path] = set()
+    passed: set[Path] = set()
+    frontier = [path]
+    while frontier:
+        current = frontier.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        modules, inits, helpers = _direct(current)
+        passed |= inits
+        frontier += [f for m in modules if (f := _module_file(m)) is not None] + sorted(helpers)
+    return frozenset(str(p.relative_to(ROOT)) for p in seen | passed)
+
+
+def selected(test_files: list[Path], changes: list[str]) -> list[Path] | None:
+    """The test files among ``test_files`` that use a changed file (None: every one)."""
+    changes = [c for c in changes if c.endswith(".py") or c in EVERYTHING]
+    if any(c in EVERYTHING or c.endswith("/conftest.py") and c.count("/") == 1 for c in changes):
+        return None
+    picked = []
+    for path in test_files:
+        used = uses(path)
+        conftests = {str(p.relative_to(ROOT)) for p in path.parents if (p / "conftest.py").is_file()
+                     and TESTS in (p, *p.parents)}
+        if any(c in used or c.removesuffix("/conftest.py") in conftests for c in changes):
+            picked.append(path)
+    return picked
