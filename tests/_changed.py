@@ -98,7 +98,7 @@ def _direct(path: Path) -> tuple[set[str], set[Path], set[Path]]:
                 if helper.is_file() and helper != path:
                     helpers.add(helper)
                     break
-    if any(mark in text for mark in CLI_MARKS):
+    if path != Path(__file__).resolve() and any(mark in text for mark in CLI_MARKS):   # (not these marks)
         modules.add("yolokit.cli")
     return modules, inits, helpers
 
