@@ -76,6 +76,7 @@ def _resolve(module: str, names: list[str], inits: set[Path]) -> set[str]:
     return found
 
 
+@cache
 def _direct(path: Path) -> tuple[set[str], set[Path], set[Path]]:
     """(yolokit modules, package ``__init__`` files passed through, test helper files) that one file imports
     at any depth of its code."""

@@ -92,6 +92,7 @@ def test_no_module_is_shadowed_by_a_name_of_its_package(package):
 
 
 def test_import_yolokit_reaches_every_subpackage_lazily_and_validation_without_the_trainer():
+    """Also: no subpackage imports torch._dynamo (torch.compile's front end) before something compiles."""
     code = (
         "import sys, yolokit\n"
         "assert 'torch' not in sys.modules and 'yolokit.train' not in sys.modules\n"
@@ -99,6 +100,7 @@ def test_import_yolokit_reaches_every_subpackage_lazily_and_validation_without_t
         "assert 'yolokit.train' not in sys.modules, 'validation pulled in the trainer'\n"
         "assert yolokit.val.validate is validate and yolokit.train.Callback.__name__ == 'Callback'\n"
         f"mods = [getattr(yolokit, s) for s in {yolokit.SUBPACKAGES!r}]\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported (a second of every process start)'\n"
         "print(' '.join(m.__name__ for m in mods))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

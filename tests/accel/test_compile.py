@@ -228,3 +228,18 @@ def test_the_compiled_loss_traces_again_only_when_its_work_changes_shape():
         eager, _ = criterion(maps, targets, max_boxes=boxes)
         assert torch.allclose(total, eager, rtol=1e-5)
     assert counter.frame_count == 2, counter.frame_count
+
+
+def test_the_loss_marks_its_constant_as_torch_compiler_would():
+    """The assigner marks ``pairs_per_chunk`` constant without importing dynamo at import time: the same
+    mark as ``torch.compiler.assume_constant_result`` (a torch release that marks otherwise fails here)."""
+    from yolokit.losses.assigners import TaskAlignedAssigner, _constant_to_compile
+
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    assert vars(_constant_to_compile(ours)) == vars(torch.compiler.assume_constant_result(theirs)) != {}
+    assert TaskAlignedAssigner.pairs_per_chunk._dynamo_marked_constant is True

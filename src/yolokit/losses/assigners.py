@@ -43,6 +43,14 @@ class RowAssignment(NamedTuple):
 BYTES_PER_PAIR = 100   # what one (GT, point) pair of a chunk holds, about (t, u, CIoU terms, masks)
 
 
+def _constant_to_compile(fn):
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo`` at import time (a
+    second of every process's start): the mark that decorator puts on the function, and nothing else
+    (tests/accel/test_compile.py checks that they agree)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def chunk_pairs_for(device: torch.device, free_bytes: int | None = None) -> int:
     """(GT, point) pairs the task-aligned assigner evaluates at once on ``device``.
 
@@ -159,7 +167,7 @@ class TaskAlignedAssigner(nn.Module):
         extra += f", contested={self.contested!r}" if self.contested != "kept" else ""
         return f"topk={self.topk}, alpha={self.alpha}, beta={self.beta}, chunk_pairs={self.chunk_pairs}{extra}"
 
-    @torch.compiler.assume_constant_result
+    @_constant_to_compile
     def pairs_per_chunk(self, device: torch.device) -> int:
         """``chunk_pairs``, or the device's size (read once per device: CUDA's free memory). A constant to
         ``torch.compile``: read when the loss is traced, not guarded (a guard on the cache would compile the
