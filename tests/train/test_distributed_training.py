@@ -120,9 +120,9 @@ def test_distributed_validation_equals_one_process(trained, nprocs):
     """Each rank scores its shard (10 images in batches of 2: shards of 3/2 or 2/2/1 batches)."""
     data, weights = trained
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # the same kernels as the spawned ranks (one thread each)
+    torch.set_num_threads(1)   # the same kernels as the spawned ranks (one thread each); in this process
     try:
-        (one,) = launch(workers.validate_shard, 1, data, weights, 2, 96)
+        one = workers.validate_shard(data, weights, 2, 96)
     finally:
         torch.set_num_threads(threads)
     many = launch(workers.validate_shard, nprocs, data, weights, 2, 96, timeout=300)
