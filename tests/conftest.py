@@ -24,6 +24,13 @@ from _torchrun_env import TORCHRUN_VARS  # noqa: E402  (after the path above)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# Bytecode caches, as Python writes them by default: with PYTHONDONTWRITEBYTECODE set (some CI images and
+# shells set it), each of the ~150 interpreters the suite starts would compile yolokit from source again
+# (a third of a second each), and pytest would rewrite every test module's asserts again in each worker.
+# git ignores __pycache__.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def pytest_addoption(parser):
     parser.addoption("--changed", nargs="?", const="HEAD", default=None, metavar="REF",
