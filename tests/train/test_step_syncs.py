@@ -75,9 +75,32 @@ def test_the_counter_sees_a_read_in_the_step(shapes, tmp_path, monkeypatch):
     assert counts["_local_scalar_dense"] == calls["after_step"] == 3
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", [pytest.param(TINY, id="tiny"),
-                                   pytest.param("yolov8n", marks=pytest.mark.extended)])   # yolov8n: 50 s
+def test_compile_true_compiles_the_training_network_and_its_loss(shapes, tmp_path, monkeypatch, capsys):
+    """What ``compile=True`` asks of torch.compile (recorded here; the modules run as they are): the
+    training network in the run's mode, the loss with symbolic sizes (its targets follow max_boxes); the
+    EMA and validation stay eager, and the run says the first step waits for the compile. That the
+    compiled run trains what the eager one trains: the extended test below (aot_eager, 35 s)."""
+    from yolokit.accel import perf
+
+    asked = []
+
+    def compile_(module, **kw):
+        asked.append((type(module).__name__, kw))
+        return module
+
+    monkeypatch.setattr(perf.torch, "compile", compile_)
+    cfg = TrainConfig(model=TINY, data=shapes, imgsz=64, batch=4, nbs=8, epochs=1, workers=0, plots=False,
+                      checkpointing="all", compile="max-autotune", out=str(tmp_path / "run"))
+    trainer = Trainer(cfg)
+    trainer.fit()
+    assert asked == [("Detector", {"mode": "max-autotune", "backend": "inductor"}),
+                     ("YOLOv8Loss", {"mode": None, "backend": "inductor", "dynamic": True})]
+    assert trainer.progress.steps == 2                     # 3 batches of 4, 2 a step: the run trained through them
+    assert "torch.compile compiles the training network and its loss on the first step" in capsys.readouterr().out
+
+
+@pytest.mark.extended   # 35 s of aot_eager tracing; the default run: the test above (what the trainer compiles)
+@pytest.mark.parametrize("model", [pytest.param(TINY, id="tiny"), "yolov8n"])
 def test_compiled_checkpointed_training_equals_eager(shapes, tmp_path, monkeypatch, model):
     """The trainer's compile (aot_eager here: the same graphs as inductor, no C++ build) with
     activation checkpointing, channels_last and an accumulation over an uneven epoch trains
