@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from yolokit.cli import main, resolve_device
+from yolokit.data import make_shapes
 
 
 def test_demo_prints_detections_and_summary(tmp_path, capsys):
@@ -187,7 +188,8 @@ def test_resuming_a_named_run_keeps_its_saved_config(monkeypatch, tmp_path):
 def test_a_warning_is_one_line_naming_the_command(tmp_path):
     """A warning on the command line (here: CUDA graphs asked for on the CPU) is one line, not Python's
     file:line and the source line that raised it."""
-    cmd = [sys.executable, "-m", "yolokit.cli", "train", "--data", "shapes", "--epochs", "1", "--imgsz", "32",
+    data = str(make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64))   # not the built-in 480 images
+    cmd = [sys.executable, "-m", "yolokit.cli", "train", "--data", data, "--epochs", "1", "--imgsz", "32",
            "--batch", "4", "--cuda-graphs", "--device", "cpu", "--time", "0.00001", "--no-plots",
            "--out", str(tmp_path / "run")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
