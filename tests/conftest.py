@@ -59,6 +59,13 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Files with a `slow` test first, each file's tests together and in order: `-n` hands files to its
+    # processes in this order, so the long ones start early and short files fill the end of the run.
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+    slow = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: (item.path not in slow, first[item.path]))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
