@@ -19,6 +19,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SRC, TESTS = ROOT / "src", ROOT / "tests"
 EVERYTHING = {"pyproject.toml", "tests/conftest.py"}
+# The quick loop (`pytest -m quick`, README "Contributing"): a minute or so that touches every package once,
+# by the tests (file, or file::test prefix) below; tests/test_changed.py checks that each package is used
+# (tests/conftest.py marks them).
+QUICK = (
+    "tests/accel/test_accumulation.py", "tests/accel/test_amp.py", "tests/accel/test_checkpointing.py",
+    "tests/accel/test_oom.py", "tests/data/test_loader.py", "tests/data/test_mosaic.py",
+    "tests/data/test_transforms.py", "tests/data/test_device_augment.py", "tests/interop/test_native.py",
+    "tests/interop/test_security.py", "tests/losses/test_assigners.py", "tests/losses/test_yolov8_loss.py",
+    "tests/losses/test_yolov3_loss.py", "tests/models/test_detector.py", "tests/models/test_layers.py",
+    "tests/ops/test_boxes.py", "tests/ops/test_nms.py", "tests/predict/test_results.py",
+    "tests/predict/test_sources.py", "tests/train/test_checkpoint.py", "tests/train/test_config.py",
+    "tests/train/test_ema.py", "tests/train/test_plan.py", "tests/train/test_step.py",
+    "tests/train/test_trainer.py::test_two_epochs_write_the_run_folder",
+    "tests/train/test_trainer.py::test_resume_is_exact",
+    "tests/val/test_cocoeval.py", "tests/val/test_metrics.py", "tests/test_viz.py",
+    "tests/test_cli.py::test_train_val_predict_export_on_a_tiny_set",
+)
+
 CLI_MARKS = ('"-m", "yolokit"', "'-m', 'yolokit'", '"yolokit.cli"', "yolokit.__main__", 'which("yolokit")')
 
 

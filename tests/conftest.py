@@ -16,7 +16,8 @@ for folder in (TESTS, os.path.join(TESTS, "train"), BENCHMARKS):  # shared helpe
     if folder not in sys.path:
         sys.path.insert(0, folder)
 
-from _torchrun_env import TORCHRUN_VARS  # noqa: E402  (after the path above)
+from _changed import QUICK  # noqa: E402  (after the path above)
+from _torchrun_env import TORCHRUN_VARS  # noqa: E402
 
 # One intra-op thread in every test process and the processes it starts: the suite's tensors are small,
 # where a second thread costs more in hand-offs than it computes, and `pytest -n 2` runs two test processes
@@ -66,6 +67,9 @@ def pytest_collection_modifyitems(config, items):
         first.setdefault(item.path, i)
     slow = {item.path for item in items if "slow" in item.keywords}
     items.sort(key=lambda item: (item.path not in slow, first[item.path]))
+    for item in items:
+        if item.nodeid.startswith(QUICK) and "extended" not in item.keywords:
+            item.add_marker(pytest.mark.quick)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")

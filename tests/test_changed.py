@@ -41,3 +41,16 @@ def test_helpers_conftests_and_the_project_file():
 
 def test_what_git_says_changed(tmp_path):
     assert all(not p.startswith("/") for p in _changed.changed_files("HEAD"))
+
+
+def test_the_quick_loop_touches_every_package():
+    """``pytest -m quick`` (tests/_changed.py QUICK) uses a module of every subpackage, the CLI and viz; every
+    entry names a test file that exists."""
+    import yolokit
+
+    files = {TESTS.parent / entry.split("::")[0] for entry in _changed.QUICK}
+    assert all(f.is_file() for f in files), [str(f) for f in files if not f.is_file()]
+    used = set().union(*(_changed.uses(f) for f in files))
+    homes = [f"src/yolokit/{p}/" for p in yolokit.SUBPACKAGES if p != "viz"] + ["src/yolokit/viz.py",
+                                                                                "src/yolokit/cli.py"]
+    assert [h for h in homes if not any(u.startswith(h) for u in used)] == []
