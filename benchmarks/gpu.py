@@ -260,7 +260,7 @@ def correct_command(limits: dict[str, int] | None = None) -> str:
         'r() { local n=$1 l=$2 k=$3 t=$SECONDS; shift 3; timeout -k $k -s INT $l "$@"; local e=$?; '
         'echo "$n: exit $e after $((SECONDS-t)) s (limit $l s)" >> $S; return $e; }',
         f"timeout {SHAPES_LIMIT_S} python3 -c '{shapes}' > $W/shapes.log 2>&1 & G=$!",
-        f"r 1-gpu-tests {steps['1-gpu-tests']} python3 -m pytest -m gpu -rA --tb=long -p no:cacheprovider "
+        f"r 1-gpu-tests {steps['1-gpu-tests']} python3 -m pytest -m gpu -n 0 -rA --tb=long -p no:cacheprovider "
         f"--junitxml=$OUT/1-gpu-tests.xml {files} 2>&1 | tee $OUT/1-gpu-tests.log",
         f"r 2-memcheck {steps['2-memcheck']} {uncached} {sanitizer} memcheck {sanitize} > $OUT/2-memcheck.txt 2>&1",
         f"r 3-initcheck {steps['3-initcheck']} {uncached} {sanitizer} initcheck "

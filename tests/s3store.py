@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import boto3
@@ -140,8 +141,21 @@ class SeaweedS3:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def volumes_known(self) -> int:
+        """How many volumes the master's topology lists (-1 while the master does not answer)."""
+        url = f"http://127.0.0.1:{self.ports['master']}/dir/status"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                topology = json.loads(r.read())["Topology"]
+        except (OSError, ValueError, KeyError):
+            return -1
+        return sum(node.get("Volumes", 0) for dc in topology.get("DataCenters") or ()
+                   for rack in dc.get("Racks") or () for node in rack.get("DataNodes") or ())
+
     def start(self, timeout: float = 60.0) -> SeaweedS3:
-        """Start weed (same data dir and ports as any earlier run) and wait until S3 answers."""
+        """Start weed (same data dir and ports as any earlier run) and wait until S3 answers and, after a
+        restart, until the master knows every volume on disk again: before that, a GET of an object stored
+        in the earlier run fails with InternalError (seen on a loaded machine)."""
         if self.running:
             return self
         self.stop()  # reap a weed that died on its own
@@ -152,6 +166,7 @@ class SeaweedS3:
             self._proc = subprocess.Popen(
                 self.command, cwd=self.root, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        on_disk = len(list(self.data.glob("*.dat")))
         probe = self.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5)
         deadline = time.monotonic() + timeout
         while True:
@@ -161,13 +176,17 @@ class SeaweedS3:
                 raise RuntimeError(f"weed exited with {code} before S3 answered; {self.log}:\n{self.log_tail()}")
             try:
                 probe.list_buckets()
-                return self
+                known = self.volumes_known()
+                if known >= on_disk:
+                    return self
+                problem = f"the master lists {known} of the {on_disk} volumes in {self.data}"
             except (BotoCoreError, ClientError) as e:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"S3 at {self.endpoint} did not answer within {timeout:g} s ({e}); "
-                                       f"{self.log}:\n{self.log_tail()}") from e
-                time.sleep(0.1)
+                problem = str(e)
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"S3 at {self.endpoint} was not ready within {timeout:g} s ({problem}); "
+                                   f"{self.log}:\n{self.log_tail()}")
+            time.sleep(0.1)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM weed's process group, SIGKILL it after ``timeout`` s; a no-op when not running."""

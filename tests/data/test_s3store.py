@@ -88,6 +88,7 @@ def test_stop_then_start_keeps_the_objects(tmp_path):
 
         store.start()
         assert store.ports == ports  # same ports, same data dir: the old client reaches it again
+        assert store.volumes_known() == len(list(store.data.glob("*.dat"))) > 0  # start() waited for them
         assert s3.get_object(Bucket="keep", Key="a.txt")["Body"].read() == b"survives a restart"
     finally:
         store.stop()
