@@ -293,3 +293,12 @@ def test_script_runs_from_the_checkout(name):
     text = run_script(name, *args)
     for pattern in patterns:
         assert re.search(pattern, text, re.MULTILINE), (pattern, text)
+
+
+def test_suite_sh_parses_and_names_its_two_modes():
+    """benchmarks/suite.sh (the suite timed and its coverage, in fresh clones) is bash that parses; a wrong
+    mode gets its usage line and exit 2 before anything is cloned. Its two modes run by hand (README)."""
+    script = BENCHMARKS / "suite.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    done = subprocess.run(["bash", str(script), "timing"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "usage: benchmarks/suite.sh time [RUNS] [REF] | coverage [REF]" in done.stderr
