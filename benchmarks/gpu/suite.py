@@ -17,7 +17,8 @@ def gpu_tests(s: Settings, clock: Clock) -> list[Row]:
     """Passed and failed counts of ``pytest -m gpu -q``, with its summary line (on the CPU every test skips)."""
     # only the files that mark tests gpu are collected: the same tests, without importing the whole suite
     files = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in f.read_text())
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-n", "0", "-p", "no:cacheprovider", *(files or ["tests"])]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-n", "0", "-p", "no:cacheprovider",   # one process
+           *(files or ["tests"])]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=clock.cap_s)
         output, note = done.stdout + done.stderr, ""

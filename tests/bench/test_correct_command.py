@@ -88,7 +88,7 @@ def test_the_command_fits_the_device_tool_and_runs_every_step(gpu):
     assert len(cmd) <= 2000                                     # the device tool refuses a longer command
     assert subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0   # bash parses it
     assert "export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1" in cmd
-    assert re.search(r"python3 -m pytest -m gpu -rA --tb=long -p no:cacheprovider .*mark\.gpu", cmd)
+    assert re.search(r"python3 -m pytest -m gpu -n 0 -rA --tb=long -p no:cacheprovider .*mark\.gpu", cmd)
     for tool in ("memcheck", "initcheck"):   # each sanitizer on the script, without PyTorch's caching allocator
         assert re.search(rf"env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer [^;|]*--tool {tool} "
                          rf"python3 benchmarks/gpu/sanitize.py [^;|]*> \$OUT/\d-{tool}.txt 2>&1", cmd)

@@ -243,3 +243,17 @@ def test_the_csv_log_says_where_it_could_not_write(tmp_path):
     (steps,) = build_trackers(["csv"], blocked)
     with pytest.raises(TrackerError, match=rf"^--tracker csv could not start a run at {blocked / 'steps.csv'} \("):
         steps.on_train_start(blocked, {})
+
+
+def test_advice_reads_status_codes_as_words_not_digits_of_a_port(tmp_path, monkeypatch):
+    """A server that does not answer at port 40389 is not a 403: the line says to start it (this advice
+    named the login at random, whenever the free port picked held 401 or 403)."""
+    from yolokit.train.mlflow_tracker import MLflowTracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:40389")
+    tracker = MLflowTracker(tmp_path / "run")
+    down = ConnectionError("no server answers (HTTPConnectionPool(host='127.0.0.1', port=40389): Max retries)")
+    assert tracker.advice(down).startswith("start the server (mlflow server")
+    assert tracker.advice(RuntimeError("port=40389 API request failed with error code 403 != 200")).startswith(
+        "the server refused the login")
+    assert tracker.advice(RuntimeError("HTTP 40389 bytes")).startswith("start the server")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,11 @@ class MLflowTracker(Tracker):
         if "MLFLOW_ALLOW_FILE_STORE" in text:
             return ("MLflow 3 refuses file stores: use a SQL store (MLFLOW_TRACKING_URI=sqlite:///mlflow.db) or a "
                     "server, or set MLFLOW_ALLOW_FILE_STORE=true")
-        if any(k in text for k in ("401", "403", "nauthorized", "UNAUTHENTICATED", "PERMISSION_DENIED")):
+        if scheme in ("http", "https") and isinstance(exc, ConnectionError):
+            return ("start the server (mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
+                    "sqlite:///mlflow.db) or set MLFLOW_TRACKING_URI to one that runs")
+        # status codes as whole words: a port such as 40389 in the text is not a 403
+        if re.search(r"\b40[13]\b|nauthorized|UNAUTHENTICATED|PERMISSION_DENIED", text):
             return ("the server refused the login: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
                     "(or MLFLOW_TRACKING_TOKEN)")
         if scheme in ("http", "https"):
