@@ -61,6 +61,7 @@ def _dump(tmp_path, config):
     ({"precision": "fp8"}, "precision"),
     ({"checkpointing": "head"}, "checkpointing"),
     ({"compile": "fast"}, "compile must be true, false or one of default, reduce-overhead"),
+    ({"val_interval": 0}, "val_interval must be >= 1 epochs"),   # was a ZeroDivisionError after the first epoch
 ])
 def test_bad_values_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -101,3 +102,29 @@ def test_compile_takes_a_mode_from_flags_and_yaml(tmp_path):
     assert TrainConfig.from_yaml(path).compile == "default"
     c = parse(["--compile", "max-autotune"])
     assert TrainConfig.from_yaml(_dump(tmp_path, c)) == c
+
+
+def test_every_flag_says_what_it_means():
+    """`yolokit train --help` (and the command-line reference generated from it) gives each TrainConfig
+    and AugmentConfig field the comment beside it in the source, with its continuation lines, never
+    the section heading below it."""
+    import argparse
+    import dataclasses
+
+    from yolokit.data import AugmentConfig
+    from yolokit.train.config import add_config_flags, field_help
+
+    meaning = field_help(TrainConfig)
+    assert meaning["model"].endswith("None: the architecture of `weights`, else yolov8n")   # two lines
+    assert meaning["nbs"] == "nominal batch: images one optimizer step represents"      # not "optimizer and ..."
+    assert field_help(AugmentConfig)["fliplr"] == "probability of a left-right flip"    # the docstring's line
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    helps = {a.dest: a.help for a in parser._actions if a.dest != "help"}
+    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "augment"]
+    names += [f.name for f in dataclasses.fields(AugmentConfig)]
+    assert set(helps) == {*names, "config"}
+    vague = [n for n in names if len(helps[n].split("(default:")[0].strip()) < 8]
+    assert not vague, f"flags without a meaning: {vague}"
+    assert helps["epochs"] == "passes over the training images (default: 100)"
+    parser.format_help()                                  # a % in a comment would break argparse here

@@ -22,12 +22,18 @@ class AugmentConfig:
     """Training augmentation strengths; defaults are YOLOv8's well-known ones.
 
     Attributes:
-        hsv_h: hue gain range (fraction), hsv_s: saturation gain, hsv_v: value gain.
-        degrees: rotation range (+- degrees). translate: shift range (fraction of size).
-        scale: zoom range (1 +- scale). shear: shear range (+- degrees).
-        perspective: perspective range (fraction, typically 0..0.001).
-        flipud, fliplr: flip probabilities.
-        mosaic: probability of a Mosaic of 4 images. mixup: probability of MixUp.
+        hsv_h: hue gain range (fraction of the hue circle)
+        hsv_s: saturation gain range (fraction)
+        hsv_v: value (brightness) gain range (fraction)
+        degrees: rotation range (+- degrees)
+        translate: shift range (fraction of the image size)
+        scale: zoom range (1 +- scale)
+        shear: shear range (+- degrees)
+        perspective: perspective range (fraction, typically 0 to 0.001)
+        flipud: probability of an up-down flip
+        fliplr: probability of a left-right flip
+        mosaic: probability of a Mosaic of 4 images
+        mixup: probability of MixUp with a second image
     """
 
     hsv_h: float = 0.015

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import inspect
+import io
+import textwrap
+import tokenize
 import types
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -32,14 +37,14 @@ class TrainConfig:
     # what to train, on what
     model: str | None = None      # a variant name or a model YAML (yolo11s.yaml, my-net.yaml); None: the
     #                               architecture of `weights`, else yolov8n
-    data: str = "shapes"
+    data: str = "shapes"          # a data.yaml, its folder, a COCO json, shards (a folder or s3://), or "shapes"
     weights: str | None = None    # pretrained weights (any format yolokit.load reads); they bring their variant
     freeze: int | str | None = None  # the first N layers, or name prefixes ("backbone,neck.top_down4"), kept
     #                                  as they are: no gradient, no weight decay, BatchNorm statistics fixed
     fraction: float = 1.0       # share of the training images, drawn with `seed` (the same on every rank)
     classes: str | list[int] | None = None  # train on these class ids only ("0,2"); other labels are dropped
     single_cls: bool = False    # every class trained as one, "object"
-    epochs: int = 100
+    epochs: int = 100           # passes over the training images
     time: float = 0.0           # hours; the run stops at the first step boundary past it, validated and
     #                             saved (resume continues, with the budget again); 0: no limit
     imgsz: int = 640            # a multiple of the model's largest stride (32; 64 with a P6 level)
@@ -48,35 +53,36 @@ class TrainConfig:
     batch: int | str = 16   # total over all processes (each runs batch / world), or "auto"
     nbs: int = 64                  # nominal batch: images one optimizer step represents
     # optimizer and schedule
-    optimizer: str = "auto"
-    lr0: float = 0.01
-    lrf: float = 0.01
-    momentum: float = 0.937
-    weight_decay: float = 5e-4
-    warmup_epochs: float = 3.0
-    warmup_momentum: float = 0.8
-    warmup_bias_lr: float = 0.1
-    cos_lr: bool = False
-    ema: bool = True
-    ema_decay: float = 0.9999
-    ema_tau: float = 2000.0
+    optimizer: str = "auto"       # SGD, AdamW, MuSGD, or auto: AdamW up to 10,000 steps, then SGD (YOLO26: MuSGD)
+    lr0: float = 0.01             # initial learning rate (optimizer auto sets its own)
+    lrf: float = 0.01             # final learning rate, as a fraction of lr0
+    momentum: float = 0.937       # SGD momentum, AdamW beta1
+    weight_decay: float = 5e-4    # scaled by the effective batch / nbs
+    warmup_epochs: float = 3.0    # epochs of linear warmup (fractions allowed), counted in optimizer steps
+    warmup_momentum: float = 0.8  # momentum at the warmup's start
+    warmup_bias_lr: float = 0.1   # the biases' learning rate at the warmup's start
+    cos_lr: bool = False          # a cosine schedule from lr0 to lr0 * lrf, else linear
+    ema: bool = True              # keep an exponential moving average of the weights (validated and saved)
+    ema_decay: float = 0.9999     # the EMA's decay once warmed up
+    ema_tau: float = 2000.0       # optimizer steps over which the EMA's decay ramps up
     # loss gains
-    box: float = 7.5
-    cls: float = 0.5
-    dfl: float = 1.5
+    box: float = 7.5              # the box loss's gain
+    cls: float = 0.5              # the class loss's gain
+    dfl: float = 1.5              # the distribution focal loss's gain
     # augmentation: the data pipeline's own config (flags and flat YAML keys name its fields: --hsv-h)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
-    close_mosaic: int = 10
+    close_mosaic: int = 10        # the last N epochs train without Mosaic and MixUp
     mosaic_buffer: int = 64  # recent images Mosaic partners come from; 0: any image (augmentation then
     #                          depends on (seed, epoch, image) only: the same for any number of processes)
     # speed
-    precision: str = "auto"
-    checkpointing: str | None = None
-    channels_last: bool | None = None  # None: on for the CPU and CUDA (models.prefers_channels_last)
+    precision: str = "auto"       # fp32, fp16 (with a GradScaler), bf16; auto: bf16 or fp16 on CUDA, fp32 on the CPU
+    checkpointing: str | None = None  # recompute activations of the backbone, neck or all: less memory
+    channels_last: bool | None = None  # NHWC model and images; None: on for the CPU and CUDA
+    #                                    (models.prefers_channels_last)
     compile: bool | str = False   # torch.compile the training network: True ("default"), or a mode: "reduce-overhead"
     #                               (CUDA graphs: fewer launches, for small models), "max-autotune" (accel.perf)
-    device: str = "auto"
-    devices: int = 1
+    device: str = "auto"          # auto (CUDA when available), cpu, cuda or cuda:N
+    devices: int = 1              # processes to start on this machine (one per GPU); under torchrun leave it 1
     dist_timeout: float = 30.0   # minutes any collective may wait for the other processes
     sync_bn: bool = False  # SyncBatchNorm over the processes (several CUDA processes only)
     workers: int | None = None  # loader processes; None: CPU cores per process - 1 on CUDA, 2 on the CPU
@@ -94,22 +100,22 @@ class TrainConfig:
     monitor: bool | None = None  # the device's busy share, peak memory, temperature and power per epoch (results.csv,
     #                              console, trackers) and a warning when the GPU starves; None: on with CUDA
     # reproducibility, output, control
-    seed: int = 0
+    seed: int = 0                 # every random draw of the run follows from it
     deterministic: bool | None = None  # deterministic kernels; None: on the CPU (exact resume), off on CUDA
-    out: str = "runs/train"
+    out: str = "runs/train"       # the run folder (out2, out3, ... when it holds a run already)
     resume: str | None = None   # a run folder or its last.pt; "auto": the run is `out` itself, resumed
     #                             when out/weights/last.pt exists (what restarted torchrun groups need)
     save_period_iters: int = 0  # also write weights/last.pt every N optimizer steps (0: at epoch ends only)
     save_period: int = 0        # also keep weights/epoch{N}.pt every N epochs (0: never)
-    val_interval: int = 1
-    patience: int = 50
-    conf: float = 0.001
-    iou: float = 0.7
-    max_det: int = 300
+    val_interval: int = 1         # validate every N epochs (the last epoch always)
+    patience: int = 50            # stop after N validations in a row without a better fitness
+    conf: float = 0.001           # validation's score threshold
+    iou: float = 0.7              # validation's NMS IoU threshold
+    max_det: int = 300            # validation's most detections per image
     max_bad_steps: int = 10     # the watchdog: this many steps in a row with a non-finite loss, or skipped for
     #                             inf/NaN gradients (fp16: once the loss scale fell below 1), stop the run; 0: never
     clip_grad_norm: float = 10.0  # the gradients' total norm is clipped to this before each step; 0: no clipping
-    plots: bool = True
+    plots: bool = True            # draw results.png and the last validation's curves and images
     tracker: str | list[str] | None = None   # experiment trackers: wandb, mlflow, tensorboard, csv ("wandb,csv")
 
     def __post_init__(self) -> None:
@@ -166,6 +172,8 @@ class TrainConfig:
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
             (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),
             (self.save_period >= 0, f"save_period must be >= 0, got {self.save_period}"),
+            (self.val_interval >= 1, f"val_interval must be >= 1 epochs (the last epoch always validates), "
+                                     f"got {self.val_interval}"),
             (self.time >= 0, f"time must be >= 0 hours, got {self.time}"),
             (0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}"),
             (self.classes is None or len(self.classes) > 0, "classes must name at least one class id"),
@@ -247,30 +255,64 @@ def _flag_type(hint: Any) -> tuple[Any, bool]:
     return str, False
 
 
-FLAG_HELP = {"tracker": "experiment trackers: wandb, mlflow, tensorboard, csv, or several (wandb,csv) ",
-             "freeze": "the first N layers, or name prefixes (backbone,neck.top_down4) ",
-             "classes": "class ids to train on (0,2) "}
+@functools.cache
+def field_help(cls: type) -> dict[str, str]:
+    """Each field's meaning, as the comment beside it in ``cls``'s source says (with its continuation
+    lines, indented under it), or the field's line of the class docstring's ``Attributes:``; {} when the
+    source cannot be read. What ``yolokit train --help`` and the command-line reference show. A comment
+    line of the class body whose text starts right after its ``#`` heads the fields below it: it ends
+    the field above."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    found: dict[str, str] = {}
+    doc = inspect.getdoc(cls) or ""
+    if "Attributes:" in doc:
+        for line in doc.split("Attributes:", 1)[1].splitlines():
+            name, sep, text = line.strip().partition(": ")
+            if sep and name.isidentifier():
+                found[name] = text.strip()
+    current, lines = None, source.splitlines()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type != tokenize.COMMENT:
+            continue
+        row, col = token.start
+        text = token.string.lstrip("#").strip()
+        code = lines[row - 1][:col]
+        name = code.strip().split(":", 1)[0]
+        if code.strip() and ":" in code and name.isidentifier() and code.startswith("    ") and \
+                not code.startswith("     "):
+            current = name
+            found[current] = text
+        elif not code.strip() and current is not None and token.string.startswith("#  "):
+            found[current] += " " + text        # a continuation, indented under the comment above
+        else:
+            current = None
+    return found
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Adds one ``--field`` flag per TrainConfig field (default: unset) and ``--config``."""
     parser.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
     hints = {**get_type_hints(TrainConfig), **get_type_hints(AugmentConfig)}
+    meaning = {**field_help(AugmentConfig), **field_help(TrainConfig)}
     for f in [f for f in fields(TrainConfig) if f.name != "augment"] + list(fields(AugmentConfig)):
         kind, is_bool = _flag_type(hints[f.name])
         flags = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        text = meaning.get(f.name, "").replace("%", "%%")    # argparse formats help with %
         if f.name == "cache":                     # --cache (ram), --cache disk, --cache false
             parser.add_argument(*flags, dest=f.name, nargs="?", const="ram", default=None,
-                                help="ram (also the flag alone) or disk (default: off)")
+                                help=f"{text}; the flag alone: ram (default: off)")
         elif f.name == "compile":                 # --compile, --compile reduce-overhead, --compile false
             parser.add_argument(*flags, dest=f.name, nargs="?", const="default", default=None,
                                 help=f"{', '.join(COMPILE_MODES)} (the flag alone: default) or false (default: off)")
         elif is_bool:
             parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"(default: {f.default})")
+                                help=f"{text} (default: {f.default})".lstrip())
         else:
-            extra = FLAG_HELP.get(f.name, "")
-            parser.add_argument(*flags, dest=f.name, type=kind, default=None, help=f"{extra}(default: {f.default})")
+            parser.add_argument(*flags, dest=f.name, type=kind, default=None,
+                                help=f"{text} (default: {f.default})".lstrip())
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
