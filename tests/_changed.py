@@ -5,8 +5,9 @@ modules it uses (a name re-exported by a package's ``__init__`` counts for the m
 for the whole package), or through the helpers in tests/ it imports. A test that starts ``python -m
 yolokit`` or ``yolokit.cli`` in a subprocess uses ``yolokit.cli``. A changed test file, helper or conftest
 selects the files that use it, and a package's ``__init__`` the files that import through it; a change to
-pyproject.toml or to tests/conftest.py selects everything. Read statically (``ast``), nothing imported: a
-selection in under a second, for the quick loop (README, Contributing); CI runs everything.
+pyproject.toml or to tests/conftest.py selects everything; one to README.md, mkdocs.yml or docs/ the tests
+of the pages, and one to examples/ tests/test_examples.py. Read statically (``ast``), nothing imported: a
+selection in under a second, for the quick loop (docs/contributing.md); CI runs everything.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SRC, TESTS = ROOT / "src", ROOT / "tests"
 EVERYTHING = {"pyproject.toml", "tests/conftest.py"}
-# The quick loop (`pytest -m quick`, README "Contributing"): a minute or so that touches every package once,
+# The quick loop (`pytest -m quick`, docs/contributing.md): under a minute that touches every package once,
 # by the tests (file, or file::test prefix) below; tests/test_changed.py checks that each package is used
 # (tests/conftest.py marks them).
 QUICK = (
@@ -37,6 +38,7 @@ QUICK = (
     "tests/test_cli.py::test_train_val_predict_export_on_a_tiny_set",
 )
 
+DOC_TESTS = ("tests/test_doc_blocks.py", "tests/test_docs.py")
 CLI_MARKS = ('"-m", "yolokit"', "'-m', 'yolokit'", '"yolokit.cli"', "yolokit.__main__", 'which("yolokit")')
 
 
@@ -140,9 +142,20 @@ def uses(path: Path) -> frozenset[str]:
     return frozenset(str(p.relative_to(ROOT)) for p in seen | passed)
 
 
+def _by_path(change: str) -> set[str]:
+    """The test files a change that no test imports selects: a page of the site or the README (its blocks
+    run, its pages build), an example script."""
+    if change in ("README.md", "mkdocs.yml") or change.startswith("docs/"):
+        return set(DOC_TESTS)
+    if change.startswith("examples/"):
+        return {"tests/test_examples.py"}
+    return set()
+
+
 def selected(test_files: list[Path], changes: list[str]) -> list[Path] | None:
     """The test files among ``test_files`` that use a changed file (None: every one)."""
-    changes = [c for c in changes if c.endswith(".py") or c in EVERYTHING]
+    by_path = set().union(*map(_by_path, changes)) if changes else set()
+    changes = [c for c in changes if c.endswith(".py") and not _by_path(c) or c in EVERYTHING]
     if any(c in EVERYTHING or c.endswith("/conftest.py") and c.count("/") == 1 for c in changes):
         return None
     picked = []
@@ -150,6 +163,7 @@ def selected(test_files: list[Path], changes: list[str]) -> list[Path] | None:
         used = uses(path)
         conftests = {str(p.relative_to(ROOT)) for p in path.parents if (p / "conftest.py").is_file()
                      and TESTS in (p, *p.parents)}
-        if any(c in used or c.removesuffix("/conftest.py") in conftests for c in changes):
+        if str(path.relative_to(ROOT)) in by_path or any(c in used or c.removesuffix("/conftest.py") in conftests
+                                                         for c in changes):
             picked.append(path)
     return picked

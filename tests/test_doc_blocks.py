@@ -1,8 +1,9 @@
-"""Every Python block of README.md runs as a user runs it: as a script, to its end, exit code 0.
+"""Every Python block of README.md and of the site's pages (docs/) runs as a user runs it: as a script, to
+its end, exit code 0.
 
 Each block runs as ``python block.py`` would, in a process of its own (with a timeout; forked
 from one that imported torch and yolokit once, see ``RUNNER``), in a fresh folder that holds what
-its placeholder paths name, so the README needs no edits to run:
+its placeholder paths name, so the pages need no edits to run:
 
 - ``path/to/data.yaml`` and ``data.yaml``: a small shapes set (16 + 8 images of 64 px);
 - ``path/to/images``: a folder of 3 images; ``clip.mp4``: a 6-frame video;
@@ -66,7 +67,9 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
     return blocks
 
 
-BLOCKS = python_blocks((ROOT / "README.md").read_text())
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [(f"{page.relative_to(ROOT)}:{line}", code)
+          for page in PAGES for line, code in python_blocks(page.read_text())]
 # Blocks that repeat end to end what a dedicated test runs (named beside each) run with
 # `pytest -m extended`; by default they compile, every name they import exists and every
 # TrainConfig field they set is one (test_an_extended_block_names_only_what_exists).
@@ -197,7 +200,7 @@ def runner(staged):
     def reply(timeout: float) -> dict | None:
         ready, _, _ = select.select([proc.stdout], [], [], timeout)
         line = proc.stdout.readline() if ready else ""
-        assert not ready or line, f"the README runner ended (exit code {proc.poll()})"
+        assert not ready or line, f"the blocks' runner ended (exit code {proc.poll()})"
         return json.loads(line) if line else None
 
     def run(script: Path, cwd: Path, timeout: float) -> tuple[int | None, str]:
@@ -216,31 +219,31 @@ def runner(staged):
     proc.wait(timeout=60)
 
 
-@pytest.mark.parametrize("line, code", [pytest.param(line, code, id=f"README.md:{line}",
-                                                     marks=[pytest.mark.extended] if _is_extended(code) else [])
-                                        for line, code in BLOCKS])
-def test_readme_block_runs_as_a_script(staged, runner, tmp_path, line, code):
+@pytest.mark.parametrize("where, code", [pytest.param(where, code, id=where,
+                                                      marks=[pytest.mark.extended] if _is_extended(code) else [])
+                                         for where, code in BLOCKS])
+def test_block_runs_as_a_script(staged, runner, tmp_path, where, code):
     files, _ = staged
     work = tmp_path / "work"
     shutil.copytree(files, work)
-    script = work / f"readme_block_{line}.py"
+    script = work / f"block_{where.replace('/', '_').replace('.md:', '_')}.py"
     script.write_text(shorter(code))
     returncode, output = runner(script, work, timeout=300)
-    assert returncode is not None, f"README.md:{line} did not finish in 300 s:\n{output[-3000:]}"
-    assert returncode == 0, f"README.md:{line}\n{shorter(code)}\n{output[-5000:]}"
+    assert returncode is not None, f"{where} did not finish in 300 s:\n{output[-3000:]}"
+    assert returncode == 0, f"{where}\n{shorter(code)}\n{output[-5000:]}"
 
 
-@pytest.mark.parametrize("line, code", [(line, code) for line, code in BLOCKS if _is_extended(code)],
-                         ids=[f"README.md:{line}" for line, code in BLOCKS if _is_extended(code)])
-def test_an_extended_block_names_only_what_exists(line, code):
+@pytest.mark.parametrize("where, code", [(where, code) for where, code in BLOCKS if _is_extended(code)],
+                         ids=[where for where, code in BLOCKS if _is_extended(code)])
+def test_an_extended_block_names_only_what_exists(where, code):
     import ast
     import dataclasses
     import importlib
 
     from yolokit.train import TrainConfig
 
-    tree = ast.parse(code, filename=f"README.md:{line}")
-    compile(tree, f"README.md:{line}", "exec")
+    tree = ast.parse(code, filename=where)
+    compile(tree, where, "exec")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -250,16 +253,16 @@ def test_an_extended_block_names_only_what_exists(line, code):
             module = importlib.import_module(node.module)
             for alias in node.names:
                 assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
-                    f"README.md:{line}: {node.module} has no {alias.name}"
+                    f"{where}: {node.module} has no {alias.name}"
         elif isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if name in ("TrainConfig", "replace"):
                 unknown = {k.arg for k in node.keywords if k.arg} - fields
-                assert not unknown, f"README.md:{line}: TrainConfig has no {sorted(unknown)}"
+                assert not unknown, f"{where}: TrainConfig has no {sorted(unknown)}"
             if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
                 target = {"yolokit": "yolokit"}.get(node.func.value.id)
                 if target:
-                    assert hasattr(importlib.import_module(target), node.func.attr), f"README.md:{line}: {name}"
+                    assert hasattr(importlib.import_module(target), node.func.attr), f"{where}: {name}"
 
 
 

@@ -1,6 +1,6 @@
 """yolokit: YOLOv3 and YOLOv8 object detection in plain PyTorch.
 
-Example:
+Examples:
     >>> import yolokit
     >>> model = yolokit.create_model("yolov8n", num_classes=80)
     >>> from yolokit.predict import predict

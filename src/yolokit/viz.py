@@ -18,6 +18,7 @@ PALETTE = np.array([
     (0, 128, 128), (220, 190, 255), (170, 110, 40), (255, 250, 200), (128, 0, 0),
     (170, 255, 195), (128, 128, 0), (255, 215, 180), (0, 0, 128), (128, 128, 128),
 ], dtype=np.uint8)
+"""RGB colours of the boxes drawn, by class index modulo its length (uint8 [K, 3])."""
 
 
 def class_colour(label: int) -> tuple[int, int, int]:

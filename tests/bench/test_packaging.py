@@ -46,7 +46,7 @@ def test_there_is_no_bench_command(capsys):
 
 def test_a_wheel_of_the_project_holds_only_the_package(tmp_path):
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, tmp_path / name)
     for folder in ("src", "benchmarks"):  # benchmarks/ sits next to the package, as in a checkout
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=ignore)
@@ -60,3 +60,12 @@ def test_a_wheel_of_the_project_holds_only_the_package(tmp_path):
     assert tops == {"yolokit", wheel.name.split("-py")[0] + ".dist-info"}, tops
     assert "yolokit/cli.py" in names and not any(n.startswith("yolokit/bench/") for n in names)
     assert {"yolokit/models/cfg/yolo11.yaml", "yolokit/models/cfg/yolov8.yaml"} <= set(names)  # model YAMLs ship
+    # what PyPI shows: the license as an SPDX expression (PEP 639; setuptools warned at every install that
+    # the TOML table stops working after 2027-02-18), its file, and where the documentation and source are
+    info = wheel.name.split("-py")[0] + ".dist-info"
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+    assert f"{info}/licenses/LICENSE" in names
+    assert "Project-URL: Documentation, https://" in metadata and "Project-URL: Source, https://" in metadata
+    assert "License classifiers are deprecated" not in done.stderr and "project.license` as a TOML table" not in \
+        done.stderr

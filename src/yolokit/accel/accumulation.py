@@ -54,7 +54,7 @@ def accumulation_steps(nominal_batch: int, batch_size: int, world_size: int = 1)
 
     The one formula: the trainer's runtime plan works it out once with it.
 
-    Example:
+    Examples:
         >>> accumulation_steps(64, 16), accumulation_steps(64, 16, 2), accumulation_steps(64, 48)
         (4, 2, 1)
     """
@@ -81,7 +81,7 @@ class Accumulator:
         recoveries: Out-of-memory errors recovered from so far.
         step_retries: Optimizer steps retried after out of memory (:func:`yolokit.accel.oom.retry_step`).
 
-    Example:
+    Examples:
         >>> acc = Accumulator(nn.Linear(2, 1), accumulate=4)
         >>> acc.accumulate, acc.world_size, acc.step_due()
         (4, 1, False)

@@ -75,7 +75,7 @@ class Precision:
         growth_interval: Finite steps between scale doublings for fp16.
         warn_after: Consecutive skipped steps after which :meth:`check` warns.
 
-    Example:
+    Examples:
         >>> precision = Precision("bf16", "cpu")
         >>> precision.dtype, precision.scale
         (torch.bfloat16, 1.0)

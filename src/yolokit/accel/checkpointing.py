@@ -23,7 +23,7 @@ forward graph that are copied back once, and the backward's recompute replays pu
 so running statistics are again written once per forward. The model's forward stays
 one graph.
 
-Example:
+Examples:
     >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.SiLU())
     >>> enable_activation_checkpointing([model], every=1)
     ['0']

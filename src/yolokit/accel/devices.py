@@ -35,7 +35,7 @@ def resolve_device(name: str | torch.device | None = "auto", *, local_rank: int 
         ValueError: an unknown name, CUDA asked for where there is none, or a device index
             (with the processes' consecutive ones) beyond the devices there are.
 
-    Example:
+    Examples:
         >>> resolve_device("cpu")
         device(type='cpu')
         >>> resolve_device("gpu")
@@ -90,7 +90,7 @@ def is_device_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the device failing (``torch.AcceleratorError``, or a library's report of a failed
     CUDA call), as opposed to out of memory, which a run may survive (:mod:`yolokit.accel.oom`).
 
-    Example:
+    Examples:
         >>> is_device_error(RuntimeError("CUDA error: device-side assert triggered"))
         True
         >>> is_device_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))

@@ -26,7 +26,7 @@ class Watchdog:
         max_bad_steps: Consecutive bad steps (a non-finite loss, or a step skipped for inf/NaN
             gradients) that end the run; 0 never ends it.
 
-    Example:
+    Examples:
         >>> Watchdog(10).check(bad_losses=3, skipped_steps=9)   # fine
         >>> Watchdog(10).check(bad_losses=10, skipped_steps=0)
         Traceback (most recent call last):

@@ -54,7 +54,7 @@ class GraphCaptureError(RuntimeError):
 def bucket(n: int, smallest: int = 8) -> int:
     """The static size a count of ``n`` is padded to: the next power of two, at least ``smallest``.
 
-    Example:
+    Examples:
         >>> [bucket(n) for n in (0, 8, 9, 33)]
         [8, 8, 16, 64]
     """

@@ -63,7 +63,7 @@ def is_oom_error(exc: BaseException) -> bool:
     (``CUDA error: out of memory``, ``cudaErrorMemoryAllocation``) and NCCL (a
     ``DistBackendError`` saying ``Cuda failure 'out of memory'``).
 
-    Example:
+    Examples:
         >>> is_oom_error(RuntimeError("CUDA error: out of memory"))
         True
         >>> is_oom_error(RuntimeError("CUDA error: an illegal memory access was encountered"))

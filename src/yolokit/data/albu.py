@@ -30,7 +30,7 @@ class Albumentations:
         min_visibility: boxes keeping less than this share of their area are dropped.
         min_area: boxes smaller than this many square pixels are dropped.
 
-    Example:
+    Examples:
         >>> import albumentations as A  # doctest: +SKIP
         >>> aug = Albumentations([A.HorizontalFlip(p=1.0)])  # doctest: +SKIP
         >>> image, boxes, classes = aug(image, boxes, classes, rng)  # doctest: +SKIP

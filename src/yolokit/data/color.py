@@ -99,7 +99,7 @@ def apply_hsv_lut_batch(images: torch.Tensor, luts: torch.Tensor, *, compiled: b
     Returns:
         a new uint8 Tensor[B, 3, H, W], RGB.
 
-    Example:
+    Examples:
         >>> import numpy as np, torch
         >>> from yolokit.data.transforms import hsv_lut
         >>> lut = torch.from_numpy(hsv_lut(np.random.default_rng(0)))[None]

@@ -100,7 +100,7 @@ class DetectionDataset(Dataset):
     an augmenting dataset draws each image's HSV gains as before but leaves them to the device:
     its items carry `hsv_lut` and an image without the HSV step.
 
-    Example:
+    Examples:
         >>> ds = DetectionDataset("shapes", "val", imgsz=320)  # doctest: +SKIP
         >>> item = ds[0]; item["image"].shape, item["boxes"].shape  # doctest: +SKIP
         (torch.Size([3, 320, 320]), torch.Size([3, 4]))

@@ -166,7 +166,7 @@ def letterbox(
         (resized size / original size); pad the pixels added on the left and the top, so
         letterboxed = original * ratio + pad.
 
-    Example:
+    Examples:
         >>> out, ratio_pad = letterbox(np.zeros((480, 640, 3), np.uint8), 320)
         >>> out.shape, ratio_pad
         ((320, 320, 3), ((0.5, 0.5), (0.0, 40.0)))

@@ -280,7 +280,7 @@ def build_dataloader(
     Returns:
         DetectionLoader; call `set_epoch(e)` before each epoch (or let it count).
 
-    Example:
+    Examples:
         >>> loader = build_dataloader(ds, 16, workers=2, seed=0)  # doctest: +SKIP
         >>> batch = next(iter(loader)); batch["images"].shape  # doctest: +SKIP
         torch.Size([16, 3, 640, 640])

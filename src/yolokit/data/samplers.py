@@ -20,7 +20,7 @@ def aspect_batches(shapes: np.ndarray, batch_size: int) -> list[list[int]]:
 
     The last batch (the tallest images) may hold fewer.
 
-    Example:
+    Examples:
         >>> aspect_batches(np.array([[64, 48], [48, 64], [64, 64]]), 2)
         [[1, 2], [0]]
     """
@@ -55,7 +55,7 @@ def epoch_steps(size: int, batch_size: int, *, world_size: int = 1, accumulate: 
     The one count of an epoch's steps: the sampler, the trainer's runtime plan (and from it
     the Accumulator and the learning-rate schedule) read it from here.
 
-    Example:
+    Examples:
         >>> epoch_steps(100, 8, world_size=2, accumulate=2)   # 13 micro-batches, 4 per step
         4
     """

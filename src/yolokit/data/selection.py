@@ -34,7 +34,7 @@ def select(index: SplitIndex, *, fraction: float = 1.0, seed: int = 0, classes: 
     Raises:
         ValueError: a fraction outside (0, 1], or a class id the split does not have.
 
-    Example:
+    Examples:
         >>> idx = SplitIndex(["a.jpg", "b.jpg"], np.zeros((2, 2), np.int32),
         ...                  [np.array([[0, 1, 1, 5, 5], [2, 2, 2, 6, 6]], np.float32),
         ...                   np.array([[1, 0, 0, 4, 4]], np.float32)], ["cat", "dog", "owl"])

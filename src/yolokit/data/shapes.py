@@ -24,6 +24,7 @@ import numpy as np
 from yolokit.data.labels import cache_home
 
 SHAPE_NAMES = ("circle", "rectangle", "triangle", "star")
+"""The built-in shapes set's class names, in class-index order."""
 _FORMAT = 3  # bump when the drawing code changes, so old caches are not reused
 
 
@@ -57,7 +58,7 @@ def make_shapes(
     Raises:
         FileExistsError: `path` already holds something else.
 
-    Example:
+    Examples:
         >>> yaml_path = make_shapes(n_train=8, n_val=4, imgsz=128)  # doctest: +SKIP
         >>> yaml_path.name
         'data.yaml'

@@ -323,7 +323,7 @@ def write_shards(src: str | os.PathLike, out: str | os.PathLike, *, splits: list
     Returns:
         a `ShardSummary` per split. Images left out are named in the log and in the summary.
 
-    Example:
+    Examples:
         >>> out = write_shards("shapes", "/tmp/shapes-shards")   # doctest: +SKIP
         >>> out["train"].images, out["train"].chunks               # doctest: +SKIP
         (128, 1)

@@ -275,7 +275,7 @@ def load_darknet_model(path: str | Path, name: str | None = None) -> Detector:
     the file size. ``save_darknet(model, path, header=read_darknet_header(source))``
     writes the same bytes back.
 
-    Example:
+    Examples:
         >>> model = load_darknet_model("yolov3-tiny.weights", "yolov3-tiny")
         >>> model.num_classes, read_darknet_header("yolov3-tiny.weights").minor
         (80, 2)

@@ -148,7 +148,7 @@ def load(path: str | Path, *, model: str | Detector | None = None) -> Detector:
         UnsafeFileError: a pickle that refers to functions or classes outside the allowlist.
         ValueError: unknown format, wrong class count, shape mismatch (the message names the file).
 
-    Example:
+    Examples:
         >>> yolokit.load("yolov8n.pt").name  # Ultralytics checkpoint
         'yolov8n'
         >>> yolokit.load("yolov8n.pt").names[:2]
@@ -169,7 +169,7 @@ def save(model: Detector, path: str | Path, **options: Any) -> Path:
     option ``header``: pass ``read_darknet_header(source)`` to write back a loaded file's
     bytes exactly).
 
-    Example:
+    Examples:
         >>> yolokit.save(yolokit.create_model("yolov8n"), "yolov8n.safetensors")
         PosixPath('yolov8n.safetensors')
     """

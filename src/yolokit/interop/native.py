@@ -52,7 +52,7 @@ def save_native(model: Detector, path: str | Path, *, names: Sequence[str] | Non
         extra: more JSON-able entries to store beside the config (e.g. a run's training
             config); safetensors keeps each as JSON text in its metadata.
 
-    Example:
+    Examples:
         >>> save_native(create_model("yolov8n", num_classes=3), "tiny.safetensors")
         PosixPath('tiny.safetensors')
     """

@@ -107,7 +107,7 @@ def export_onnx(
         stored in the file's metadata (``yolokit_config``, ``strides``, ``imgsz``,
         ``names``, ``output``).
 
-    Example:
+    Examples:
         >>> export_onnx(create_model("yolov8n"), "yolov8n.onnx", imgsz=320)
         PosixPath('yolov8n.onnx')
         >>> onnxruntime.InferenceSession("yolov8n.onnx").run(None, {"images": x})[0].shape

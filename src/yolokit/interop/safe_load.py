@@ -201,7 +201,7 @@ def module_state_dict(obj: Any, prefix: str = "", *, _ancestors: frozenset[int] 
     several parents, like Ultralytics' one SiLU, is visited under each). Anything that is
     not a tensor is skipped.
 
-    Example:
+    Examples:
         >>> sd = module_state_dict(load_pickled("yolov8n.pt")["model"])
         >>> sd["model.0.conv.weight"].shape
         torch.Size([16, 3, 3, 3])

@@ -71,7 +71,7 @@ def config_from_state_dict(state: Mapping[str, Tensor], *, name: str | None = No
     Raises:
         ValueError: no variant fits; the message names the closest one and what differs.
 
-    Example:
+    Examples:
         >>> config_from_state_dict(create_model("yolov8s", num_classes=3).state_dict())
         YOLOv8Config(name='yolov8s', depth=0.33, width=0.5, max_channels=1024, num_classes=3, ...)
     """

@@ -64,7 +64,7 @@ _KEY = re.compile(r"^model\.(\d+)\.(.+)$")
 def yolokit_name(key: str) -> str:
     """yolokit's name for one Ultralytics state-dict key.
 
-    Example:
+    Examples:
         >>> yolokit_name("model.2.m.0.cv1.conv.weight"), yolokit_name("model.22.cv3.1.2.bias")
         ('backbone.stages.0.1.m.0.cv1.conv.weight', 'head.cls.1.2.bias')
 
@@ -199,7 +199,7 @@ def load_ultralytics(path: str | Path, *, model: str | Detector | None = None) -
             architecture from the model file the checkpoint carries), a variant name to insist
             on one, or a Detector to load into (a model YAML's takes any architecture's state dict).
 
-    Example:
+    Examples:
         >>> model = load_ultralytics("yolov8n.pt")
         >>> model.name, model.num_classes, model.names[0]
         ('yolov8n', 80, 'person')
@@ -271,7 +271,7 @@ def to_spec_names(state: Mapping[str, Tensor], *, model: Detector | None = None,
     ``head.one2one_box|one2one_cls.<...>`` (an end-to-end head's ``one2one_cv2|one2one_cv3``). The layout
     comes from ``model`` or from ``n_backbone`` and ``head`` (the head row's index).
 
-    Example:
+    Examples:
         >>> to_spec_names({"model.23.cv3.0.2.bias": b}, n_backbone=11, head=23)
         {'head.cls.0.2.bias': b}
 

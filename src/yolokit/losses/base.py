@@ -132,7 +132,7 @@ def pad_targets(targets: Tensor, batch_size: int, *, max_boxes: int | None = Non
         ``PaddedTargets`` with G = ``max_boxes``, or the largest number of boxes in one image
         (0 when N = 0). Within an image, boxes keep the order they have in ``targets``.
 
-    Example:
+    Examples:
         >>> t = torch.tensor([[1, 2, 0, 0, 4, 4], [1, 0, 1, 1, 2, 2.0]])
         >>> p = pad_targets(t, 3)
         >>> p.boxes.shape, p.mask.tolist()

@@ -44,7 +44,7 @@ def branch_weights(epoch: int, epochs: int, *, start: float = 0.8, final: float 
     steps of epoch ``e`` run with ``decay(e)`` (epoch 0 with the initial 0.8), which is what this
     returns, to the last bit of the double.
 
-    Example:
+    Examples:
         >>> branch_weights(0, 10)
         (0.8, 0.19999999999999996)
         >>> branch_weights(9, 10)[0]
@@ -308,7 +308,7 @@ class YOLO26Loss(nn.Module):
         start: o2m at epoch 0.
         final: o2m at the last epoch.
 
-    Example:
+    Examples:
         >>> loss_fn = YOLO26Loss(num_classes=3, strides=(8, 16, 32))
         >>> maps = {k: [torch.randn(2, 7, s, s) for s in (8, 4, 2)] for k in ("one2many", "one2one")}
         >>> loss_fn.set_epoch(0, epochs=100)   # at the start of every epoch

@@ -56,7 +56,7 @@ class YOLOv3Loss(DetectionLoss):
         obj_gain: gain of the objectness term.
         cls_gain: gain of the class term.
 
-    Example:
+    Examples:
         >>> anchors = (((23, 27), (37, 58), (81, 82)), ((81, 82), (135, 169), (344, 319)))
         >>> loss_fn = YOLOv3Loss(num_classes=2, anchors=anchors, strides=(16, 32))
         >>> maps = [torch.randn(1, 21, 4, 4), torch.randn(1, 21, 2, 2)]

@@ -54,7 +54,7 @@ class YOLOv8Loss(DetectionLoss):
         alpha: assigner's score exponent.
         beta: assigner's IoU exponent.
 
-    Example:
+    Examples:
         >>> loss_fn = YOLOv8Loss(num_classes=3, strides=(8, 16, 32))
         >>> maps = [torch.randn(2, 67, s, s) for s in (8, 4, 2)]
         >>> targets = torch.tensor([[0, 1, 8.0, 8.0, 40.0, 30.0]])

@@ -73,7 +73,7 @@ class C2PSA(nn.Module):
         n: PSABlocks; each has ``max(hidden // 64, 1)`` heads.
         expansion: hidden channels per half = ``int(c1 * expansion)``.
 
-    Example:
+    Examples:
         >>> C2PSA(128, 128, 1)(torch.zeros(1, 128, 4, 4)).shape
         torch.Size([1, 128, 4, 4])
     """

@@ -88,7 +88,7 @@ class C3k2(C2f):
         groups: groups of the bottlenecks' second convolutions.
         shortcut: residual bottlenecks.
 
-    Example:
+    Examples:
         >>> C3k2(64, 128, 2, c3k=True)(torch.zeros(1, 64, 8, 8)).shape
         torch.Size([1, 128, 8, 8])
     """

@@ -174,7 +174,7 @@ class Detector(nn.Module):
         Returns:
             One ``Detections`` per image, on the model's device.
 
-        Example:
+        Examples:
             >>> model = yolokit.create_model("yolov8n", num_classes=3)
             >>> (det,) = model.predict(torch.zeros(3, 48, 64), conf=0.0, max_det=5)
             >>> det.boxes.shape

@@ -29,7 +29,7 @@ class LayerGraph(nn.Module):
         out_channels: channels of each output.
         strides: stride of each output in input pixels.
 
-    Example:
+    Examples:
         >>> graph = LayerGraph([(0, Conv(3, 8, 3, 2))], [-1], inputs=(-1,), outputs=(0,), out_channels=(8,),
         ...                    strides=(2,))
         >>> [y.shape for y in graph(torch.zeros(1, 3, 32, 32))]

@@ -148,7 +148,7 @@ class EndToEndHead(DFLHead):
 
     Args: those of ``DFLHead`` (YOLO26: ``reg_max=1``, ``light_cls=True``).
 
-    Example:
+    Examples:
         >>> head = EndToEndHead([16, 32], [8, 16], num_classes=3, reg_max=1, light_cls=True)
         >>> out = head([torch.zeros(1, 16, 8, 8), torch.zeros(1, 32, 4, 4)])
         >>> [m.shape[1] for m in out["one2one"]]

@@ -204,7 +204,7 @@ def register_module(name: str, cls: Callable[..., nn.Module], *, args: str = "ch
     Registering the same class again is a no-op; another class under a taken name is an error
     (``unregister_module`` first).
 
-    Example:
+    Examples:
         >>> register_module("SE", SqueezeExcite)            # rows: [-1, 1, SE, [256]] -> SE(c_in, 256 * width)
         >>> create_model("my-net.yaml", scale="s").name
         'my-net-s'

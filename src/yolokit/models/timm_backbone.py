@@ -41,7 +41,7 @@ class TimmBackbone(nn.Module):
         ImportError: timm is not installed.
         ValueError: ``pretrained`` without ``weights``, or a weights file that does not fit.
 
-    Example:
+    Examples:
         >>> backbone = TimmBackbone("resnet18", out_indices=(2, 3, 4))
         >>> backbone.out_channels, backbone.strides
         ((128, 256, 512), (8, 16, 32))

@@ -76,6 +76,7 @@ MODELS: dict[str, YOLOv8Config | YOLOv3Config] = {
     "yolov8l": YOLOv8Config("yolov8l", 1.00, 1.00, 512),
     "yolov8x": YOLOv8Config("yolov8x", 1.00, 1.25, 512),
 }
+"""The built-in variants by name (`list_models()`), each a config: `build_model(MODELS["yolov8s"])`."""
 
 
 def list_models() -> list[str]:
@@ -101,7 +102,7 @@ def create_model(name: str | Path | Mapping[str, Any], *, num_classes: int | Non
         modules: blocks of the user's for this build, by the name the YAML's rows use
             (``models.register_module`` makes them known to every build, and to loading files).
 
-    Example:
+    Examples:
         >>> model = create_model("yolov8n", num_classes=3)
         >>> [m.shape for m in model(torch.zeros(1, 3, 64, 64))]
         [torch.Size([1, 67, 8, 8]), torch.Size([1, 67, 4, 4]), torch.Size([1, 67, 2, 2])]
@@ -230,7 +231,7 @@ FAMILIES: dict[str, Family] = {
 def family_of(config: Any) -> Family:
     """The family of a model config (or of its ``family`` name).
 
-    Example:
+    Examples:
         >>> family_of(MODELS["yolov3-tiny"]).config.__name__
         'YOLOv3Config'
     """

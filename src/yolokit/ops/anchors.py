@@ -39,7 +39,7 @@ def grid_points(
         ``(points, point_strides)``: Tensor[P, 2] of (x, y) in input pixels and
         Tensor[P] of each point's stride, P = sum of h * w over the levels.
 
-    Example:
+    Examples:
         >>> points, s = grid_points([(2, 2)], [8])
         >>> points.tolist(), s.tolist()
         ([[4.0, 4.0], [12.0, 4.0], [4.0, 12.0], [12.0, 12.0]], [8.0, 8.0, 8.0, 8.0])
@@ -104,7 +104,7 @@ def dfl_expectation(logits: Tensor, *, dim: int = -1, bins: Tensor | None = None
     Returns:
         ``logits`` without ``dim``: Tensor[N, 4] or Tensor[B, 4, P] in bin units.
 
-    Example:
+    Examples:
         >>> dfl_expectation(torch.tensor([[0.0, 0.0, -1e4, -1e4]]))
         tensor([0.5000])
     """
@@ -135,7 +135,7 @@ def anchor_to_box(t: Tensor, cells: Tensor, stride: float, anchor_wh: Tensor) ->
     Returns:
         Tensor[..., 4] xyxy in pixels.
 
-    Example:
+    Examples:
         >>> anchor_to_box(torch.zeros(1, 4), torch.tensor([[2.0, 1.0]]), 8, torch.tensor([[10.0, 6.0]]))
         tensor([[15.,  9., 25., 15.]])
     """

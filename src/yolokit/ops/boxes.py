@@ -34,7 +34,7 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
     Returns:
         Tensor[..., 4] in ``out_fmt``, same dtype as ``boxes``.
 
-    Example:
+    Examples:
         >>> box_convert(torch.tensor([[10.0, 20.0, 4.0, 6.0]]), "cxcywh", "xyxy")
         tensor([[ 8., 17., 12., 23.]])
     """

@@ -42,7 +42,7 @@ def upload(data: Any, dtype: torch.dtype | None = None, device: torch.device | s
     (the pinned block is not reused before the copy has run). Meant for the constants that
     ``ConstantCache`` builds once per key.
 
-    Example:
+    Examples:
         >>> upload([[10.0, 13.0], [16.0, 30.0]]).shape
         torch.Size([2, 2])
     """

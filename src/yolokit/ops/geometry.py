@@ -66,7 +66,7 @@ def letterbox_plan(
     Returns:
         ``LetterboxPlan``.
 
-    Example:
+    Examples:
         >>> letterbox_plan((480, 640), 320)
         LetterboxPlan(size=(240, 320), shape=(320, 320), pad=(0, 40, 0, 40), ratio=(0.5, 0.5))
         >>> letterbox_plan((333, 500), (256, 320), auto=True).shape

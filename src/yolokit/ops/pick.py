@@ -27,7 +27,7 @@ def pick(x: Tensor, *indices: Tensor | None) -> Tensor:
     Returns:
         Tensor[N, *sizes of the whole dims]: as ``x[i, :, j]`` gives it (the picked dim first).
 
-    Example:
+    Examples:
         >>> x = torch.arange(24.0).view(2, 3, 4)
         >>> pick(x, torch.tensor([1, 0]), None, torch.tensor([3, 2])).tolist()
         [[15.0, 19.0, 23.0], [2.0, 6.0, 10.0]]

@@ -1,6 +1,6 @@
 """Prediction on files, folders, globs, lists, videos, cameras and streams, with constant memory.
 
-Example:
+Examples:
     >>> import yolokit
     >>> from yolokit.predict import predict, predict_iter
     >>> model = yolokit.load("runs/train/weights/model.pt").fuse()

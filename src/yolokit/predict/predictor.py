@@ -107,7 +107,7 @@ def predict_iter(
         nms: False: an end-to-end model's (YOLO26's) one-to-one detections, a top-k without NMS
             (see ``Detector.predict``).
 
-    Example:
+    Examples:
         >>> for result in predict_iter(model, "clip.mp4", batch=8):
         ...     print(result.frame, result.summary())
         0 2 circle, 1 star
@@ -154,7 +154,7 @@ def predict(
         save, save_txt, save_conf, save_json, save_crop: what to write under ``out``.
         **kwargs: ``predict_iter`` options (imgsz, conf, iou, max_det, batch, classes, ...).
 
-    Example:
+    Examples:
         >>> results = predict(model, "images/", out="runs/predict", save_txt=True)
         >>> results[0].boxes.shape, results[0].names[:2]
         (torch.Size([3, 4]), ['person', 'bicycle'])

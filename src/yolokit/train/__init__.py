@@ -1,6 +1,6 @@
 """Training: the config, the trainer and its step, callbacks, checkpoints, comparisons of runs.
 
-Example:
+Examples:
     >>> from yolokit.train import TrainConfig, train
     >>> metrics = train(TrainConfig(model="yolov8n", data="shapes", epochs=3, imgsz=128))
 """

@@ -33,7 +33,7 @@ def layer_names(model: nn.Module) -> list[str]:
     and ``neck.<i>`` for every row (rows without parameters too), then ``head``, so ``freeze=N``
     freezes rows 0 to N-1 of the file.
 
-    Example:
+    Examples:
         >>> layer_names(yolokit.create_model("yolov8n"))[:3]
         ['backbone.stem', 'backbone.stages.0.0', 'backbone.stages.0.1']
         >>> layer_names(yolokit.create_model("yolo11n.yaml"))[9:12]

@@ -74,7 +74,7 @@ def runtime_plan(procs: Processes, *, batch: int, nominal_batch: int, train_size
         train_size: Images in the training split.
         whole_steps: Every rank runs whole steps only (SyncBatchNorm; see ``ShardedBatchSampler``).
 
-    Example:
+    Examples:
         >>> p = Processes(torch.device("cpu"), rank=1, local_rank=1, world=2, local_world=2)
         >>> plan = runtime_plan(p, batch=16, nominal_batch=64, train_size=100)
         >>> plan.per_rank, plan.accumulate, plan.images_per_step, plan.steps_per_epoch

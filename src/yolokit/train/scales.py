@@ -31,7 +31,7 @@ _STREAM = 0x5CA1E   # a fourth seed word: these draws never share a stream with 
 def size_range(imgsz: int, stride: int) -> tuple[int, int]:
     """The smallest and largest multi-scale size: multiples of ``stride`` within [0.5, 1.5] x ``imgsz``.
 
-    Example:
+    Examples:
         >>> size_range(640, 32), size_range(64, 32)
         ((320, 960), (32, 96))
     """

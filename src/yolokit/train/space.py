@@ -74,7 +74,7 @@ class Dimension:
 class SearchSpace:
     """The dimensions of a sweep, in the order the file gives them.
 
-    Example:
+    Examples:
         >>> space = SearchSpace.from_dict({"lr0": {"low": 1e-4, "high": 0.1, "log": True},
         ...                                "model": {"choices": ["yolov8n", "yolov8s"]}})
         >>> [d.name for d in space.dimensions]

@@ -1,6 +1,6 @@
 """Validation: the pass over a labelled split (:func:`validate`) and box metrics over arrays.
 
-Example:
+Examples:
     >>> import yolokit
     >>> from yolokit.data import DetectionDataset, build_dataloader
     >>> from yolokit.val import validate
