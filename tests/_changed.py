@@ -38,7 +38,7 @@ QUICK = (
     "tests/test_cli.py::test_train_val_predict_export_on_a_tiny_set",
 )
 
-DOC_TESTS = ("tests/test_doc_blocks.py", "tests/test_docs.py")
+DOC_TESTS = ("tests/test_doc_blocks.py", "tests/test_doc_commands.py", "tests/test_docs.py")
 CLI_MARKS = ('"-m", "yolokit"', "'-m', 'yolokit'", '"yolokit.cli"', "yolokit.__main__", 'which("yolokit")')
 
 

@@ -36,7 +36,8 @@ def test_helpers_conftests_and_the_project_file():
     data = _picked("tests/data/conftest.py")
     assert data and all(p.startswith("tests/data/") for p in data)
     assert _picked("tests/conftest.py") is None and _picked("pyproject.toml") is None   # everything
-    assert _picked("README.md") == _picked("docs/models.md") == {"tests/test_doc_blocks.py", "tests/test_docs.py"}
+    pages = {"tests/test_doc_blocks.py", "tests/test_doc_commands.py", "tests/test_docs.py"}
+    assert _picked("README.md") == _picked("docs/models.md") == pages
     assert _picked("docs/generate.py") == _picked("mkdocs.yml") == _picked("README.md")  # not every test of yolokit
     assert _picked("examples/custom_loop.py") == {"tests/test_examples.py"}
 

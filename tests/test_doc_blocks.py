@@ -54,22 +54,34 @@ SHORTER = [  # (pattern, replacement), applied in order to every block
 ]
 
 
+NOT_RUN = re.compile(r"^<!-- not run: (.+) -->$")   # the line before a block that deliberately does not run
+
+
 def python_blocks(text: str) -> list[tuple[int, str]]:
     """(line number, code) of every ```python block."""
+    return [(line, code) for line, code, _ in marked_blocks(text)]
+
+
+def marked_blocks(text: str) -> list[tuple[int, str, str | None]]:
+    """(line number, code, why it is not run or None) of every ```python block; the reason is the
+    ``<!-- not run: ... -->`` comment on the line before it (a page shows no HTML comment)."""
     blocks, lines = [], text.splitlines()
     start = None
     for i, line in enumerate(lines, 1):
         if start is None and line.strip() == "```python":
             start = i
         elif start is not None and line.strip() == "```":
-            blocks.append((start, "\n".join(lines[start:i - 1]) + "\n"))
+            before = next((b.strip() for b in reversed(lines[:start - 1]) if b.strip()), "")
+            why = NOT_RUN.match(before)
+            blocks.append((start, "\n".join(lines[start:i - 1]) + "\n", why.group(1).strip() if why else None))
             start = None
     return blocks
 
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-BLOCKS = [(f"{page.relative_to(ROOT)}:{line}", code)
-          for page in PAGES for line, code in python_blocks(page.read_text())]
+MARKED = [(f"{page.relative_to(ROOT)}:{line}", code, why)
+          for page in PAGES for line, code, why in marked_blocks(page.read_text())]
+BLOCKS = [(where, code) for where, code, why in MARKED if why is None]
 # Blocks that repeat end to end what a dedicated test runs (named beside each) run with
 # `pytest -m extended`; by default they compile, every name they import exists and every
 # TrainConfig field they set is one (test_an_extended_block_names_only_what_exists).
@@ -144,6 +156,15 @@ def test_the_readme_has_python_blocks_and_each_example_script_a_test():
     tested = (ROOT / "tests" / "test_examples.py").read_text()
     for script in sorted((ROOT / "examples").glob("*.py")):
         assert f'"{script.name}"' in tested, f"examples/{script.name} is not run by tests/test_examples.py"
+
+
+def test_a_block_that_does_not_run_says_why():
+    """``<!-- not run: two machines -->`` before a block keeps it out (every such block is listed here,
+    with its reason); a bare marker, without a reason, is not one."""
+    text = "a\n\n<!-- not run: needs two machines -->\n```python\nx = 1\n```\n\n<!-- not run:  -->\n```python\ny\n```\n"
+    assert marked_blocks(text) == [(4, "x = 1\n", "needs two machines"), (9, "y\n", None)]
+    for where, _, why in MARKED:
+        assert why is None or len(why) > 8, f"{where}: say why the block does not run"
 
 
 def test_the_substitutions_only_shorten():
