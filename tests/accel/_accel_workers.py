@@ -308,5 +308,5 @@ def sleep_forever() -> None:
 
 
 def report_env(tag: str) -> dict:
-    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
     return {"tag": tag, "pid": os.getpid(), **{k: os.environ.get(k) for k in keys}}

@@ -12,10 +12,12 @@ from _torchrun_env import TORCHRUN_VARS  # noqa: E402
 
 @pytest.fixture(scope="session")
 def gloo_suite():
-    """Results of ``workers.ddp_suite`` on 2 spawned gloo processes (spawning costs seconds)."""
+    """Results of ``workers.ddp_suite`` on 2 spawned gloo processes (spawning costs seconds). Without
+    OMP_NUM_THREADS (tests/conftest.py sets it to 1 for the suite), as a user's shell starts them, so
+    that launch() shares the cores out itself."""
     from yolokit.accel.launcher import launch
 
-    saved = {k: os.environ.pop(k) for k in TORCHRUN_VARS if k in os.environ}
+    saved = {k: os.environ.pop(k) for k in (*TORCHRUN_VARS, "OMP_NUM_THREADS") if k in os.environ}
     try:
         return launch(workers.ddp_suite, 2, timeout=150)
     finally:

@@ -38,7 +38,9 @@ def test_spawned_ranks_get_torchrun_env(gloo_suite):
 
 
 def test_launched_processes_share_the_cores(gloo_suite):
+    """Each of 2 ranks gets half the cores (a fresh interpreter would take them all: 2 here)."""
     assert {r["torch_threads"] for r in gloo_suite} == {max(1, (os.cpu_count() or 1) // 2)}
+    assert gloo_suite[0]["env"]["OMP_NUM_THREADS"] is None     # the launcher decided, not the environment
 
 
 def test_a_failed_rank_is_named_even_when_the_others_stop_cleanly(clean_env):

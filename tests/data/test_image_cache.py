@@ -169,3 +169,27 @@ def test_ctrl_c_during_a_cache_fill_stops_it_at_once(tmp_path, mode):
     reads = sum(x.startswith("read") for x in lines + rest.splitlines(keepends=True))
     assert proc.returncode != 0 and "KeyboardInterrupt" in rest and "filled" not in rest
     assert reads < 30, f"{reads} of 60 images read after Ctrl-C"  # a thread pool's few running reads, not all
+
+
+def test_two_ranks_creating_the_cache_at_once_share_the_first_file(tmp_path, monkeypatch):
+    """The rank whose file does not become the cache (another linked its own first) drops its own and
+    opens the winner's: one copy per machine, no stray file left."""
+    from yolokit.data import cache
+
+    monkeypatch.setattr(cache, "SHM", tmp_path)
+    ram = RamCache.__new__(RamCache)
+    ram.n, ram.nbytes = 3, 8192
+    real_link = os.link
+
+    def another_rank_first(src, dst):
+        (tmp_path / "winner").write_bytes(b"w" * 8192)
+        real_link(tmp_path / "winner", dst)          # the other rank's link lands first
+        return real_link(src, dst)                   # so this one raises FileExistsError
+
+    monkeypatch.setattr(cache.os, "link", another_rank_first)
+    fd = ram._open(1, 2, "run-token")
+    try:
+        assert os.read(fd, 4) == b"wwww"              # the winner's file
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["winner", os.path.basename(ram.path)])
+    finally:
+        os.close(fd)

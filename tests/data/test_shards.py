@@ -330,3 +330,15 @@ def test_a_failed_litdata_thread_prints_no_traceback_others_do(monkeypatch, capf
             Real._report_crash(object(), exc)
     assert capfd.readouterr().err == ""
     assert "litdata's chunk thread stopped: RuntimeError: Generic S3 error" in caplog.text
+
+
+def test_the_built_in_set_is_a_source_by_its_name(shapes, monkeypatch):
+    """``yolokit data shard shapes OUT`` writes the built-in set: "shapes" resolves to its data.yaml
+    (generated on first use), every split it has."""
+    import yolokit.data.shapes
+    from yolokit.data.shards import _splits_of
+
+    monkeypatch.setattr(yolokit.data.shapes, "make_shapes", lambda: shapes)   # the module's small set
+    splits, root, coco = _splits_of("shapes", None)
+    assert splits == ["train", "val"] and not coco and Path(root) == shapes.parent
+    assert _splits_of("shapes", ["val"])[0] == ["val"]

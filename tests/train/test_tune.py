@@ -77,6 +77,18 @@ def test_a_bad_space_names_the_file_and_the_field(tmp_path, spec, message):
         SearchSpace.load(path)
 
 
+@pytest.mark.parametrize("kw, message", [
+    ({"trials": 0}, "trials and parallel must be >= 1, got 0 and 1"),
+    ({"parallel": 0}, "trials and parallel must be >= 1, got 2 and 0"),
+    ({"keep_weights": -1}, "keep_weights must be >= 0, got -1"),
+    ({"metric": "mAP75"}, "metric must be one of mAP50-95, "),
+])
+def test_the_sweep_arguments_are_checked_before_any_trial(tmp_path, kw, message):
+    with pytest.raises(ValueError, match=message):
+        yolokit.tune(SPACE, TrainConfig(), **{"trials": 2, "out": tmp_path / "study", **kw})
+    assert not (tmp_path / "study").exists()
+
+
 def test_a_space_is_checked_against_the_base_config():
     with pytest.raises(ValueError, match=r"imgsz = 65 is not a valid value \(imgsz must be a multiple of yolov8n's "
                                          r"largest stride, 32"):
