@@ -118,3 +118,46 @@ def test_the_site_builds_strict(tmp_path):
     accel = (site / "reference" / "accel" / "index.html").read_text()
     assert "Accumulator" in accel and "sync" in accel         # a rendered class with its methods
     assert not (site / "generate.py").exists()                # the generator is not published
+
+
+def _figures():
+    spec = importlib.util.spec_from_file_location("docs_figures", DOCS / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_charts_quote_the_benchmarks():
+    """Each bar of the speed guide's charts is read from a measurement BENCHMARKS.md still holds."""
+    benchmarks = (ROOT / "BENCHMARKS.md").read_text()
+    for chart, bar, value, _, quote in _figures().LEVERS:
+        assert quote in benchmarks, f"{chart} / {bar}: BENCHMARKS.md no longer says {quote!r}"
+        assert f"{value:g}" in quote.replace(",", ""), (bar, value, quote)
+
+
+def test_every_picture_is_shown_and_every_shown_picture_exists():
+    shown = {m for page in DOCS.rglob("*.md") for m in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", page.read_text())}
+    made = {f"images/{p.name}" for p in (DOCS / "images").glob("*.png")}
+    assert made == {"images/curves.png", "images/levers.png", "images/augment.png", "images/predictions.png"}
+    assert {Path(s).name for s in shown} == {Path(m).name for m in made}
+
+
+def test_the_figures_script_draws_from_runs(tmp_path):
+    """On a small set and two results.csv files (ours, and the reference's padded headers): the
+    charts, both augmentation paths, the curves of both runs."""
+    from yolokit.data import make_shapes
+
+    figures = _figures()
+    data = make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64)
+    made = [figures.levers(tmp_path), figures.augment(tmp_path, str(data), imgsz=64, n=4)]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.csv").write_text("epoch,mAP50,mAP50-95\n1,0.1,0.05\n2,0.3,0.2\n")
+    (tmp_path / "theirs.csv").write_text("  epoch,  metrics/mAP50(B),  metrics/mAP50-95(B)\n1,0.2,0.1\n2,0.4,0.25\n")
+    assert figures.read_results(tmp_path / "theirs.csv")["metrics/mAP50-95(B)"] == [0.1, 0.25]
+    made.append(figures.curves(run, tmp_path / "theirs.csv", tmp_path))
+    import cv2
+
+    shapes = {p.name: cv2.imread(str(p)).shape for p in made}
+    assert shapes["augment.png"] == (2 * (28 + 64), 4 * 64 + 3 * 4, 3)    # two labelled rows of 4 images
+    assert all(h > 200 and w > 400 for name, (h, w, _) in shapes.items() if name != "augment.png"), shapes
