@@ -6,6 +6,7 @@ The code blocks of its pages run in tests/test_doc_blocks.py.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import subprocess
@@ -19,11 +20,21 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
 
-def _generate():
-    spec = importlib.util.spec_from_file_location("docs_generate", DOCS / "generate.py")
+@functools.cache
+def _script(name: str):
+    """docs/<name>.py as a module (the site's scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", DOCS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _generate():
+    return _script("generate")
+
+
+def _figures():
+    return _script("figures")
 
 
 def test_the_generated_pages_are_current():
@@ -117,14 +128,7 @@ def test_the_site_builds_strict(tmp_path):
     assert (site / "index.html").is_file() and (site / "reference" / "cli" / "index.html").is_file()
     accel = (site / "reference" / "accel" / "index.html").read_text()
     assert "Accumulator" in accel and "sync" in accel         # a rendered class with its methods
-    assert not (site / "generate.py").exists()                # the generator is not published
-
-
-def _figures():
-    spec = importlib.util.spec_from_file_location("docs_figures", DOCS / "figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    assert not (site / "generate.py").exists() and not (site / "figures.py").exists()   # the scripts stay out
 
 
 def test_the_charts_quote_the_benchmarks():

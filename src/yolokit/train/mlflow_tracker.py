@@ -62,16 +62,14 @@ class MLflowTracker(Tracker):
         if "MLFLOW_ALLOW_FILE_STORE" in text:
             return ("MLflow 3 refuses file stores: use a SQL store (MLFLOW_TRACKING_URI=sqlite:///mlflow.db) or a "
                     "server, or set MLFLOW_ALLOW_FILE_STORE=true")
-        if scheme in ("http", "https") and isinstance(exc, ConnectionError):
+        # status codes as whole words: a port such as 40389 in the text is not a 403
+        login = re.search(r"\b40[13]\b|nauthorized|UNAUTHENTICATED|PERMISSION_DENIED", text)
+        if scheme in ("http", "https") and (isinstance(exc, ConnectionError) or not login):   # no server answers
             return ("start the server (mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
                     "sqlite:///mlflow.db) or set MLFLOW_TRACKING_URI to one that runs")
-        # status codes as whole words: a port such as 40389 in the text is not a 403
-        if re.search(r"\b40[13]\b|nauthorized|UNAUTHENTICATED|PERMISSION_DENIED", text):
+        if login:
             return ("the server refused the login: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
                     "(or MLFLOW_TRACKING_TOKEN)")
-        if scheme in ("http", "https"):
-            return ("start the server (mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
-                    "sqlite:///mlflow.db) or set MLFLOW_TRACKING_URI to one that runs")
         return ("set MLFLOW_TRACKING_URI to an MLflow store: sqlite:///mlflow.db, a server (http://host:5000) "
                 "or databricks; pip install 'yolokit[mlflow]' brings the SQL store and the server")
 
