@@ -2,7 +2,7 @@
 
 A CPU proxy for the GPU pass's `fused` section: the same stages (decode, resize, warp, MixUp,
 HSV) on one batch of Mosaic + MixUp recipes, timed eagerly and through ``torch.compile``
-(`yolokit.data.fused`; the first call compiles, untimed), and each run's allocations from the
+(`yolokit.data.augment.fused`; the first call compiles, untimed), and each run's allocations from the
 allocator's own records (the profiler's ``[memory]`` events), over the output's bytes. Not a
 test: run it on a quiet machine.
 
@@ -21,7 +21,7 @@ import torch
 from harness.timing import allocations
 
 from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, make_shapes
-from yolokit.data.device_augment import augment_batch
+from yolokit.data.augment.device_augment import augment_batch
 
 
 def allocated(batch: dict, compiled: bool) -> tuple[float, float]:

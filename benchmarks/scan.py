@@ -40,7 +40,7 @@ def make_folder(root: Path, n: int) -> Path:
 
 
 def yolokit_sides(yaml: Path):
-    from yolokit.data.sources import yolo_index
+    from yolokit.data.sources.readers import yolo_index
 
     def first() -> int:
         return len(yolo_index(yaml, "train", cache=False))

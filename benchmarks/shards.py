@@ -110,8 +110,8 @@ class Names(Sequence):
 def synthetic_index(n: int, pool_shapes: np.ndarray, *, split: str, seed: int):
     """A `SplitIndex` of ``n`` images, image i being pool image i % len(pool), with 1-4 boxes each
     (float32 (class, x1, y1, x2, y2) inside the pool image's size), its labels one flat array."""
-    from yolokit.data.labels import SplitIndex
-    from yolokit.data.stream import FlatLabels
+    from yolokit.data.sources.labels import SplitIndex
+    from yolokit.data.store.stream import FlatLabels
 
     rng = np.random.default_rng(seed)
     shapes = pool_shapes[np.arange(n) % len(pool_shapes)]
@@ -134,7 +134,7 @@ def synthetic_index(n: int, pool_shapes: np.ndarray, *, split: str, seed: int):
 
 def objects(url: str) -> list[tuple[str, int]]:
     """(name, bytes) of every file under a folder or every object under an s3 url."""
-    from yolokit.data.remote import Place
+    from yolokit.data.store.remote import Place
 
     place = Place(url)
     if not place.remote:
@@ -148,7 +148,7 @@ def objects(url: str) -> list[tuple[str, int]]:
 
 def remove(url: str) -> None:
     """Delete a folder, or every object under an s3 url."""
-    from yolokit.data.remote import Place
+    from yolokit.data.store.remote import Place
 
     place = Place(url)
     if not place.remote:
@@ -172,7 +172,7 @@ def disk_bytes(path: Path) -> int:
 
 def manifest_images(url: str, split: str = "train") -> int | None:
     """Images of ``split`` that the shards' manifest lists, None when there are no finished shards."""
-    from yolokit.data.remote import Place, join
+    from yolokit.data.store.remote import Place, join
 
     try:
         manifest = json.loads(Place(url).read("yolokit-shards.json"))

@@ -24,9 +24,9 @@ def test_a_module_picks_the_files_that_import_it_directly_or_through_others():
 
 
 def test_a_name_from_a_package_counts_for_the_module_that_defines_it():
-    """``from yolokit.data import make_shapes`` uses yolokit/data/shapes.py, not all of yolokit.data."""
-    assert "src/yolokit/data/shapes.py" in _changed.uses(TESTS / "train" / "test_step_syncs.py")
-    assert "src/yolokit/data/shards.py" not in _changed.uses(TESTS / "ops" / "test_nms.py")
+    """``from yolokit.data import make_shapes`` uses yolokit/data/sources/shapes.py, not all of yolokit.data."""
+    assert "src/yolokit/data/sources/shapes.py" in _changed.uses(TESTS / "train" / "test_step_syncs.py")
+    assert "src/yolokit/data/store/shards.py" not in _changed.uses(TESTS / "ops" / "test_nms.py")
     assert "tests/test_cli.py" in _picked("src/yolokit/cli.py")
     assert "tests/train/test_train_shards.py" in _picked("src/yolokit/cli.py")   # python -m yolokit in a subprocess
 

@@ -2,7 +2,7 @@
 
 The shapes set at 640 with the default augmentation (Mosaic, HSV, flips) and MixUp at 0.5 so
 both views are warped: the loader's main process makes a batch of 64 recipes (JPEG bytes and
-numbers; `yolokit.data.recipes`), then `device_augment.augment_batch` (nvJPEG decode, resize,
+numbers; `yolokit.data.augment.recipes`), then `device_augment.augment_batch` (nvJPEG decode, resize,
 Mosaic + warp, MixUp, HSV, flips) and `decode_sources` alone are timed on the device from that
 batch, in turns. Also the device memory one pass takes at its peak, and what the loader's
 side costs per image on the CPU, recipes against the workers' OpenCV images.
@@ -76,7 +76,7 @@ def _peak_mib_per_image(s: Settings, run, n: int) -> float | None:
 
 
 def device_pass(s: Settings, clock: Clock) -> list[Row]:
-    from yolokit.data.device_augment import augment_batch, decode_sources
+    from yolokit.data.augment.device_augment import augment_batch, decode_sources
 
     n = s.batch(64)
     batch = next(iter(_loader(s, "device", n)))
@@ -107,13 +107,13 @@ FUSED_PROFILE_FILE = "fused-profile.txt"
 
 
 def fused_pass(s: Settings, clock: Clock) -> list[Row]:
-    """The pass and the HSV step through ``torch.compile`` (``compiled=True``, `yolokit.data.fused`) against
+    """The pass and the HSV step through ``torch.compile`` (``compiled=True``, `yolokit.data.augment.fused`) against
     eager, on the augment section's batch: the compile's seconds, the images equal, images/s of both in
     turns, the peak memory per image, the HSV step at batch 64, and the compiled pass's kernels. The smoke
     run compiles nothing (its "compiled" rows time the eager pass: the code paths only)."""
     from harness.pipeline import hsv_step_seconds
 
-    from yolokit.data.device_augment import augment_batch
+    from yolokit.data.augment.device_augment import augment_batch
 
     n = s.batch(64)
     batch = next(iter(_loader(s, "device", n)))

@@ -86,7 +86,7 @@ class EpochTiming(Callback):
 
 
 def coco_epoch(s: Settings, clock: Clock) -> list[Row]:
-    from yolokit.data.sources import yolo_index
+    from yolokit.data.sources.readers import yolo_index
 
     images, distinct, val = (COCO_TRAIN, 512, 256) if s.cuda else (32, 8, 4)
     start = time.perf_counter()

@@ -155,8 +155,8 @@ def hsv_step_seconds(batch: int, imgsz: int, device, rounds: int = 5, compiled: 
     import numpy as np
     import torch
 
-    from yolokit.data.color import apply_hsv_lut_batch
-    from yolokit.data.transforms import hsv_lut
+    from yolokit.data.augment.color import apply_hsv_lut_batch
+    from yolokit.data.augment.transforms import hsv_lut
 
     rng = np.random.default_rng(0)
     images = torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, device=device)

@@ -27,8 +27,8 @@ from yolokit.accel.devices import DeviceFailure, resolve_device
 from yolokit.accel.launcher import LaunchError
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, build_dataloader
-from yolokit.data.remote import CredentialsError, StoreError, one_line
-from yolokit.data.shapes import draw_shapes_image
+from yolokit.data.sources.shapes import draw_shapes_image
+from yolokit.data.store.remote import CredentialsError, StoreError, one_line
 from yolokit.interop import export_onnx, load
 from yolokit.models import Detector
 from yolokit.predict import ResultWriter, next_run_dir, predict_iter
@@ -178,14 +178,14 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _demo_images(n: int, size: int, seed: int) -> list[np.ndarray]:
-    """``n`` RGB images of the built-in shapes set's kind (``yolokit.data.shapes``), long side ``size``."""
+    """``n`` RGB images of the built-in shapes set's kind (``yolokit.data.sources.shapes``), long side ``size``."""
     rng = np.random.default_rng(seed)
     return [np.ascontiguousarray(draw_shapes_image(rng, imgsz=size, background_fraction=0.0)[0][..., ::-1])
             for _ in range(n)]
 
 
 def run_data_shard(args: argparse.Namespace) -> int:
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     splits = [s for s in args.splits.replace(" ", ",").split(",") if s] if args.splits else None
     summaries = write_shards(args.src, args.out, splits=splits, chunk_bytes=args.chunk_bytes,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from yolokit.data import DatasetError, DetectionDataset, build_dataloader
-from yolokit.data.sources import yolo_index
+from yolokit.data.sources.readers import yolo_index
 
 from .conftest import colour_extent, draw_rects, write_yolo_dataset
 

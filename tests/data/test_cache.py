@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import yolokit.data.sources as sources
-from yolokit.data.sources import yolo_index
+import yolokit.data.sources.readers as sources
+from yolokit.data.sources.readers import yolo_index
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The HSV step on the device (`data.color`) makes the images the loader's workers make (OpenCV)."""
+"""The HSV step on the device (`data.augment.color`) makes the images the loader's workers make (OpenCV)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, collate, to_device
-from yolokit.data.color import _to_hsv, _to_rgb, apply_hsv_lut_batch
+from yolokit.data.augment.color import _to_hsv, _to_rgb, apply_hsv_lut_batch
+from yolokit.data.augment.transforms import apply_hsv_lut, hsv_lut
 from yolokit.data.loader import collate_uint8
-from yolokit.data.transforms import apply_hsv_lut, hsv_lut
 
 
 def _close_to_opencv(mine: np.ndarray, theirs: np.ndarray) -> float:

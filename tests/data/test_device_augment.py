@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, to_device
-from yolokit.data.device_augment import augment_batch
+from yolokit.data.augment.device_augment import augment_batch
 
 NO_HSV = dict(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
 CASES = {
@@ -294,7 +294,7 @@ def test_the_pass_never_syncs_on_cuda_and_makes_the_cpu_pass_images(shapes_yaml,
     difference, and the one-level bound of the device path against the workers holds with the
     decoder held equal: the pass on CUDA fed torchvision's CPU decode. nvJPEG's own difference is
     bounded at 1.5 levels (a wrong image, from a race or a bad index, is tens of levels off)."""
-    from yolokit.data import device_augment as da
+    from yolokit.data.augment import device_augment as da
 
     (b,), _ = _batches(shapes_yaml, "device", hyp=dict(mixup=0.5))
     (a,), _ = _batches(shapes_yaml, "workers", hyp=dict(mixup=0.5))
@@ -352,7 +352,7 @@ def test_only_jpegs_whose_exif_turns_them_are_decoded_in_the_workers():
 
     from PIL import Image
 
-    from yolokit.data.recipes import _has_exif, _turned
+    from yolokit.data.augment.recipes import _has_exif, _turned
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), np.uint8))
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import yolokit.data.device_augment as device_augment
-import yolokit.data.pass_stream as pass_stream
+import yolokit.data.augment.device_augment as device_augment
+import yolokit.data.augment.pass_stream as pass_stream
 from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader
-from yolokit.data.device_augment import augment_batch
+from yolokit.data.augment.device_augment import augment_batch
 
 CASES = {"mosaic": {}, "mixup": dict(mixup=1.0), "no-mosaic": dict(mosaic=0.0, degrees=10.0, shear=2.0)}
 

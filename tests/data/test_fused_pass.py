@@ -1,4 +1,4 @@
-"""The device augmentation through torch.compile (``compiled=True``, `yolokit.data.fused`): the eager
+"""The device augmentation through torch.compile (``compiled=True``, `yolokit.data.augment.fused`): the eager
 pass's images bit for bit, in a few fused kernels that write a bounded number of bytes per image.
 
 On the CPU the stages compile to C++; on CUDA to Triton (the gpu test in this file). The bounds are
@@ -25,9 +25,10 @@ import torch
 from harness.timing import allocations
 from torch._inductor import metrics
 
-from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, fused, to_device
-from yolokit.data.color import apply_hsv_lut_batch
-from yolokit.data.device_augment import augment_batch
+from yolokit.data import AugmentConfig, DetectionDataset, build_dataloader, to_device
+from yolokit.data.augment import fused
+from yolokit.data.augment.color import apply_hsv_lut_batch
+from yolokit.data.augment.device_augment import augment_batch
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                                 reason="torch.compile on the CPU needs a C++ compiler")

@@ -14,7 +14,7 @@ import torch
 
 from yolokit.accel.launcher import launch
 from yolokit.data import DetectionDataset, ImageError, make_shapes
-from yolokit.data.cache import DiskCache, RamCache, resized_shape
+from yolokit.data.store.cache import DiskCache, RamCache, resized_shape
 
 
 @pytest.mark.parametrize("augment", [True, False])
@@ -47,7 +47,7 @@ def test_a_cache_that_does_not_fit_is_refused_with_both_figures():
 
 
 def test_the_ram_cache_is_read_only_and_an_unreadable_image_is_tried_again(tmp_path, caplog, monkeypatch):
-    import yolokit.data.labels as module
+    import yolokit.data.sources.labels as module
 
     yaml = make_shapes(tmp_path / "set", n_train=6, n_val=2, imgsz=64)
     plain = DetectionDataset(yaml, "train", imgsz=64)
@@ -174,7 +174,7 @@ def test_ctrl_c_during_a_cache_fill_stops_it_at_once(tmp_path, mode):
 def test_two_ranks_creating_the_cache_at_once_share_the_first_file(tmp_path, monkeypatch):
     """The rank whose file does not become the cache (another linked its own first) drops its own and
     opens the winner's: one copy per machine, no stray file left."""
-    from yolokit.data import cache
+    from yolokit.data.store import cache
 
     monkeypatch.setattr(cache, "SHM", tmp_path)
     ram = RamCache.__new__(RamCache)

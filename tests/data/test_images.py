@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from yolokit.data.images import bgr_to_tensor, image_tensor, letterbox, read_video
+from yolokit.data.sources.images import bgr_to_tensor, image_tensor, letterbox, read_video
 from yolokit.ops.geometry import letterbox_plan
 
 

@@ -93,7 +93,7 @@ def test_mixup_blends_and_keeps_both_box_sets():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_lazy_canvas_paints_the_same_pixels(seed):
-    from yolokit.data.mosaic import mosaic4_canvas
+    from yolokit.data.augment.mosaic import mosaic4_canvas
 
     samples = _four_samples(48)
     canvas, boxes, classes = mosaic4(samples, 48, np.random.default_rng(seed))

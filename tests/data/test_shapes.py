@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-import yolokit.data.shapes as shapes_mod
+import yolokit.data.sources.shapes as shapes_mod
 from yolokit.data import SHAPE_NAMES, make_shapes
-from yolokit.data.sources import label_path, read_data_yaml
+from yolokit.data.sources.readers import label_path, read_data_yaml
 
 
 def _digest(folder: Path) -> str:

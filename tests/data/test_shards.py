@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from yolokit.data import DetectionDataset, ShardedBatchSampler, build_dataloader, make_shapes
-from yolokit.data.selection import select
-from yolokit.data.sources import load_split
+from yolokit.data.sources.readers import load_split
+from yolokit.data.sources.selection import select
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("litdata") is None, reason="needs yolokit[stream]")
 
@@ -29,7 +29,7 @@ def shapes(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def shards(shapes, tmp_path_factory) -> Path:
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     out = tmp_path_factory.mktemp("shards") / "out"
     write_shards(shapes, out, chunk_bytes=CHUNK)
@@ -76,7 +76,7 @@ def test_shards_hold_every_image_and_label_of_the_folder(shapes, shards):
 
 
 def test_a_coco_json_keeps_its_category_and_image_ids(shapes, tmp_path):
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     folder = load_split(shapes, "val")
     images, anns = [], []
@@ -98,8 +98,8 @@ def test_a_coco_json_keeps_its_category_and_image_ids(shapes, tmp_path):
 
 def test_writing_again_continues_a_stopped_write_and_ends_with_the_same_files(shapes, shards, tmp_path,
                                                                               monkeypatch):
-    from yolokit.data import remote
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store import remote
+    from yolokit.data.store.shards import write_shards
 
     out, calls = tmp_path / "out", {"n": 0}
     original = remote.Place.put_file
@@ -129,7 +129,7 @@ def test_writing_again_continues_a_stopped_write_and_ends_with_the_same_files(sh
 
 
 def test_a_chunk_cut_short_is_named_and_written_again(shapes, shards, tmp_path, caplog):
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     out = tmp_path / "out"
     shutil.copytree(shards, out)
@@ -144,7 +144,7 @@ def test_a_chunk_cut_short_is_named_and_written_again(shapes, shards, tmp_path, 
 
 
 def test_an_unreadable_source_image_is_named_and_counted(shapes, tmp_path):
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     src = tmp_path / "src"
     shutil.copytree(shapes.parent, src)
@@ -240,7 +240,7 @@ def test_the_image_caches_hold_the_shards_images(shards, cache):
 
 
 def test_the_device_augmentation_makes_the_workers_labels_from_shards(shards):
-    from yolokit.data.device_augment import augment_batch
+    from yolokit.data.augment.device_augment import augment_batch
 
     batches = {}
     for augment_on in ("workers", "device"):
@@ -299,7 +299,7 @@ def test_a_failed_litdata_thread_prints_no_traceback_others_do(monkeypatch, capf
     line). A thread of anyone else still goes to the hook before (which prints its traceback)."""
     import threading
 
-    from yolokit.data.stream import quiet_litdata_threads
+    from yolokit.data.store.stream import quiet_litdata_threads
 
     reached = []
     monkeypatch.setattr(threading, "excepthook", lambda args: reached.append(args.thread.name))
@@ -335,10 +335,10 @@ def test_a_failed_litdata_thread_prints_no_traceback_others_do(monkeypatch, capf
 def test_the_built_in_set_is_a_source_by_its_name(shapes, monkeypatch):
     """``yolokit data shard shapes OUT`` writes the built-in set: "shapes" resolves to its data.yaml
     (generated on first use), every split it has."""
-    import yolokit.data.shapes
-    from yolokit.data.shards import _splits_of
+    import yolokit.data.sources.shapes
+    from yolokit.data.store.shards import _splits_of
 
-    monkeypatch.setattr(yolokit.data.shapes, "make_shapes", lambda: shapes)   # the module's small set
+    monkeypatch.setattr(yolokit.data.sources.shapes, "make_shapes", lambda: shapes)   # the module's small set
     splits, root, coco = _splits_of("shapes", None)
     assert splits == ["train", "val"] and not coco and Path(root) == shapes.parent
     assert _splits_of("shapes", ["val"])[0] == ["val"]

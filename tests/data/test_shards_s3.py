@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from yolokit.data import DetectionDataset, build_dataloader, make_shapes
-from yolokit.data.sources import load_split
+from yolokit.data.sources.readers import load_split
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("litdata") is None, reason="needs yolokit[stream]")
 
@@ -26,7 +26,7 @@ def shapes(tmp_path_factory) -> Path:
 
 
 def test_shards_written_to_the_store_read_back_as_the_folder(shapes, s3_env, tmp_path):
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     url = s3_env.bucket("shards-roundtrip") + "/set"
     summary = write_shards(shapes, url, chunk_bytes="8KB")
@@ -61,7 +61,7 @@ def _cli(*args, env, timeout=120):
 
 
 def test_wrong_credentials_are_one_line_and_exit_2_before_any_work(shapes, s3_env, tmp_path):
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     url = s3_env.bucket("shards-credentials") + "/set"
     write_shards(shapes, url, chunk_bytes="8KB", splits=["val"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from yolokit.data import DatasetError, DetectionDataset
-from yolokit.data.sources import coco_index, label_path, load_split, read_data_yaml, yolo_index
+from yolokit.data.sources.readers import coco_index, label_path, load_split, read_data_yaml, yolo_index
 
 from .conftest import draw_rects
 
@@ -88,7 +88,7 @@ def test_split_as_txt_list_or_list_of_folders(tmp_path):
 
 def test_dataset_dir_with_data_yaml_and_shapes_keyword(tmp_path, shapes_yaml, monkeypatch):
     assert len(load_split(shapes_yaml.parent, "val")) == 12
-    import yolokit.data.shapes as shapes_mod
+    import yolokit.data.sources.shapes as shapes_mod
     monkeypatch.setattr(shapes_mod, "make_shapes", lambda: shapes_yaml)
     assert len(load_split("shapes", "val")) == 12
 
@@ -168,7 +168,7 @@ def test_coco_image_dir_is_guessed_and_problems_reported(tmp_path):
 
 
 def test_segmentation_rows_become_their_bounding_box():
-    from yolokit.data.labels import parse_yolo_labels
+    from yolokit.data.sources.labels import parse_yolo_labels
 
     labels, fixes = parse_yolo_labels("1 0.1 0.2 0.5 0.2 0.3 0.6\n0 0.5 0.5 0.2 0.2\n",
                                       (100, 200), 2)
@@ -180,7 +180,7 @@ def test_check_files_keeps_the_order_in_one_thread_from_the_page_cache_and_overl
     import threading
     import time
 
-    from yolokit.data.sources import check_files
+    from yolokit.data.sources.readers import check_files
 
     def cpu(x):
         sum(range(2000))                                  # work that holds the GIL, no waiting

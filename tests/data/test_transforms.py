@@ -14,7 +14,7 @@ from yolokit.data import (
     random_affine,
     scale_boxes,
 )
-from yolokit.data.transforms import affine_matrix, box_candidates, transform_boxes
+from yolokit.data.augment.transforms import affine_matrix, box_candidates, transform_boxes
 
 from .conftest import colour_extent, draw_rects
 
@@ -171,7 +171,7 @@ def test_scale_translate_fast_path_matches_a_warp():
     warping: the same picture to within half a pixel of offset."""
     import cv2
 
-    from yolokit.data.transforms import _resize_and_paste
+    from yolokit.data.augment.transforms import _resize_and_paste
 
     yy, xx = np.mgrid[0:120, 0:128].astype(np.float32)
     image = np.stack([xx * 2, yy * 2, (xx + yy)], -1).clip(0, 255).astype(np.uint8)

@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 
-from yolokit.data.transforms import scale_boxes
+from yolokit.data.augment.transforms import scale_boxes
 from yolokit.ops.geometry import LetterboxPlan, letterbox_plan, unletterbox_boxes
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import yolokit
-from yolokit.data.images import letterbox
+from yolokit.data.sources.images import letterbox
 from yolokit.predict import batches, predict, predict_iter
 from yolokit.predict.predictor import letterbox_batch, read_ahead
 

@@ -91,7 +91,7 @@ class FakeCapture:
 
 
 def test_camera_index_and_stream_url_go_through_opencv(monkeypatch):
-    monkeypatch.setattr(cv2, "VideoCapture", FakeCapture)  # read_video (yolokit.data.images) opens them
+    monkeypatch.setattr(cv2, "VideoCapture", FakeCapture)  # read_video (yolokit.data.sources.images) opens them
     FakeCapture.opened.clear()
     cam = list(frames(0))
     assert [(f.name, f.frame, f.fps, f.frames) for f in cam] == [("camera0.mp4", i, 25.0, None) for i in range(3)]

@@ -106,8 +106,8 @@ def test_datasets_are_built_without_a_collective_and_the_timeout_reaches_the_gro
 def test_select_draws_a_seeded_subset_and_filters_classes():
     import numpy as np
 
-    from yolokit.data.labels import SplitIndex
-    from yolokit.data.selection import select
+    from yolokit.data.sources.labels import SplitIndex
+    from yolokit.data.sources.selection import select
 
     n = 40
     labels = [np.array([[i % 4, 0, 0, 5, 5], [(i + 1) % 4, 1, 1, 6, 6]], np.float32) for i in range(n)]

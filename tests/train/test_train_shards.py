@@ -35,7 +35,7 @@ def store(s3_store, tmp_path_factory):
 
 
 def _shards(store, root: Path, bucket: str, **shapes) -> str:
-    from yolokit.data.shards import write_shards
+    from yolokit.data.store.shards import write_shards
 
     url = store.bucket(bucket) + "/set"
     write_shards(make_shapes(root / "set", imgsz=64, **shapes), url, chunk_bytes="6KB")

@@ -8,7 +8,7 @@ import torch
 
 INDEX_KEYS = ("targets",)  # batch-dict keys holding flat rows (image_index, ...), see ARCHITECTURE
 # batch-dict keys every micro-batch keeps whole: the sources the device augmentation's per-image
-# recipes (``aug_tiles`` ...) point into by number (``yolokit.data.recipes``)
+# recipes (``aug_tiles`` ...) point into by number (``yolokit.data.augment.recipes``)
 SHARED_KEYS = ("aug_sources", "aug_jpeg", "aug_pixels", "aug_files")
 
 

@@ -11,7 +11,7 @@ An item is a dict:
     index       int, the dataset index actually returned (a different one when the
                 requested image could not be read at run time: reported once)
     hsv_lut     only with `hsv_in_batch`: uint8 Tensor[3, 256], the image's HSV tables, not
-                yet applied to `image` (`data.color.apply_hsv_lut_batch` applies them)
+                yet applied to `image` (`data.augment.color.apply_hsv_lut_batch` applies them)
 
 Randomness is explicit: item i of epoch e draws from a numpy Generator seeded with
 (seed, e, i), so an image is augmented the same way whichever process or worker loads it
@@ -33,16 +33,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from yolokit.data.albu import Albumentations
-from yolokit.data.cache import DiskCache, RamCache
-from yolokit.data.images import ImageError, decode_image, letterbox
-from yolokit.data.labels import cache_home
-from yolokit.data.mosaic import mixup, mosaic4_canvas
-from yolokit.data.recipes import train_recipe
-from yolokit.data.selection import select
-from yolokit.data.sources import DatasetError, load_split
-from yolokit.data.stream import ShardLost
-from yolokit.data.transforms import (
+from yolokit.data.augment.albu import Albumentations
+from yolokit.data.augment.mosaic import mixup, mosaic4_canvas
+from yolokit.data.augment.recipes import train_recipe
+from yolokit.data.augment.transforms import (
     AugmentConfig,
     apply_hsv_lut,
     hsv_lut,
@@ -50,6 +44,12 @@ from yolokit.data.transforms import (
     random_flip,
     scale_boxes,
 )
+from yolokit.data.sources.images import ImageError, decode_image, letterbox
+from yolokit.data.sources.labels import cache_home
+from yolokit.data.sources.readers import DatasetError, load_split
+from yolokit.data.sources.selection import select
+from yolokit.data.store.cache import DiskCache, RamCache
+from yolokit.data.store.stream import ShardLost
 from yolokit.data.workers import SharedArray
 from yolokit.ops.geometry import letterbox_plan
 
@@ -78,7 +78,7 @@ class DetectionDataset(Dataset):
         stride: the model's largest stride (for `rect`).
         cache_images: keep the decoded, resized images: "ram" (or True), one copy in shared
             memory per machine, filled before the workers start; "disk", ``.npy`` files under
-            ``cache_dir`` reused across runs (see ``yolokit.data.cache``); False: decode each time.
+            ``cache_dir`` reused across runs (see ``yolokit.data.store.cache``); False: decode each time.
         cache_dir: the disk cache's folder (default ``cache_home() / "images"``).
         cache_peers: ``(local_rank, local_world, token)`` of the processes of this machine that
             share the RAM cache and split its filling (the disk cache's too); None: this one alone.
@@ -91,10 +91,10 @@ class DetectionDataset(Dataset):
         image_dir: COCO only, the image folder (guessed when None).
         label_cache: read/write the label cache.
         shards: images from shards: ``{"max_cache": "25GB", "cache_dir": ...}``, the local cache of
-            remote chunks (`yolokit.data.stream.shard_index`).
+            remote chunks (`yolokit.data.store.stream.shard_index`).
         fraction, subset_seed, classes, single_cls: train on part of the split (a seeded
             share of the images, some classes' labels, or all classes as one); see
-            `yolokit.data.selection.select`. What they leave out is in `selection_notes`.
+            `yolokit.data.sources.selection.select`. What they leave out is in `selection_notes`.
 
     Attribute `hsv_in_batch` (default False; `build_dataloader(..., hsv_on_device=True)` sets it):
     an augmenting dataset draws each image's HSV gains as before but leaves them to the device:
@@ -128,7 +128,7 @@ class DetectionDataset(Dataset):
         self.albumentations = albumentations
         self._state = SharedArray("q", [0, 1, 0, 0])   # epoch, mosaic, seed, pass
         self.hsv_in_batch = False   # HSV tables drawn here, applied on the device (build_dataloader's hsv_on_device)
-        self.recipe_in_batch = False  # augment_on="device": items carry recipes (data.recipes), no pixels
+        self.recipe_in_batch = False  # augment_on="device": items carry recipes (data.augment.recipes), no pixels
         self._pass: int | None = None  # the pass this process's buffer belongs to
         self._warned: set[str] = set()
         mode = {True: "ram", False: None, None: None}.get(cache_images, cache_images)

@@ -13,7 +13,7 @@ A batch is a dict:
 `images`, for a much faster loader; `to_device(batch, device)` gives the contract back.
 With `hsv_on_device=True` as well, the batch also carries `hsv_lut` uint8 Tensor[B, 3, 256]
 and its `images_uint8` are before the HSV step, which `to_device` applies on the device
-(`yolokit.data.color`: the same images the workers would have made).
+(`yolokit.data.augment.color`: the same images the workers would have made).
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from yolokit.data.augment.color import apply_hsv_lut_batch
+from yolokit.data.augment.device_augment import augment_batch
+from yolokit.data.augment.recipes import RECIPE_KEY, collate_recipes
 from yolokit.data.buffers import SLOT_KEY, BatchBuffers, Returning, fresh_shared
-from yolokit.data.color import apply_hsv_lut_batch
 from yolokit.data.dataset import DetectionDataset
-from yolokit.data.device_augment import augment_batch
-from yolokit.data.images import PAD_VALUE
-from yolokit.data.recipes import RECIPE_KEY, collate_recipes
 from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
     AspectRatioBatchSampler,
     RectBatchSampler,
     ShardedBatchSampler,
     epoch_steps,
 )
+from yolokit.data.sources.images import PAD_VALUE
 from yolokit.data.workers import init_worker, signals_deferred
 
 
@@ -129,7 +129,7 @@ def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = F
         device: target device.
         non_blocking: asynchronous copies (useful with pinned memory).
         compiled: the device's augmentation (the pass, or the HSV step) through ``torch.compile``
-            (`yolokit.data.fused`): fused kernels, the same images.
+            (`yolokit.data.augment.fused`): fused kernels, the same images.
 
     Returns:
         a new dict holding the batch contract (`images` float32 Tensor[B, 3, H, W] in [0, 1],
@@ -270,11 +270,11 @@ def build_dataloader(
             each image's shape (rect evaluation) are multiples of; default the dataset's `stride`.
         hsv_on_device: with `uint8_images`, the workers draw each image's HSV gains but leave
             the HSV step to `to_device`, on the training device (a third of a cached Mosaic
-            sample's worker time; see `yolokit.data.color`). Sets the dataset's `hsv_in_batch`.
+            sample's worker time; see `yolokit.data.augment.color`). Sets the dataset's `hsv_in_batch`.
         augment_on: "workers" (the augmentation in the loader's workers) or "device": the workers
-            draw every random number and make the labels as before (`yolokit.data.recipes`) but ship
+            draw every random number and make the labels as before (`yolokit.data.augment.recipes`) but ship
             recipes and JPEG bytes; `to_device` decodes and augments the batch on the training device
-            (`yolokit.data.device_augment`): the same labels, images within a grey level. An
+            (`yolokit.data.augment.device_augment`): the same labels, images within a grey level. An
             augmenting dataset only; not with albumentations.
 
     Returns:

@@ -2,7 +2,7 @@
 
 Letterboxing fits an image into a shape keeping its aspect ratio: resize by one ratio
 (rounded to whole pixels, so the exact ratio differs a little per axis), then pad centred.
-``letterbox_plan`` computes the sizes and the padding once; ``yolokit.data.images.letterbox``
+``letterbox_plan`` computes the sizes and the padding once; ``yolokit.data.sources.images.letterbox``
 applies it to pixels (OpenCV) and returns the image with its ``ratio_pad``
 ``((ratio_w, ratio_h), (pad_w, pad_h))``: a point of the original maps to
 ``original * ratio + pad``, and ``unletterbox_boxes`` maps boxes back.

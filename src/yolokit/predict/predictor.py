@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolokit.data.images import letterbox
+from yolokit.data.sources.images import letterbox
 from yolokit.models import Detector
 from yolokit.predict.results import Result
 from yolokit.predict.saving import ResultWriter
@@ -42,7 +42,7 @@ def batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
 
 
 def letterbox_batch(images: Sequence[Tensor], imgsz: int, stride: int) -> tuple[Tensor, list[Any]]:
-    """Letterboxes Tensor[3, H, W] uint8 images (``yolokit.data.images.letterbox``) into one batch.
+    """Letterboxes Tensor[3, H, W] uint8 images (``yolokit.data.sources.images.letterbox``) into one batch.
 
     ``imgsz`` is rounded up to a multiple of ``stride``. When every image has the same
     shape the batch is the smallest stride-aligned rectangle around them (less padding,

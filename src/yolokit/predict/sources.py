@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import Tensor
 
-from yolokit.data.images import (
+from yolokit.data.sources.images import (
     ImageError,
     bgr_to_tensor,
     decode_image,
@@ -34,7 +34,7 @@ from yolokit.data.images import (
     read_image,
     read_video,
 )
-from yolokit.data.stream import is_shards
+from yolokit.data.store.stream import is_shards
 
 VIDEO_SUFFIXES = frozenset({".asf", ".avi", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".webm",
                             ".wmv"})
@@ -230,8 +230,8 @@ def _files(files: Sequence[Path], root: Path, vid_stride: int, *, strict: bool) 
 def _shards(url: str) -> Iterator[Frame]:
     """The images of one split of shards (`yolokit data shard`), named by their keys; those of a chunk that
     cannot be read are skipped (the chunk named once)."""
-    from yolokit.data.remote import Place
-    from yolokit.data.stream import LABELS, MANIFEST, ShardLost, shard_index
+    from yolokit.data.store.remote import Place
+    from yolokit.data.store.stream import LABELS, MANIFEST, ShardLost, shard_index
 
     place = Place(url)
     if place.size(LABELS) is None:
@@ -254,6 +254,6 @@ def _shards(url: str) -> Iterator[Frame]:
 
 
 def _video(target: str | int, path: str, name: str, vid_stride: int) -> Iterator[Frame]:
-    """Frames of a video file, camera or stream (``yolokit.data.images.read_video``)."""
+    """Frames of a video file, camera or stream (``yolokit.data.sources.images.read_video``)."""
     for f in read_video(target, vid_stride=vid_stride):
         yield Frame(bgr_to_tensor(f.bgr), path, name, frame=f.index, fps=f.fps / vid_stride, frames=f.count)

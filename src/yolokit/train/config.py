@@ -22,7 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from yolokit.data import AugmentConfig
-from yolokit.data.stream import parse_size
+from yolokit.data.store.stream import parse_size
 from yolokit.models import MODELS, packaged_yamls
 from yolokit.models.zoo import is_yaml_name
 from yolokit.train.trackers import tracker_names
@@ -89,9 +89,9 @@ class TrainConfig:
     tf32: bool | None = None    # TF32 in float32 matmuls and convolutions; None: on with CUDA
     hsv_on_device: bool | None = None  # the HSV augmentation on the device, not in the loader; None: on with CUDA
     augment_on: str = "auto"  # the whole augmentation in the loader's "workers" or on the "device" (decode, Mosaic,
-    #                           warp, MixUp, HSV, flips: data.device_augment); "auto": the workers (train.plan)
+    #                           warp, MixUp, HSV, flips: data.augment.device_augment); "auto": the workers (train.plan)
     compile_augment: bool = False  # the device's augmentation (the pass, or the HSV step) through torch.compile:
-    #                                a few fused kernels, the same images, compiled once (data.fused)
+    #                                a few fused kernels, the same images, compiled once (data.augment.fused)
     cuda_graphs: bool = False   # each step recorded as a CUDA graph and replayed with one launch (accel.graphs): for
     #                             small models held back by launches; one process, fused SGD or AdamW
     cache: bool | str = False   # decoded images kept: "ram" (True; one copy per machine) or "disk" (reused)

@@ -19,8 +19,8 @@ from typing import Any
 
 from yolokit.accel import distributed
 from yolokit.accel.devices import DeviceFailure
-from yolokit.data.images import batch_files
-from yolokit.data.remote import StoreError, one_line
+from yolokit.data.sources.images import batch_files
+from yolokit.data.store.remote import StoreError, one_line
 
 logger = logging.getLogger("yolokit.train")
 

@@ -122,8 +122,8 @@ class DeviceSettings:
     workers: int
     pin_memory: bool
     hsv_on_device: bool = False
-    augment_on: str = "workers"  # where the augmentation runs: "workers" or "device" (data.device_augment)
-    compile_augment: bool = False  # the device's augmentation through torch.compile (data.fused)
+    augment_on: str = "workers"  # where the augmentation runs: "workers" or "device" (data.augment.device_augment)
+    compile_augment: bool = False  # the device's augmentation through torch.compile (data.augment.fused)
     monitor: bool = False      # the device watched over each epoch (train.feeding)
 
     def apply(self) -> str:

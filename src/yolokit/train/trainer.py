@@ -23,7 +23,7 @@ from yolokit.accel import Interrupted, distributed
 from yolokit.accel.devices import DeviceFailure, is_device_error
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
-from yolokit.data.remote import StoreError
+from yolokit.data.store.remote import StoreError
 from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from yolokit.accel import distributed
 from yolokit.data import to_device
-from yolokit.data.images import ImageError, read_image
+from yolokit.data.sources.images import ImageError, read_image
 from yolokit.ops.geometry import unletterbox_boxes
 from yolokit.ops.nms import Detections
 from yolokit.val.metrics import EvalResult, coco_evaluate

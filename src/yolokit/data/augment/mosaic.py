@@ -10,7 +10,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from yolokit.data.images import PAD_VALUE
+from yolokit.data.sources.images import PAD_VALUE
 
 Sample = tuple[np.ndarray, np.ndarray, np.ndarray]
 

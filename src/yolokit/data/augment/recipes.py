@@ -8,7 +8,7 @@ labels through the same functions (`mosaic4_canvas`, `affine_plan` / `affine_box
 so boxes and classes are the workers path's bit for bit. Only the pixels are left: a JPEG file's
 bytes (decoded on the device), or the decoded, resized image where the workers already hold one
 (RAM / disk cache) or the file is not a JPEG. `collate_recipes` packs a batch of recipes into a
-few tensors that `yolokit.data.device_augment.augment_batch` turns into the images.
+few tensors that `yolokit.data.augment.device_augment.augment_batch` turns into the images.
 
 A recipe's image is one or two *views* (the second: the MixUp partner), each an input frame
 (the Mosaic's 2*imgsz canvas, or the letterboxed shape) holding up to four tiles (a source image
@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from yolokit.data.augment.mosaic import mosaic4_canvas
+from yolokit.data.augment.transforms import affine_boxes, affine_plan, hsv_lut, scale_boxes
 from yolokit.data.buffers import SLOT_KEY, BatchBuffers, fresh_shared
-from yolokit.data.mosaic import mosaic4_canvas
-from yolokit.data.transforms import affine_boxes, affine_plan, hsv_lut, scale_boxes
 from yolokit.ops.geometry import letterbox_plan
 
 RECIPE_KEY = "recipe"

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from yolokit.data.images import read_bytes
+from yolokit.data.sources.images import read_bytes
 
 logger = logging.getLogger("yolokit.data")
 
@@ -58,7 +58,7 @@ class SplitIndex:
         problems: every file that was excluded, fixed or used as a background.
         category_ids: COCO only: the json category id of each class index.
         image_ids: COCO only: the json image id of each image.
-        store: shards only (`yolokit.data.stream.ShardStore`): where the images' bytes are read;
+        store: shards only (`yolokit.data.store.stream.ShardStore`): where the images' bytes are read;
             `paths` then names each image (the split's url and its key) but is no file.
         items: shards only: each image's item in `store`.
     """

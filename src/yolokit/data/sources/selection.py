@@ -1,6 +1,6 @@
 """What part of a split trains: a seeded fraction of the images, some classes only, or one class.
 
-``select`` returns a new :class:`~yolokit.data.labels.SplitIndex` and the lines that say what
+``select`` returns a new :class:`~yolokit.data.sources.labels.SplitIndex` and the lines that say what
 it left out; :class:`~yolokit.data.DetectionDataset` applies it before anything is decoded.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from yolokit.data.labels import SplitIndex
+from yolokit.data.sources.labels import SplitIndex
 
 SINGLE_CLASS_NAME = "object"
 

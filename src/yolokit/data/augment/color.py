@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from yolokit.data.fused import stage
+from yolokit.data.augment.fused import stage
 
 _SHIFT = 12                     # OpenCV's fixed point for hue and saturation (hsv_shift)
 _HALF = 1 << (_SHIFT - 1)
@@ -93,7 +93,7 @@ def apply_hsv_lut_batch(images: torch.Tensor, luts: torch.Tensor, *, compiled: b
         images: uint8 Tensor[B, 3, H, W], RGB (the loader's `images_uint8`), on any device.
         luts: uint8 Tensor[B, 3, 256], each image's hue, saturation and value tables
             (`transforms.hsv_lut`), on the same device.
-        compiled: through ``torch.compile`` (`yolokit.data.fused`): one fused kernel over the whole
+        compiled: through ``torch.compile`` (`yolokit.data.augment.fused`): one fused kernel over the whole
             batch instead of some forty over chunks, the same values; compiles once per process.
 
     Returns:
@@ -101,7 +101,7 @@ def apply_hsv_lut_batch(images: torch.Tensor, luts: torch.Tensor, *, compiled: b
 
     Examples:
         >>> import numpy as np, torch
-        >>> from yolokit.data.transforms import hsv_lut
+        >>> from yolokit.data.augment.transforms import hsv_lut
         >>> lut = torch.from_numpy(hsv_lut(np.random.default_rng(0)))[None]
         >>> apply_hsv_lut_batch(torch.full((1, 3, 2, 2), 114, dtype=torch.uint8), lut).shape
         torch.Size([1, 3, 2, 2])

@@ -19,8 +19,8 @@ from typing import TypeVar
 import numpy as np
 import yaml
 
-from yolokit.data.images import ImageError, is_image_file, verify_image
-from yolokit.data.labels import (
+from yolokit.data.sources.images import ImageError, is_image_file, verify_image
+from yolokit.data.sources.labels import (
     BACKGROUND,
     CACHE_SUFFIX,
     EXCLUDED,
@@ -241,7 +241,7 @@ def yolo_index(data_yaml: str | os.PathLike, split: str, *, cache: bool = True,
     cfg = read_data_yaml(data_yaml)
     if not cfg.get(split):
         raise DatasetError(f"{data_yaml}: no '{split}' split")
-    from yolokit.data.stream import is_shards, shard_index
+    from yolokit.data.store.stream import is_shards, shard_index
 
     spec = cfg[split] if not isinstance(cfg[split], str) or "://" in cfg[split] else str(cfg["path"] / cfg[split])
     if isinstance(spec, str) and is_shards(spec):   # the split is shards: a folder of them, or s3://...
@@ -384,8 +384,8 @@ def load_split(source: str | os.PathLike, split: str = "train", *,
     Returns:
         SplitIndex.
     """
-    from yolokit.data.shapes import make_shapes
-    from yolokit.data.stream import is_shards, shard_index, shards_root_split
+    from yolokit.data.sources.shapes import make_shapes
+    from yolokit.data.store.stream import is_shards, shard_index, shards_root_split
 
     source = make_shapes() if str(source) == "shapes" else source
     if is_shards(source):         # s3://bucket/prefix, or a folder of shards (`yolokit data shard`)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from yolokit.data.images import PAD_VALUE
+from yolokit.data.sources.images import PAD_VALUE
 
 
 @dataclass
@@ -308,11 +308,11 @@ def apply_hsv_lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
         image: [H, W, 3] uint8 BGR (RGB works the same: the tables are symmetric).
 
     Returns:
-        a new image [H, W, 3]. `yolokit.data.color.apply_hsv_lut_batch` does the same to a
+        a new image [H, W, 3]. `yolokit.data.augment.color.apply_hsv_lut_batch` does the same to a
         batch of tensors on any device.
     """
     # one row: OpenCV's vector code converts all of it (the last width % 32 pixels of each row would
-    # go to its scalar code, which rounds where the vector code truncates; see data/color.py)
+    # go to its scalar code, which rounds where the vector code truncates; see data/augment/color.py)
     row = np.ascontiguousarray(image).reshape(1, -1, 3)
     hsv = cv2.cvtColor(row, cv2.COLOR_BGR2HSV)
     out = cv2.cvtColor(cv2.LUT(hsv, np.ascontiguousarray(lut.T).reshape(1, 256, 3)), cv2.COLOR_HSV2BGR)

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from yolokit.data.images import ImageError, read_bytes
-from yolokit.data.labels import EXCLUDED, Problem, SplitIndex
-from yolokit.data.remote import Place, allow_plain_http, join
-from yolokit.data.sources import DatasetError, load_split, read_data_yaml
-from yolokit.data.stream import LABELS, MANIFEST
+from yolokit.data.sources.images import ImageError, read_bytes
+from yolokit.data.sources.labels import EXCLUDED, Problem, SplitIndex
+from yolokit.data.sources.readers import DatasetError, load_split, read_data_yaml
+from yolokit.data.store.remote import Place, allow_plain_http, join
+from yolokit.data.store.stream import LABELS, MANIFEST
 
 logger = logging.getLogger("yolokit.data")
 
@@ -243,7 +243,7 @@ def _write_split(index: SplitIndex, keys: Sequence[str], place: Place, split: st
 def _splits_of(src: str | os.PathLike, splits: list[str] | None) -> tuple[list[str], Path | None, bool]:
     """The splits to write, the root keys are made relative to, and whether the source is a COCO json."""
     if str(src) == "shapes":
-        from yolokit.data.shapes import make_shapes
+        from yolokit.data.sources.shapes import make_shapes
 
         src = make_shapes()
     path = Path(src)

@@ -1,4 +1,4 @@
-"""The device's half of the device augmentation: a batch of recipes (`yolokit.data.recipes`) to images.
+"""The device's half of the device augmentation: a batch of recipes (`yolokit.data.augment.recipes`) to images.
 
 ``build_dataloader(..., augment_on="device")`` leaves the pixels of an augmenting dataset's
 batches to `to_device`, which calls `augment_batch` on the training device. One batched pass:
@@ -19,7 +19,7 @@ No step loops over the images in Python (the JPEG list goes to one decode call),
 the device: every size comes from the recipes on the host.
 
 On CUDA the pass runs on a stream of its own, the caller's stream waiting for it with an event
-(`yolokit.data.pass_stream` says why: nvJPEG's decoder is not ordered after queued work).
+(`yolokit.data.augment.pass_stream` says why: nvJPEG's decoder is not ordered after queued work).
 
 Every gather index is inside its source by construction: a tile's pixels are read only where the
 output point falls inside the tile, each tile is checked on the host against its source's size
@@ -31,7 +31,7 @@ reading each back (slow: for debugging), and names the tensor and the batch's fi
 Eager, the work is cut into chunks of about `CHUNK` output pixels to bound the temporaries, so the
 number of kernels grows with the batch's pixels over `CHUNK` only. Compiled, a stage keeps no
 temporaries (the four neighbours and the channels are broadcast dimensions, never stacked, and
-`yolokit.data.fused` has inductor recompute rather than store), so it runs on the whole batch at
+`yolokit.data.augment.fused` has inductor recompute rather than store), so it runs on the whole batch at
 once and writes only its output.
 
 Against the workers' OpenCV images (the same recipes, so the same parameters and labels) a sample
@@ -58,10 +58,10 @@ import cv2
 import numpy as np
 import torch
 
-from yolokit.data.color import apply_hsv_lut_batch
-from yolokit.data.fused import stage
-from yolokit.data.images import PAD_VALUE, batch_files
-from yolokit.data.pass_stream import on_pass_stream, raise_if_the_device_failed, settle
+from yolokit.data.augment.color import apply_hsv_lut_batch
+from yolokit.data.augment.fused import stage
+from yolokit.data.augment.pass_stream import on_pass_stream, raise_if_the_device_failed, settle
+from yolokit.data.sources.images import PAD_VALUE, batch_files
 
 CHUNK = 1 << 22          # pixels per warp or resize step: bounds the temporaries (~2 GB at the peak)
 CHECK_INDICES = os.environ.get("YOLOKIT_CHECK_INDICES", "0") not in ("", "0")   # the debug switch (docstring)
@@ -196,7 +196,7 @@ def resize_sources(atlas: torch.Tensor, offsets: list[int], shapes: list[tuple[i
                    compiled: bool = False) -> tuple[torch.Tensor, list[int]]:
     """Every source resized to its target (h, w) like `cv2.resize(INTER_LINEAR)`: the new atlas and offsets.
     ``batch``: its files are named if a gather index is found outside its source (``CHECK_INDICES``).
-    ``compiled``: through the fused stage (`yolokit.data.fused`), all pixels at once."""
+    ``compiled``: through the fused stage (`yolokit.data.augment.fused`), all pixels at once."""
     if any(o < 0 or o + h * w > atlas.shape[1] for o, (h, w) in zip(offsets, shapes, strict=True)):
         raise ValueError(f"device augmentation: a source lies outside the batch's {atlas.shape[1]:,} decoded "
                          f"pixels; the batch's files: {_files(batch or {})}")
@@ -296,7 +296,7 @@ def augment_batch(batch: dict, device: torch.device | str, compiled: bool = Fals
     Args:
         batch: from `recipes.collate_recipes` (its tensors on the CPU, as the loader yields them).
         device: the training device.
-        compiled: the per-pixel stages through ``torch.compile`` (`yolokit.data.fused`): a few fused
+        compiled: the per-pixel stages through ``torch.compile`` (`yolokit.data.augment.fused`): a few fused
             kernels instead of some hundred, the same images; compiles once per process.
 
     Raises:

@@ -1,4 +1,4 @@
-"""Read shards (`yolokit.data.shards`) from a folder or object storage, through litdata.
+"""Read shards (`yolokit.data.store.shards`) from a folder or object storage, through litdata.
 
 `shard_index(url)` opens one split's label index (`labels.npz`: every image's size, boxes and key
 as flat arrays, so a million images cost tens of MB, not a Python object each) and returns a
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from yolokit.data.images import ImageError
-from yolokit.data.labels import EXCLUDED, Problem, SplitIndex, cache_home
-from yolokit.data.remote import Place, allow_plain_http, is_remote, join
+from yolokit.data.sources.images import ImageError
+from yolokit.data.sources.labels import EXCLUDED, Problem, SplitIndex, cache_home
+from yolokit.data.store.remote import Place, allow_plain_http, is_remote, join
 from yolokit.data.workers import SharedArray
 
 logger = logging.getLogger("yolokit.data")

@@ -21,7 +21,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from yolokit.data.labels import cache_home
+from yolokit.data.sources.labels import cache_home
 
 SHAPE_NAMES = ("circle", "rectangle", "triangle", "star")
 """The built-in shapes set's class names, in class-index order."""
