@@ -26,7 +26,7 @@ _PUBLIC = {
     "list_models": "yolokit.models",
     "load": "yolokit.interop",
     "save": "yolokit.interop",
-    "tune": "yolokit.train.tune",
+    "tune": "yolokit.train.sweeps",
 }
 
 SUBPACKAGES = ("accel", "data", "interop", "losses", "models", "ops", "predict", "train", "val", "viz")

@@ -36,7 +36,7 @@ from yolokit.train import compare_runs, train
 from yolokit.train.config import AUGMENT_FIELDS, TrainConfig, add_config_flags, config_from_args
 from yolokit.train.files import SaveError
 from yolokit.train.plots import validation_plots
-from yolokit.train.trackers import TrackerError
+from yolokit.train.trackers.base import TrackerError
 from yolokit.val import validate
 
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
@@ -77,7 +77,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_tune(args: argparse.Namespace) -> int:
     """A hyperparameter study (``yolokit.tune``): the flags set the base config, ``--space`` what varies."""
-    from yolokit.train.tune import tune
+    from yolokit.train.sweeps.tuning import tune
 
     fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("augment", "out")]
     names = fields + sorted(AUGMENT_FIELDS)

@@ -24,7 +24,8 @@ from _torchrun_env import subprocess_env
 
 from yolokit.accel.launcher import free_port
 from yolokit.data import make_shapes
-from yolokit.train.trackers import TrackerError, build_trackers
+from yolokit.train.trackers.base import TrackerError
+from yolokit.train.trackers.catalog import build_trackers
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -248,7 +249,7 @@ def test_the_csv_log_says_where_it_could_not_write(tmp_path):
 def test_advice_reads_status_codes_as_words_not_digits_of_a_port(tmp_path, monkeypatch):
     """A server that does not answer at port 40389 is not a 403: the line says to start it (this advice
     named the login at random, whenever the free port picked held 401 or 403)."""
-    from yolokit.train.mlflow_tracker import MLflowTracker
+    from yolokit.train.trackers.mlflow_tracker import MLflowTracker
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:40389")
     tracker = MLflowTracker(tmp_path / "run")

@@ -12,7 +12,7 @@ import pytest
 from yolokit.data import make_shapes
 from yolokit.train import TrainConfig, Trainer, train
 from yolokit.train.callbacks import Callback
-from yolokit.train.trackers import TRACKERS, build_trackers, run_callbacks, tracker_names
+from yolokit.train.trackers.catalog import TRACKERS, build_trackers, run_callbacks, tracker_names
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +238,7 @@ def test_the_command_line_says_in_one_line_when_a_tracker_cannot_start(shapes, t
 
 
 def test_a_tracker_failing_mid_run_warns_once_and_training_goes_on(tmp_path):
-    from yolokit.train.trackers import CSVTracker
+    from yolokit.train.trackers.catalog import CSVTracker
 
     tracker = CSVTracker(tmp_path)
     tracker.on_train_start(tmp_path, {})

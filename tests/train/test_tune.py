@@ -24,8 +24,8 @@ import yolokit
 from yolokit.data import make_shapes
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.callbacks import Callback
-from yolokit.train.space import SearchSpace
-from yolokit.train.trackers import Tracker
+from yolokit.train.sweeps.space import SearchSpace
+from yolokit.train.trackers.base import Tracker
 
 optuna = pytest.importorskip("optuna")
 

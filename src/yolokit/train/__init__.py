@@ -1,5 +1,9 @@
 """Training: the config, the trainer and its step, callbacks, checkpoints, comparisons of runs.
 
+The run (config, plan, build, step, trainer, checkpoints, callbacks) is the modules here; two
+subpackages sit beside it: `yolokit.train.trackers` (W&B, MLflow, TensorBoard, CSV), callbacks the run
+builds, and `yolokit.train.sweeps` (``yolokit.tune``), which trains a run per trial.
+
 Examples:
     >>> from yolokit.train import TrainConfig, train
     >>> metrics = train(TrainConfig(model="yolov8n", data="shapes", epochs=3, imgsz=128))

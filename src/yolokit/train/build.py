@@ -39,7 +39,7 @@ from yolokit.train.plan import Processes, RuntimePlan, device_settings, runtime_
 from yolokit.train.scales import MultiScale
 from yolokit.train.state import Parts, Progress, StepVotes
 from yolokit.train.step import GraphStep, graphs_off_reason
-from yolokit.train.trackers import run_callbacks
+from yolokit.train.trackers.catalog import run_callbacks
 from yolokit.train.weights import DEFAULT_MODEL, read_pretrained, transfer_weights
 
 

@@ -1,4 +1,4 @@
-"""Training callbacks: a tqdm progress bar, a CSV log and end-of-run plots (trackers: ``trackers.py``).
+"""Training callbacks: a tqdm progress bar, a CSV log and end-of-run plots (trackers: ``yolokit.train.trackers``).
 
 A callback receives plain values (numbers, dicts, arrays), never the trainer, so each
 one can be tested and reused on its own. The trainer prints nothing itself: what a run

@@ -25,7 +25,7 @@ from yolokit.data import AugmentConfig
 from yolokit.data.store.stream import parse_size
 from yolokit.models import MODELS, packaged_yamls
 from yolokit.models.zoo import is_yaml_name
-from yolokit.train.trackers import tracker_names
+from yolokit.train.trackers.catalog import tracker_names
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")   # torch.compile's
 

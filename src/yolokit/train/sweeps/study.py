@@ -20,8 +20,8 @@ import yaml
 
 from yolokit.train.compare import Comparison, compare_runs
 from yolokit.train.config import TrainConfig
-from yolokit.train.space import SearchSpace
-from yolokit.train.trackers import one_line
+from yolokit.train.sweeps.space import SearchSpace
+from yolokit.train.trackers.base import one_line
 
 MAXIMIZED = ("mAP50-95", "mAP50", "fitness", "precision", "recall")
 MINIMIZED = ("train/box", "train/cls", "train/dfl")

@@ -1,7 +1,7 @@
 """What every experiment tracker shares: the :class:`Tracker` base, its error, and the helpers that
-flatten a config and name metrics (:mod:`yolokit.train.trackers` builds the trackers;
-:mod:`yolokit.train.mlflow_tracker` and the others in ``trackers`` derive from the base here, so that
-neither tracker module imports the other's)."""
+flatten a config and name metrics (:mod:`yolokit.train.trackers.catalog` builds the trackers;
+:mod:`yolokit.train.trackers.mlflow_tracker` and the others in ``catalog`` derive from the base here, so
+that neither tracker module imports the other's)."""
 
 from __future__ import annotations
 

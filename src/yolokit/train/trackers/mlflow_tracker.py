@@ -1,6 +1,6 @@
 """The MLflow tracker: a run per training run in any MLflow store, and one line when it cannot start.
 
-Where it logs (see :mod:`yolokit.train.trackers` for what): ``$MLFLOW_TRACKING_URI``, which
+Where it logs (see :mod:`yolokit.train.trackers.catalog` for what): ``$MLFLOW_TRACKING_URI``, which
 may be a tracking server (``http://127.0.0.1:5000``, started with ``mlflow server``), a SQL
 store (``sqlite:///mlflow.db``, ``postgresql://...``: full ``mlflow``, not ``mlflow-skinny``),
 ``databricks`` or a file store (MLflow 3 refuses these unless ``MLFLOW_ALLOW_FILE_STORE`` is
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from yolokit.train.tracker_base import Tracker, TrackerError, _require, flat_config, one_line
+from yolokit.train.trackers.base import Tracker, TrackerError, _require, flat_config, one_line
 
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 

@@ -41,15 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from yolokit.train.callbacks import Callback, CSVLogger, Plotter, ProgressBar
-from yolokit.train.tracker_base import (  # noqa: F401 - the trackers' names, importable from here as before
-    Tracker,
-    TrackerError,
-    _require,
-    flat_config,
-    metric_name,
-    numeric,
-    one_line,
-)
+from yolokit.train.trackers.base import Tracker, _require
 
 TRACKERS = ("wandb", "mlflow", "tensorboard", "csv")   # each library tracker's pip extra has its name
 
@@ -80,7 +72,7 @@ def run_callbacks(run_dir: Path, *, main: bool, plots: bool, trackers: list[str]
 
 def build_trackers(names: list[str], run_dir: Path) -> list[Tracker]:
     """The trackers ``names`` asks for, each importing its library now (errors name the extra)."""
-    from yolokit.train.mlflow_tracker import MLflowTracker
+    from yolokit.train.trackers.mlflow_tracker import MLflowTracker
 
     kinds = {"wandb": WandbTracker, "mlflow": MLflowTracker, "tensorboard": TensorBoardTracker, "csv": CSVTracker}
     return [kinds[name](run_dir) for name in names]

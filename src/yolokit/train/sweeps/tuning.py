@@ -1,7 +1,7 @@
 """Hyperparameter sweeps: an Optuna study whose trials are full yolokit training runs.
 
 ``tune(space, config, trials=20, parallel=2)`` (``yolokit tune``) samples the fields a search
-space names (:mod:`yolokit.train.space`) onto a base ``TrainConfig`` and trains each trial as
+space names (:mod:`yolokit.train.sweeps.space`) onto a base ``TrainConfig`` and trains each trial as
 an ordinary run: its own folder ``<out>/trial_<n>`` (``results.csv``, weights, charts) and its
 own tracker run (MLflow experiment and W&B group = the study's name unless set). A callback
 reports each epoch's metric (``mAP50-95`` by default) to the study, whose pruner (median by
@@ -42,8 +42,8 @@ from yolokit.accel.launcher import launch
 from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.train.callbacks import Callback
 from yolokit.train.config import TrainConfig
-from yolokit.train.space import SearchSpace
-from yolokit.train.study import (
+from yolokit.train.sweeps.space import SearchSpace
+from yolokit.train.sweeps.study import (
     MAXIMIZED,
     MINIMIZED,
     TuneResult,
@@ -58,7 +58,8 @@ from yolokit.train.study import (
     trial_counts,
     trial_of,
 )
-from yolokit.train.trackers import TrackerError, check_trackers, one_line
+from yolokit.train.trackers.base import TrackerError, one_line
+from yolokit.train.trackers.catalog import check_trackers
 from yolokit.train.trainer import Trainer
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
