@@ -34,9 +34,34 @@ THIRD_PARTY = {
 }
 MAX_LINES = 400  # "A module stays under ~400 lines"
 
+# Inside a part: which of its own pieces each piece may import. A piece is a subpackage (data/sources/) or
+# the part's top level (TOP: the modules directly in its folder); the name of a top-level module (buffers)
+# allows that module only. Read from the code once data/ and train/ were grouped in subpackages
+# (docs/architecture.md, "Inside data and train").
+TOP = ""
+INSIDE = {
+    "data": {
+        "sources": set(),                          # reading a split and its pixels: the bottom of data/
+        "augment": {"sources", "buffers"},         # pixels through sources; recipes into the workers' buffers
+        "store": {"sources", "workers"},           # the split index, the readers write_shards reads with;
+                                                   # the workers' SharedArray (a shard lost, seen by all)
+        TOP: {TOP, "sources", "augment", "store"},   # the dataset and the loader assemble the three
+    },
+    "train": {
+        "trackers": {"callbacks"},                 # of the run, only the hooks they implement
+        "sweeps": {TOP, "trackers"},               # a sweep trains runs
+        TOP: {TOP, "trackers"},                    # the run builds its trackers and imports no sweep
+    },
+}
+# Imports inside a function that cross INSIDE, each with its reason (at module level they stay refused).
+LATE = {
+    ("data/sources/readers.py", "yolokit.data.store.stream"):
+        "a split may be shards: load_split and yolo_index open them through the store when they meet one",
+}
 
-def imports_of(path):
-    rel = path.relative_to(SRC)
+
+def imports_of(path, root=SRC):
+    rel = path.relative_to(root)
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -84,6 +109,95 @@ def test_imports_follow_the_architecture(path):
 def test_modules_stay_under_the_size_limit(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(SRC)}: {lines} lines (the limit is {MAX_LINES})"
+
+
+def _deferred_lines(tree):
+    """Line numbers of the imports inside a function (run when it is called, not when the module loads)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines |= {n.lineno for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def inside_violation(part, home, target, root=SRC):
+    """Why ``home`` (a piece of ``part``: a subpackage's name or TOP) may not import the module ``target``;
+    None when INSIDE allows it, or when ``target`` is not a module of ``part``'s pieces."""
+    names = target.split(".")
+    if names[:2] != ["yolokit", part] or len(names) < 3 or part not in INSIDE:
+        return None
+    piece = names[2] if (root / part / names[2]).is_dir() else TOP
+    allowed = INSIDE[part][home]
+    if piece == home != TOP or piece in allowed or (piece == TOP and names[2] in allowed):
+        return None
+    return f"{part}.{home or '(top level)'} imports {target}"
+
+
+def inside_problems(path, root=SRC):
+    """``file:line: what`` for each import of ``path`` that INSIDE refuses (LATE excepted, inside functions)."""
+    rel = path.relative_to(root)
+    if rel.parts[0] not in INSIDE or len(rel.parts) < 2:
+        return []
+    part, home = rel.parts[0], rel.parts[1] if len(rel.parts) > 2 else TOP
+    if home not in INSIDE[part]:
+        return [f"{rel.as_posix()}: {part}/{home}/ is a piece of {part} with no row in INSIDE"]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    deferred = _deferred_lines(tree)
+    bad = []
+    for line, name in imports_of(path, root):
+        why = inside_violation(part, home, name, root)
+        if why and not (line in deferred and (rel.as_posix(), name) in LATE):
+            bad.append(f"{rel.as_posix()}:{line}: {why}")
+    return bad
+
+
+@pytest.mark.parametrize("path", [f for f in FILES if f.relative_to(SRC).parts[0] in INSIDE],
+                         ids=lambda p: str(p.relative_to(SRC)))
+def test_the_pieces_of_data_and_train_import_in_their_direction(path):
+    bad = inside_problems(path)
+    assert not bad, "; ".join(bad)
+
+
+def test_the_layout_rule_sees_a_violation(tmp_path):
+    """Not vacuous: made-up imports against the direction are refused, with the file, the line and the import;
+    nested files still belong to their part; a LATE exception holds only inside a function."""
+    assert inside_violation("data", "sources", "yolokit.data.augment.mosaic") == \
+        "data.sources imports yolokit.data.augment.mosaic"
+    assert inside_violation("data", "sources", "yolokit.data.loader") is not None
+    assert inside_violation("data", "augment", "yolokit.data.store.cache") is not None
+    assert inside_violation("data", "augment", "yolokit.data.dataset") is not None     # buffers only
+    assert inside_violation("train", "trackers", "yolokit.train.trainer") is not None
+    assert inside_violation("train", TOP, "yolokit.train.sweeps.tuning") == \
+        "train.(top level) imports yolokit.train.sweeps.tuning"
+    allowed = [("data", "store", "yolokit.data.sources.labels"), ("data", "augment", "yolokit.data.buffers"),
+               ("data", TOP, "yolokit.data.store.shards"), ("train", "sweeps", "yolokit.train.trainer"),
+               ("train", "trackers", "yolokit.train.callbacks"), ("data", "sources", "yolokit.ops.geometry")]
+    for part, home, target in allowed:
+        assert inside_violation(part, home, target) is None, (part, home, target)
+    assert part_of(SRC / "data" / "sources" / "readers.py") == "data"
+    root = tmp_path / "yolokit"
+    for piece in ("data/sources", "data/augment", "data/store"):
+        (root / piece).mkdir(parents=True)
+    probe = root / "data" / "sources" / "readers.py"
+    probe.write_text("import os\nfrom yolokit.data.augment.mosaic import mosaic4\n\n\ndef f():\n"
+                     "    from yolokit.data.store.stream import shard_index\n")
+    assert inside_problems(probe, root) == [
+        "data/sources/readers.py:2: data.sources imports yolokit.data.augment.mosaic"]
+    probe.write_text("from yolokit.data.store.stream import shard_index\n")      # LATE: inside a function only
+    assert inside_problems(probe, root) == [
+        "data/sources/readers.py:1: data.sources imports yolokit.data.store.stream"]
+    (root / "data" / "extra").mkdir()
+    (root / "data" / "extra" / "x.py").write_text("")
+    assert "no row in INSIDE" in inside_problems(root / "data" / "extra" / "x.py", root)[0]
+
+
+def test_each_late_exception_is_still_needed():
+    for (file, module), why in LATE.items():
+        path = SRC / file
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        deferred = _deferred_lines(tree)
+        assert any(n == module and line in deferred for line, n in imports_of(path)), f"LATE: {file} no longer " \
+            f"imports {module} inside a function ({why}): drop the exception"
 
 
 def test_the_trainer_reads_as_its_epoch_loop():

@@ -11,6 +11,7 @@ import pkgutil
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,22 @@ def test_every_subpackage_is_pinned():
     assert found == set(yolokit.SUBPACKAGES) == set(PUBLIC) - {"yolokit"}
 
 
-@pytest.mark.parametrize("package", [p for p in yolokit.SUBPACKAGES if p != "viz"])
+# Subpackages inside a part (data.sources, train.sweeps, ...): each says what it offers, though only the
+# parts' own __all__ are the public API pinned above (their names import from the part).
+NESTED = sorted(".".join(p.parent.relative_to(Path(yolokit.__file__).parent).parts)
+                for p in Path(yolokit.__file__).parent.glob("*/*/__init__.py"))
+
+
+@pytest.mark.parametrize("package", NESTED)
+def test_each_subpackage_inside_a_part_has_a_docstring_and_offers_what_it_names(package):
+    module = importlib.import_module(f"yolokit.{package}")
+    assert (module.__doc__ or "").strip(), f"yolokit.{package} has no docstring"
+    assert module.__all__ and len(set(module.__all__)) == len(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, f"{package}.{name}"
+
+
+@pytest.mark.parametrize("package", [p for p in yolokit.SUBPACKAGES if p != "viz"] + NESTED)
 def test_no_module_is_shadowed_by_a_name_of_its_package(package):
     module = importlib.import_module(f"yolokit.{package}")
     for info in pkgutil.iter_modules(module.__path__):
