@@ -9,6 +9,7 @@ import torch
 import yolokit
 from yolokit.accel import TrainingDiverged
 from yolokit.data import make_shapes
+from yolokit.interop.safe_load import pickle_globals
 from yolokit.train import TrainConfig, Trainer, train
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import load_checkpoint
@@ -49,6 +50,9 @@ def test_two_epochs_write_the_run_folder(shapes, tmp_path, model, capsys):
     assert TrainConfig.from_yaml(run / "config.yaml").model == model
     last = load_checkpoint(run / "weights" / "last.pt")
     assert last["epoch"] == 2 and last["train_config"]["model"] == model
+    for name in ("last.pt", "best.pt", "model.pt"):   # no module path stored: moving a module keeps old runs loading
+        assert not [g for g in pickle_globals(run / "weights" / name) if g.startswith("yolokit")], name
+    assert "!!python" not in (run / "config.yaml").read_text()
     best = torch.load(run / "weights" / "best.pt", weights_only=True)    # the weights only: what a run keeps small
     assert {"state_dict", "config", "names", "train_config", "epoch", "fitness"} <= set(best)
     assert "optimizer" not in best and "ema" not in best
