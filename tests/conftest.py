@@ -140,3 +140,11 @@ def s3_env(s3_store, monkeypatch):
     for k, v in s3_store.env.items():
         monkeypatch.setenv(k, v)
     yield s3_store
+
+
+@pytest.fixture(scope="session")
+def pages_staged(tmp_path_factory):
+    """(folder, environment) the pages' code blocks run in: every placeholder file (tests/_pages.py)."""
+    from _pages import stage
+
+    return stage(tmp_path_factory.mktemp("pages"))

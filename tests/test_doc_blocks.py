@@ -2,16 +2,9 @@
 its end, exit code 0.
 
 Each block runs as ``python block.py`` would, in a process of its own (with a timeout; forked
-from one that imported torch and yolokit once, see ``RUNNER``), in a fresh folder that holds what
-its placeholder paths name, so the pages need no edits to run:
-
-- ``path/to/data.yaml`` and ``data.yaml``: a small shapes set (16 + 8 images of 64 px);
-- ``path/to/images``: a folder of 3 images; ``clip.mp4``: a 6-frame video;
-- ``runs/train/weights/model.pt``: the weights of a small trained run (1 epoch of that set);
-- ``best.pt``: a 2-class yolov8s; ``yolov8n.pt`` and ``yolo11n.pt``: Ultralytics checkpoints
-  (written by the stand-ins of tests/interop); ``yolo26n.pt``: a (narrow) YOLO26 checkpoint
-  the reference's own trainer saved (tests/interop/fixtures); ``yolov3-tiny.weights``: a Darknet file;
-- ``"shapes"``: the built-in set, generated once into the session's ``YOLOKIT_CACHE``.
+from one that imported torch and yolokit once, see ``RUNNER``), in a fresh copy of the folder
+tests/_pages.py stages: it holds what the blocks' placeholder paths name, so the pages need no
+edits to run.
 
 Runs are shortened by the substitutions in ``SHORTER`` (documented in the README), which
 change sizes, never what a block does: every epoch count becomes 1 (2 where a resume must
@@ -29,14 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cv2
-import numpy as np
 import pytest
-import torch
-from _torchrun_env import subprocess_env
-
-import yolokit
-from yolokit.data import make_shapes
+from _pages import NOT_RUN, PAGES
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +41,6 @@ SHORTER = [  # (pattern, replacement), applied in order to every block
 ]
 
 
-NOT_RUN = re.compile(r"^<!-- not run: (.+) -->$")   # the line before a block that deliberately does not run
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
@@ -78,7 +64,6 @@ def marked_blocks(text: str) -> list[tuple[int, str, str | None]]:
     return blocks
 
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKED = [(f"{page.relative_to(ROOT)}:{line}", code, why)
           for page in PAGES for line, code, why in marked_blocks(page.read_text())]
 BLOCKS = [(where, code) for where, code, why in MARKED if why is None]
@@ -110,45 +95,6 @@ def shorter(code: str) -> str:
     for pattern, replacement in SHORTER:
         code = re.sub(pattern, replacement, code)
     return code
-
-
-@pytest.fixture(scope="session")
-def staged(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """A folder holding every placeholder file, and the environment the blocks run with."""
-    root = tmp_path_factory.mktemp("readme")
-    cache = root / "cache"
-    env = {**subprocess_env(), "YOLOKIT_CACHE": str(cache), "MPLBACKEND": "Agg"}
-    subprocess.run([sys.executable, "-c", "from yolokit.data import make_shapes; make_shapes()"], env=env,
-                   check=True, timeout=300)               # the built-in set, once
-    small = make_shapes(root / "small", n_train=16, n_val=8, imgsz=64)
-    files = root / "files"
-    (files / "path" / "to").mkdir(parents=True)
-    for name in ("path/to/data.yaml", "data.yaml"):
-        shutil.copy(small, files / name)                # data.yaml names its folder absolutely
-    rng = np.random.default_rng(0)
-    (files / "path" / "to" / "images").mkdir()
-    for i in range(3):
-        cv2.imwrite(str(files / "path" / "to" / "images" / f"{i}.jpg"), rng.integers(0, 255, (48, 64, 3), np.uint8))
-    video = cv2.VideoWriter(str(files / "clip.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 10, (64, 48))
-    for _ in range(6):
-        video.write(rng.integers(0, 255, (48, 64, 3), np.uint8))
-    video.release()
-    torch.manual_seed(0)
-    yolokit.save(yolokit.create_model("yolov8s", num_classes=2), files / "best.pt")
-    yolokit.save(yolokit.create_model("yolov3-tiny", num_classes=80), files / "yolov3-tiny.weights")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from interop.conftest import write_their_checkpoint, write_their_spec_checkpoint
-    write_their_checkpoint(files / "yolov8n.pt", "yolov8n", nc=80)
-    shutil.copy(ROOT / "tests" / "interop" / "fixtures" / "yolo26-tiny-last.pt", files / "yolo26n.pt")
-    yolo11 = yolokit.create_model("yolo11n.yaml", num_classes=80)
-    write_their_spec_checkpoint(files / "yolo11n.pt", yolo11, {**yolo11.config.spec, "scale": "n", "channels": 3,
-                                                                "yaml_file": "yolo11n.yaml"})
-    trained = subprocess.run([sys.executable, "-m", "yolokit", "train", "--data", str(small), "--epochs", "1",
-                              "--imgsz", "64", "--batch", "8", "--workers", "0", "--no-plots",
-                              "--out", str(files / "runs" / "train")], env=env, capture_output=True, text=True,
-                             timeout=300)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    return files, env
 
 
 def test_the_readme_has_python_blocks_and_each_example_script_a_test():
@@ -207,14 +153,14 @@ for request in sys.stdin:
 
 
 @pytest.fixture(scope="session")
-def runner(staged):
+def runner(pages_staged):
     """``run(script, cwd, timeout) -> (exit code, output)`` through one RUNNER process."""
     import json
     import os
     import select
     import signal
 
-    _, env = staged
+    _, env = pages_staged
     proc = subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env=env, text=True, bufsize=1)
 
@@ -243,8 +189,8 @@ def runner(staged):
 @pytest.mark.parametrize("where, code", [pytest.param(where, code, id=where,
                                                       marks=[pytest.mark.extended] if _is_extended(code) else [])
                                          for where, code in BLOCKS])
-def test_block_runs_as_a_script(staged, runner, tmp_path, where, code):
-    files, _ = staged
+def test_block_runs_as_a_script(pages_staged, runner, tmp_path, where, code):
+    files, _ = pages_staged
     work = tmp_path / "work"
     shutil.copytree(files, work)
     script = work / f"block_{where.replace('/', '_').replace('.md:', '_')}.py"
