@@ -75,6 +75,7 @@ EXTENDED = {
     "print(compare_runs(runs))": "tests/test_examples.py (examples/own_network.py), tests/train/test_own_network.py",
     'tracker="wandb"': "tests/train/test_trackers.py, tests/train/test_mlflow_stores.py",
     'export_onnx(model, "model.onnx"': "tests/interop/test_onnx.py, test_native.py, test_darknet.py",
+    'yolokit.export(model, "onnx"': "tests/deploy/test_export.py, tests/deploy/test_command.py",
     "freeze=10": "tests/train/test_freeze.py, tests/train/test_compare.py",
     "save_period_iters=500": "tests/train/test_resume_iters.py",
     "devices=4": "tests/train/test_distributed_training.py",

@@ -23,7 +23,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from _pages import NOT_RUN, PAGES
 
 from yolokit.cli import build_parser
@@ -102,7 +101,7 @@ def yolokit_args(words: list[str]) -> list[str] | None:
 
 def test_the_pages_have_commands_of_every_yolokit_command():
     said = {yolokit_args(shlex.split(cmd))[0] for _, cmd in COMMANDS if yolokit_args(shlex.split(cmd))}
-    assert said >= {"train", "tune", "val", "predict", "compare", "export", "data", "demo"}, said
+    assert said >= {"train", "tune", "val", "predict", "compare", "export", "benchmark", "data", "demo"}, said
 
 
 @pytest.mark.parametrize("where, cmd", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
@@ -264,7 +263,8 @@ def test_every_rule_of_not_here_is_used_and_a_gpu_line_is_not_run():
 def test_the_commands_are_shortened_in_size_only():
     assert shortened("yolokit train --model yolov8s --data d.yaml --epochs 100 --imgsz 640 --batch 16") == \
         "yolokit train --model yolov8s --data d.yaml --epochs 1 --imgsz 64 --batch 8 --workers 0 --no-plots"
-    assert shortened("yolokit train --resume runs/detect --epochs 200") == "yolokit train --resume runs/detect --epochs 2"
+    assert shortened("yolokit train --resume runs/detect --epochs 200") == \
+        "yolokit train --resume runs/detect --epochs 2"
     assert shortened("yolokit train --resume runs/train") == "yolokit train --resume runs/train"
     assert shortened("yolokit train --out runs/big --resume auto") == \
         "yolokit train --out runs/big --resume auto --epochs 1 --imgsz 64 --workers 0 --no-plots"

@@ -19,8 +19,11 @@ import yolokit
 
 PUBLIC = {
     "yolokit": """
-        Detections Detector __version__ accel create_model data interop list_models load losses
-        models ops predict save train tune val viz
+        Detections Detector __version__ accel create_model data deploy export interop list_models load
+        losses models ops predict save train tune val viz
+    """,
+    "deploy": """
+        ExportError ExportedModel FORMATS TOLERANCES check_export export format_of load load_exported
     """,
     "accel": """
         Accumulator BatchNormSync DeviceMonitor GracefulStop Interrupted LaunchError MuSGD Precision

@@ -6,6 +6,7 @@ Examples:
     >>> from yolokit.predict import predict
     >>> results = predict(model, "path/to/images", conf=0.25)  # files, folders, videos, arrays
     >>> model = yolokit.load("yolov8n.pt")  # Ultralytics, Darknet (model=...) or yolokit files
+    >>> yolokit.export(model, "onnx")        # also "openvino", "pt2"; yolokit.load runs the file again
 
 The public names below, and every subpackage (``yolokit.train``, ``yolokit.data``,
 ``yolokit.accel``, ...), are imported on first use, so ``import yolokit.accel`` (in a
@@ -24,14 +25,16 @@ _PUBLIC = {
     "Detector": "yolokit.models",
     "create_model": "yolokit.models",
     "list_models": "yolokit.models",
-    "load": "yolokit.interop",
+    "export": "yolokit.deploy",
+    "load": "yolokit.deploy",
     "save": "yolokit.interop",
     "tune": "yolokit.train.sweeps",
 }
 
-SUBPACKAGES = ("accel", "data", "interop", "losses", "models", "ops", "predict", "train", "val", "viz")
+SUBPACKAGES = ("accel", "data", "deploy", "interop", "losses", "models", "ops", "predict", "train", "val", "viz")
 
-__all__ = ["Detections", "Detector", "__version__", "create_model", "list_models", "load", "save", "tune", *SUBPACKAGES]
+__all__ = ["Detections", "Detector", "__version__", "create_model", "export", "list_models", "load", "save", "tune",
+           *SUBPACKAGES]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,5 @@
-"""The ``yolokit`` command: ``train``, ``tune``, ``val``, ``predict``, ``compare``, ``export`` and ``demo``.
+"""The ``yolokit`` command: ``train``, ``tune``, ``val``, ``predict``, ``compare``, ``export``, ``benchmark``,
+``data`` and ``demo`` (``export`` and ``benchmark``: ``yolokit.deploy.command``).
 
 Each subcommand is a function ``run_<name>(args)``; ``main`` only parses and dispatches.
 ``train`` flags are the ``TrainConfig`` field names.
@@ -29,7 +30,8 @@ from yolokit.accel.stop import GracefulStop, Interrupted
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.data.sources.shapes import draw_shapes_image
 from yolokit.data.store.remote import CredentialsError, StoreError, one_line
-from yolokit.interop import export_onnx, load
+from yolokit.deploy import ExportedModel, load
+from yolokit.deploy.command import add_commands as add_deploy_commands
 from yolokit.models import Detector
 from yolokit.predict import ResultWriter, next_run_dir, predict_iter
 from yolokit.train import compare_runs, train
@@ -38,6 +40,7 @@ from yolokit.train.files import SaveError
 from yolokit.train.plots import validation_plots
 from yolokit.train.trackers.base import TrackerError
 from yolokit.val import validate
+from yolokit.val.loop import model_device
 
 # `yolokit train` on the built-in shapes set: fields not given on the command line take
 # these values, so the default run finishes in minutes on a laptop CPU.
@@ -47,8 +50,9 @@ SHAPES_PRESET = {"epochs": 25, "imgsz": 256, "batch": 16, "nbs": 16, "warmup_epo
 def _model_from(args: argparse.Namespace) -> Detector:
     """The model a command names: ``--weights`` (any format yolokit reads; ``--model`` checks or
     picks the variant) or a fresh ``--model``."""
-    if getattr(args, "weights", None):
-        return load(args.weights, model=args.model)
+    if getattr(args, "weights", None):   # an exported file runs on the CPU unless --device cuda names the GPU
+        device = args.device if str(getattr(args, "device", "cpu")).startswith("cuda") else "cpu"
+        return load(args.weights, model=args.model, device=device)
     return yolokit.create_model(args.model or "yolov8n", num_classes=args.num_classes)
 
 
@@ -58,7 +62,14 @@ def _inference_model(args: argparse.Namespace) -> Detector:
     half = getattr(args, "half", False)
     if half and device.type != "cuda":
         raise ValueError(f"--half needs a CUDA device (got {device}); float16 convolutions on the CPU are slow")
-    model = _model_from(args).to(device).eval().fuse()
+    model = _model_from(args)
+    if isinstance(model, ExportedModel):            # runs in its own runtime, at its own precision
+        if half:
+            raise ValueError(f"{args.weights}: an exported file keeps its precision; export it with --half instead")
+        if model.info["output"] != "detections":    # NMS in the graph: the file's own detections
+            model.check_nms(getattr(args, "nms", True))
+        return model
+    model = model.to(device).eval().fuse()
     model.check_nms(getattr(args, "nms", True))   # --no-nms on a model without a one-to-one branch: one line
     return model.half() if half else model
 
@@ -97,7 +108,8 @@ def run_tune(args: argparse.Namespace) -> int:
 def run_val(args: argparse.Namespace) -> int:
     """COCO mAP of a model on a dataset split, by the usual protocol; per-class table, CSV and charts."""
     model = _inference_model(args)
-    dataset = DetectionDataset(args.data, args.split, imgsz=args.imgsz, rect=True, stride=max(model.strides))
+    rect = getattr(model, "fixed_imgsz", None) is None   # a file exported for one size takes squares of it
+    dataset = DetectionDataset(args.data, args.split, imgsz=args.imgsz, rect=rect, stride=max(model.strides))
     names = list(dataset.names.values()) if isinstance(dataset.names, dict) else list(dataset.names)
     if len(names) != model.num_classes:
         raise ValueError(f"{args.data} has {len(names)} classes but the model has {model.num_classes}")
@@ -120,7 +132,7 @@ def run_val(args: argparse.Namespace) -> int:
     print(result.format_table(names))
     selection = (f"NMS {'single' if args.single_label else 'multi'}-label, conf {args.conf:g}, iou {args.iou:g}"
                  if args.nms else f"one-to-one top-{args.max_det}, no NMS, conf {args.conf:g}")
-    print(f"{len(dataset)} images in {seconds:.1f} s on {next(model.parameters()).device}"
+    print(f"{len(dataset)} images in {seconds:.1f} s on {model_device(model)}"
           f"{' (float16)' if args.half else ''}; {selection}, max_det {args.max_det}; mAP is COCO's (101-point)")
     result.write_csv(out / "per_class.csv", names)
     if args.plots:
@@ -158,22 +170,13 @@ def run_predict(args: argparse.Namespace) -> int:
         raise stop from None
     seconds = time.perf_counter() - started
     print(f"{count} images in {seconds:.1f} s ({count / max(seconds, 1e-9):.1f}/s) on "
-          f"{next(model.parameters()).device}; results written to {out}")
+          f"{model_device(model)}; results written to {out}")
     return 0
 
 
 def run_compare(args: argparse.Namespace) -> int:
     """Training runs side by side: best and last mAP, epochs, hours, and the config fields that differ."""
     print(compare_runs(args.runs))
-    return 0
-
-
-def run_export(args: argparse.Namespace) -> int:
-    """Writes the model as ONNX (decode included, NMS optional)."""
-    model = _model_from(args).to(resolve_device(args.device)).eval()  # traced from a float32 CPU copy
-    out = Path(args.out or f"{model.name}.onnx")
-    export_onnx(model, out, imgsz=args.imgsz, nms=args.nms, conf=args.conf, iou=args.iou, max_det=args.max_det)
-    print(f"exported {model.name} to {out}")
     return 0
 
 
@@ -225,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", choices=yolokit.list_models(),
                        help="model variant (default yolov8n); with --weights, checks or picks the variant")
         if weights:
-            p.add_argument("--weights", help="weights file (yolokit, Ultralytics .pt, Darknet .weights)")
+            p.add_argument("--weights", help="weights file (yolokit, Ultralytics .pt, Darknet .weights); predict and "
+                                             "val also run an exported .onnx, OpenVINO folder or .pt2")
             p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
         p.add_argument("--num-classes", type=int, default=80, help="classes of a fresh model (without --weights)")
         p.add_argument("--imgsz", type=int, default=imgsz, help="image size in pixels")
@@ -314,11 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("runs", nargs="+", help="run folders (runs/train runs/train2 ...)")
     compare.set_defaults(func=run_compare)
 
-    export = sub.add_parser("export", help="export to ONNX")
-    model_flags(export, conf=0.25, imgsz=640, end_to_end=False)
-    export.add_argument("--nms", action="store_true", help="append NMS to the graph")
-    export.add_argument("--out", help="output .onnx path (default: <model>.onnx)")
-    export.set_defaults(func=run_export)
+    add_deploy_commands(sub, model_flags)   # export, benchmark
 
     data = sub.add_parser("data", help="dataset tools: `data shard` writes a dataset as shards")
     data_sub = data.add_subparsers(dest="data_command", required=True)

@@ -1,7 +1,7 @@
 """ONNX export: the network plus decode, and optionally NMS, as one graph.
 
-The graph takes ``images`` float32 [B, 3, H, W] in [0, 1] (B dynamic, H and W fixed at
-export) and returns either
+The graph takes ``images`` float32 [B, 3, H, W] in [0, 1] (B dynamic; H and W any multiples of the
+largest stride, or with ``dynamic=False`` the export size) and returns either
 
 - ``predictions`` [B, P, 4 + C]: ``Detector.decode`` output, xyxy boxes in input pixels
   and class scores in [0, 1]; or, with ``nms=True``,
@@ -18,7 +18,8 @@ replaces NMS inside the graph (no NMS op):
   min(max_det, points) (``ops.nms.top_k_predictions``); the caller keeps the rows above its
   threshold. ``end_to_end=False`` exports its one-to-many branch as any other model.
 Batch norms are folded into the convolutions by the exporter (eval mode); a model in
-another dtype or on another device is exported from a float32 CPU copy. The export uses
+another dtype or on another device is exported from a float32 CPU copy. With ``half=True`` the
+weights and the arithmetic are float16; the input and the output stay float32 (casts at both ends). The export uses
 ``torch.onnx.export(dynamo=True)``; it needs ``onnx`` and ``onnxscript``
 (``pip install 'yolokit[export]'``, which adds ``onnxruntime`` to run the result).
 """
@@ -70,6 +71,38 @@ class DecodedDetector(nn.Module):
         return preds
 
 
+class HalfGraph(nn.Module):
+    """``module`` in float16 between a float32 input and a float32 output (the file's interface does not
+    change with its precision)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module.half()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.module(images.half()).float()
+
+
+def export_graph(model: Detector, *, nms: bool = False, end_to_end: bool = False, max_det: int = 300,
+                 half: bool = False) -> nn.Module:
+    """The module every export traces: ``DecodedDetector`` of a float32 CPU copy of ``model`` in eval mode
+    (float16 in a ``HalfGraph`` with ``half``); ``model`` itself is left as it was."""
+    net = copy.deepcopy(model).to("cpu", torch.float32).eval()
+    graph = DecodedDetector(net, best_class_only=nms, top_k=max_det if end_to_end else None).eval()
+    return HalfGraph(graph).eval() if half else graph
+
+
+def export_shapes(model: Detector, h: int, w: int, *, dynamic: bool = True) -> tuple[Tensor, dict]:
+    """An example input and ``torch.export``'s dynamic shapes: the batch always; with ``dynamic``, H and W
+    as any multiples of the largest stride (up to 8192 pixels)."""
+    stride = int(max(model.strides))
+    dims = {0: torch.export.Dim("batch", min=1, max=4096)}
+    if dynamic:
+        dims[2] = stride * torch.export.Dim("rows", min=1, max=8192 // stride)
+        dims[3] = stride * torch.export.Dim("columns", min=1, max=8192 // stride)
+    return torch.zeros(2, 3, h, w), {"images": dims}   # batch 2: a batch of 1 would be baked in as a constant
+
+
 def _require(*modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
@@ -87,6 +120,8 @@ def export_onnx(
     max_det: int = 300,
     opset: int | None = None,
     end_to_end: bool | None = None,
+    dynamic: bool = True,
+    half: bool = False,
 ) -> Path:
     """Exports ``model`` (network + decode, optionally NMS) to an ONNX file.
 
@@ -101,11 +136,14 @@ def export_onnx(
         opset: ONNX opset (default: the exporter's).
         end_to_end: an end-to-end model's (YOLO26's) one-to-one branch and top-k in the graph, the
             output ``detections`` [B, k, 6]. None: for such a model unless ``nms`` is asked for.
+        dynamic: the file takes any H and W that are multiples of the largest stride; False: only
+            ``imgsz`` (the batch is dynamic either way).
+        half: float16 weights and arithmetic (float32 input and output).
 
     Returns:
         ``path``. The model config, strides, input size, class names and output layout are
         stored in the file's metadata (``yolokit_config``, ``strides``, ``imgsz``,
-        ``names``, ``output``).
+        ``names``, ``output``; ``yolokit`` holds them all as one json, see ``file_info``).
 
     Examples:
         >>> export_onnx(create_model("yolov8n"), "yolov8n.onnx", imgsz=320)
@@ -126,32 +164,24 @@ def export_onnx(
     stride = max(model.strides)
     if h % stride or w % stride:
         raise ValueError(f"imgsz {h}x{w} must be a multiple of {model.name}'s largest stride {stride}")
-    param = next(model.parameters())
-    net = model if (param.dtype, param.device.type) == (torch.float32, "cpu") else (
-        copy.deepcopy(model).to("cpu", torch.float32))
-    was_training = net.training
-    wrapper = DecodedDetector(net, best_class_only=nms, top_k=max_det if end_to_end else None).eval()
-    example = torch.zeros(2, 3, h, w)  # batch 2: a batch of 1 would be baked in as a constant
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    try:
-        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-            program = torch.onnx.export(wrapper, (example,), dynamo=True, input_names=["images"],
-                                        output_names=["detections" if end_to_end else "predictions"],
-                                        dynamic_shapes={"images": {0: batch}},
-                                        opset_version=opset, verbose=False)
-    finally:
-        net.train(was_training)
+    wrapper = export_graph(model, nms=nms, end_to_end=end_to_end, max_det=max_det, half=half)
+    example, dynamic_shapes = export_shapes(model, h, w, dynamic=dynamic)
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        program = torch.onnx.export(wrapper, (example,), dynamo=True, input_names=["images"],
+                                    output_names=["detections" if end_to_end else "predictions"],
+                                    dynamic_shapes=dynamic_shapes, opset_version=opset, verbose=False)
     proto = program.model_proto
     if nms:
         add_nms(proto, conf=conf, iou=iou, max_det=max_det)
+    meta = file_info(model, h, w, nms=nms, end_to_end=end_to_end, dynamic=dynamic, half=half, conf=conf, iou=iou,
+                     max_det=max_det)
     info: dict[str, Any] = {
-        "yolokit_config": json.dumps(asdict(model.config)) if model.config is not None else "",
-        "strides": json.dumps(list(model.strides)),
+        "yolokit": json.dumps(meta),
+        "yolokit_config": meta["config"],
+        "strides": json.dumps(meta["strides"]),
         "imgsz": json.dumps([h, w]),
         "names": json.dumps(model.names),
-        "output": "detections [K, 7]: image_index, x1, y1, x2, y2, score, label" if nms
-        else "detections [B, k, 6]: x1, y1, x2, y2, score, label (one-to-one, no NMS)" if end_to_end
-        else "predictions [B, P, 4 + C]: x1, y1, x2, y2, class scores",
+        "output": OUTPUTS[meta["output"]],
     }
     onnx.helper.set_model_props(proto, info)
     large = proto.ByteSize() > _PROTOBUF_LIMIT
@@ -159,6 +189,25 @@ def export_onnx(
         onnx.checker.check_model(proto)
     onnx.save_model(proto, str(path), save_as_external_data=large, location=f"{path.name}.data")
     return path
+
+
+OUTPUTS = {
+    "detections": "detections [K, 7]: image_index, x1, y1, x2, y2, score, label",
+    "end_to_end": "detections [B, k, 6]: x1, y1, x2, y2, score, label (one-to-one, no NMS)",
+    "predictions": "predictions [B, P, 4 + C]: x1, y1, x2, y2, class scores",
+}
+
+
+def file_info(model: Detector, h: int, w: int, *, nms: bool, end_to_end: bool, dynamic: bool, half: bool,
+              conf: float, iou: float, max_det: int) -> dict[str, Any]:
+    """What an exported file says about itself (every format stores this dict as json): the model's
+    name, config, strides and class names, the export size, whether other sizes run, the precision, the
+    output (a key of ``OUTPUTS``) and the thresholds baked into the graph."""
+    return {"name": model.name, "config": json.dumps(asdict(model.config)) if model.config is not None else "",
+            "strides": [int(s) for s in model.strides], "names": list(model.names), "imgsz": [h, w],
+            "dynamic": bool(dynamic), "half": bool(half),
+            "output": "detections" if nms else "end_to_end" if end_to_end else "predictions",
+            "conf": float(conf), "iou": float(iou), "max_det": int(max_det)}
 
 
 def add_nms(proto: Any, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300) -> None:

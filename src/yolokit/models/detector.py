@@ -181,26 +181,9 @@ class Detector(nn.Module):
             torch.Size([5, 4])
         """
         self.check_nms(nms)
-        if not isinstance(images, Tensor):
-            raise TypeError(f"Detector.predict takes Tensor[B, 3, H, W] or Tensor[3, H, W], got "
-                            f"{type(images).__name__}: files, folders, videos and numpy or PIL images go through "
-                            "yolokit.predict(model, source)")
-        batch = images[None] if images.ndim == 3 else images
-        if batch.ndim != 4 or batch.shape[1] != 3:
-            raise ValueError(f"images must be Tensor[B, 3, H, W] or Tensor[3, H, W], got shape {tuple(images.shape)}")
-        h, w = batch.shape[-2:]
-        if orig_shapes is None:
-            orig_shapes, ratio_pad = [(h, w)] * len(batch), None
-        if ratio_pad is None:
-            ratio_pad = [((w / ow, h / oh), (0.0, 0.0)) for oh, ow in orig_shapes]
         param = next(self.parameters())
-        uint8 = not batch.is_floating_point()
-        batch = batch.to(param.device, param.dtype)
-        if uint8:
-            batch = batch / 255
-        stride = int(max(self.strides))
-        if h % stride or w % stride:
-            batch = F.pad(batch, (0, -w % stride, 0, -h % stride), value=114 / 255)
+        batch, orig_shapes, ratio_pad = input_batch(images, int(max(self.strides)), param.device, param.dtype,
+                                                    orig_shapes, ratio_pad)
         was_training = self.training
         self.eval()
         try:
@@ -208,13 +191,8 @@ class Detector(nn.Module):
             preds = self.decode(maps) if nms else self.decode(maps, nms=False)
         finally:
             self.train(was_training)
-        if nms:
-            dets = non_max_suppression(preds, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
-                                       multi_label=multi_label, max_det=max_det)
-        else:
-            dets = end_to_end_detections(preds, conf=conf, classes=classes, max_det=max_det, agnostic=agnostic)
-        return [Detections(unletterbox_boxes(d.boxes, rp, shape), d.scores, d.labels)
-                for d, rp, shape in zip(dets, ratio_pad, orig_shapes, strict=True)]
+        return detections_of(preds, orig_shapes, ratio_pad, nms=nms, conf=conf, iou=iou, max_det=max_det,
+                             classes=classes, agnostic=agnostic, multi_label=multi_label)
 
     def fuse(self, channels_last: bool | None = None) -> Detector:
         """Prepares the model for inference: folds every batch norm into its convolution.
@@ -273,3 +251,60 @@ class Detector(nn.Module):
             gflops=counter.get_total_flops() / 1e9,
             imgsz=imgsz,
         )
+
+
+def input_batch(images: Tensor, stride: int, device: torch.device | str, dtype: torch.dtype,
+                orig_shapes: Sequence[tuple[int, int]] | None = None, ratio_pad: Sequence[Any] | None = None,
+                ) -> tuple[Tensor, list[tuple[int, int]], list[Any]]:
+    """``Detector.predict``'s input as the network takes it, and where each image's boxes map back to.
+
+    Args:
+        images: Tensor[B, 3, H, W] or Tensor[3, H, W], RGB, uint8 or float in [0, 1].
+        stride: sides are padded with grey at the right and bottom to multiples of this.
+        device, dtype: of the returned batch.
+        orig_shapes, ratio_pad: as ``Detector.predict`` takes them.
+
+    Returns:
+        ``(batch, orig_shapes, ratio_pad)``: a float batch in [0, 1], and one shape and one
+        ``((ratio_w, ratio_h), (pad_w, pad_h))`` per image (input pixels when none were given).
+    """
+    if not isinstance(images, Tensor):
+        raise TypeError(f"Detector.predict takes Tensor[B, 3, H, W] or Tensor[3, H, W], got "
+                        f"{type(images).__name__}: files, folders, videos and numpy or PIL images go through "
+                        "yolokit.predict(model, source)")
+    batch = images[None] if images.ndim == 3 else images
+    if batch.ndim != 4 or batch.shape[1] != 3:
+        raise ValueError(f"images must be Tensor[B, 3, H, W] or Tensor[3, H, W], got shape {tuple(images.shape)}")
+    h, w = batch.shape[-2:]
+    if orig_shapes is None:
+        orig_shapes, ratio_pad = [(h, w)] * len(batch), None
+    if ratio_pad is None:
+        ratio_pad = [((w / ow, h / oh), (0.0, 0.0)) for oh, ow in orig_shapes]
+    uint8 = not batch.is_floating_point()
+    batch = batch.to(device, dtype)
+    if uint8:
+        batch = batch / 255
+    if h % stride or w % stride:
+        batch = F.pad(batch, (0, -w % stride, 0, -h % stride), value=114 / 255)
+    return batch, list(orig_shapes), list(ratio_pad)
+
+
+def detections_of(predictions: Tensor, orig_shapes: Sequence[tuple[int, int]], ratio_pad: Sequence[Any], *,
+                  nms: bool = True, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
+                  classes: Sequence[int] | None = None, agnostic: bool = False,
+                  multi_label: bool = False) -> list[Detections]:
+    """Decoded predictions Tensor[B, P, 4 + C] -> ``Detector.predict``'s detections: NMS (or, with
+    ``nms=False``, an end-to-end branch's top-k), boxes mapped back to each original image."""
+    if nms:
+        dets = non_max_suppression(predictions, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
+                                   multi_label=multi_label, max_det=max_det)
+    else:
+        dets = end_to_end_detections(predictions, conf=conf, classes=classes, max_det=max_det, agnostic=agnostic)
+    return mapped_back(dets, orig_shapes, ratio_pad)
+
+
+def mapped_back(dets: Sequence[Detections], orig_shapes: Sequence[tuple[int, int]],
+                ratio_pad: Sequence[Any]) -> list[Detections]:
+    """Each image's detections with boxes in its original pixels (``ops.geometry.unletterbox_boxes``)."""
+    return [Detections(unletterbox_boxes(d.boxes, rp, shape), d.scores, d.labels)
+            for d, rp, shape in zip(dets, ratio_pad, orig_shapes, strict=True)]

@@ -41,19 +41,20 @@ def batches(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
-def letterbox_batch(images: Sequence[Tensor], imgsz: int, stride: int) -> tuple[Tensor, list[Any]]:
+def letterbox_batch(images: Sequence[Tensor], imgsz: int, stride: int, *,
+                    square: bool = False) -> tuple[Tensor, list[Any]]:
     """Letterboxes Tensor[3, H, W] uint8 images (``yolokit.data.sources.images.letterbox``) into one batch.
 
     ``imgsz`` is rounded up to a multiple of ``stride``. When every image has the same
     shape the batch is the smallest stride-aligned rectangle around them (less padding,
-    faster), otherwise the square.
+    faster), otherwise (or with ``square``: a model that takes one size only) the square.
 
     Returns:
         ``(batch, ratio_pads)``: Tensor[B, 3, H', W'] uint8, and one
         ``((ratio_w, ratio_h), (pad_w, pad_h))`` per image.
     """
     size = math.ceil(imgsz / stride) * stride
-    same = len({tuple(im.shape[-2:]) for im in images}) == 1
+    same = not square and len({tuple(im.shape[-2:]) for im in images}) == 1
     boxed = [letterbox(np.ascontiguousarray(im.permute(1, 2, 0).numpy()), size, stride=stride, auto=same)
              for im in images]
     return torch.from_numpy(np.stack([b for b, _ in boxed]).transpose(0, 3, 1, 2)), [rp for _, rp in boxed]
@@ -91,7 +92,8 @@ def predict_iter(
 
     Args:
         model: a Detector (its device and dtype are used; call ``.eval()`` and, for speed,
-            ``.fuse()`` first). Its ``names`` label the results.
+            ``.fuse()`` first), or an exported file's ``yolokit.deploy.ExportedModel``. Its ``names``
+            label the results.
         source: a file, folder, glob, ``.txt`` list, video, camera index, stream URL,
             in-memory image or a list of these (see ``yolokit.predict.sources``).
         imgsz: inference size (rounded up to a stride multiple); images keep their aspect
@@ -113,9 +115,10 @@ def predict_iter(
         0 2 circle, 1 star
     """
     names, stride = model.names, int(max(model.strides))
+    square = getattr(model, "fixed_imgsz", None) is not None   # an exported file that takes one size only
 
     def prepared(chunk: list[Frame]) -> tuple[list[Frame], Tensor, list[Any]]:
-        return chunk, *letterbox_batch([f.image for f in chunk], imgsz, stride)
+        return chunk, *letterbox_batch([f.image for f in chunk], imgsz, stride, square=square)
 
     for chunk, boxed, ratio_pad in read_ahead(map(prepared, batches(frames(source, vid_stride=vid_stride), batch))):
         dets = model.predict(boxed, orig_shapes=[tuple(f.image.shape[-2:]) for f in chunk], ratio_pad=ratio_pad,

@@ -50,7 +50,8 @@ def validate(
     validation of the same weights.
 
     Args:
-        model: a ``Detector`` (not DDP-wrapped), put in eval mode for the pass; inputs are
+        model: a ``Detector`` (not DDP-wrapped) or an exported file's ``yolokit.deploy.ExportedModel``,
+            put in eval mode for the pass; inputs are
             cast to its parameters' dtype (a ``.half()`` model on CUDA runs in float16).
         loader: batches of the batch contract (``images``, ``targets``, ``orig_shapes``,
             ``ratio_pad``, ``paths``, ``indices``).
@@ -74,7 +75,7 @@ def validate(
     Returns:
         ``(result, samples)``.
     """
-    device = next(model.parameters()).device
+    device = model_device(model)
     records, samples = [], []  # per image: (dataset index, detections, (boxes, labels), shape)
     batches = tqdm(loader, desc="val", disable=not progress, dynamic_ncols=True, leave=False)
     for batch in batches:
@@ -98,6 +99,12 @@ def validate(
     records.sort(key=lambda r: r[0])
     predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
     return coco_evaluate(predictions, targets, shapes, num_classes), samples
+
+
+def model_device(model: Any) -> torch.device:
+    """Where a model's input goes: a Detector's parameters' device, an exported file's ``device``."""
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
 def _read_rgb(path: str, shape: tuple[int, int]) -> np.ndarray:
