@@ -8,7 +8,7 @@
 
 A lent GPU runs commands of at most 10 minutes, and a session gets 15 minutes of device time
 (``LEASE_S``), a machine's start included. The sections' caps add up to more than one session
-can hold (``CAPS``, 1,295 s), so a command takes ``--budget``: the sections run in order, each only
+can hold (``CAPS``, 1,445 s), so a command takes ``--budget``: the sections run in order, each only
 if its cap fits in what is left of the budget, and those that do not fit are written to the
 results as ``left`` with the command that runs them (at once, if the session's device time
 allows, else first thing in the next session with a GPU). ``--plan`` prints the commands with
@@ -52,6 +52,9 @@ checkpointing   yolov8l and yolov3 at b32, bf16: peak memory cut, step time on /
                                                                                        <= 1.3x
 loader          NVML utilisation training yolov8s (and yolov8n) from the real loader   >= 90%    75
                 on every core but one; loader img/s per core vs what yolov8n eats
+deploy          yolov8n fused, fp32 and fp16: ``yolokit.export(..., "pt2",             (none)    150
+                device="cuda")`` (the AOTInductor compile, its check) against eager:
+                batch 1 latency, batch 16 img/s
 ==============  =====================================================================  ========  =====
 
 Budget. The estimates assume H100 training at ~600-900 img/s for yolov8s in bf16, ~200-300
@@ -95,7 +98,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from gpu import augment, epoch, feeding, flops, memory, precision, suite
+from gpu import augment, deploy, epoch, feeding, flops, memory, precision, suite
 from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
@@ -116,11 +119,13 @@ SECTIONS = {   # in order of priority (issue 42): what is still unknown and deci
     "mfu": flops.mfu,
     "checkpointing": memory.checkpointing,   # met its targets on the H100 (62.6% / 1.30x, 55.3% / 1.24x)
     "loader": feeding.utilisation,
+    "deploy": deploy.pt2_cuda,               # issue 52: the AOTInductor .pt2 compiled for CUDA, after the rest
 }
 # seconds, sized from the 2026-11-27 runs: precision took 73 s for 3 of its 4 rows, channels_last ~20 s a row,
 # batch 138 s, augment 5-6 s; the reference timed out at 60 s in its own interpreter
 CAPS = {"tests": 90, "reference": 110, "precision": 100, "fused": 80, "epoch": 200, "launch": 120,
-        "channels_last": 120, "augment": 40, "batch": 150, "mfu": 150, "checkpointing": 60, "loader": 75}
+        "channels_last": 120, "augment": 40, "batch": 150, "mfu": 150, "checkpointing": 60, "loader": 75,
+        "deploy": 150}
 LEASE_S = 900        # a session's device time: 15 minutes, the machine's start, idle waits and transfers included
 START_S = 60         # a machine's start and the working tree's transfer (27 s seen on 2026-11-27)
 SETUP_S = 40         # a command's own start: the reference's wheels, python, CUDA, the header

@@ -41,7 +41,7 @@ import yolokit
 from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.interop.ultralytics import yolokit_name
 from yolokit.ops.nms import Detections
-from yolokit.train import evaluate
+from yolokit.val import loop as evaluate  # validate, and the coco_evaluate it calls (patched below)
 
 
 def ultralytics_checkpoint(weights: str, path: Path, imgsz: int) -> int:

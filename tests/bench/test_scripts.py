@@ -37,7 +37,7 @@ def test_run_py_writes_json(tmp_path):
 
 
 GPU_SECTIONS = ["tests", "reference", "precision", "fused", "epoch", "launch", "channels_last", "augment", "batch",
-                "mfu", "checkpointing", "loader"]   # in order of priority (issue 42)
+                "mfu", "checkpointing", "loader", "deploy"]   # in order of priority (issue 42; issue 52's .pt2 last)
 
 
 def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
