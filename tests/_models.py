@@ -18,6 +18,9 @@ def lively(model):
         for conv in model.modules():
             if isinstance(conv, torch.nn.Conv2d) and conv.weight.requires_grad:
                 torch.nn.init.kaiming_normal_(conv.weight)
+        if not hasattr(model.head, "branches"):    # YOLOv3's anchor head: its own bias, the maps at order 1
+            model.head.reset_bias()
+            return model.eval()
         for box, cls in (pair for boxes, classes in model.head.branches() for pair in zip(boxes, classes, strict=True)):
             box[-1].bias.fill_(3.0)          # each side about 3 strides from its point
             cls[-1].weight.mul_(10 / max(cls[-1].weight.std().item(), 1e-6) / cls[-1].weight.shape[1] ** 0.5)

@@ -109,3 +109,27 @@ def test_benchmark_prints_a_row_per_format(setup, capsys):
     assert eager[1] == "-" and float(onnx_row[1]) > 0 and float(onnx_row[2]) > 0    # size, export time
     assert abs(float(onnx_row[3]) - float(eager[3])) <= 0.002                       # mAP50-95
     assert all(float(v) > 0 for v in onnx_row[4:6])                                 # latency, images/s
+
+
+FAMILIES = [("yolov3-tiny", None), ("yolo26n.yaml", True), ("yolo26n.yaml", False), ("yolo11n.yaml", None)]
+
+
+@pytest.mark.extended   # a yolov8-style tiny network runs by default (above); one export and two validations each
+@pytest.mark.parametrize("name, end_to_end", FAMILIES, ids=[f"{n}-{e}" for n, e in FAMILIES])
+def test_each_family_validates_through_onnx_as_its_weights_do(setup, capsys, tmp_path, name, end_to_end):
+    """yolov3-tiny (anchors), yolo26n (both branches) and a YOLO11 YAML: the exported file's per-class table
+    equals the weights' on the same data (multi-label NMS, or the one-to-one top-k with --no-nms)."""
+    _, data, _, _ = setup
+    torch.manual_seed(0)
+    weights = tmp_path / "model.pt"
+    yolokit.save(lively(yolokit.create_model(name, num_classes=4)), weights)
+    flags = {True: ["--end-to-end"], False: ["--no-end-to-end"], None: []}[end_to_end]
+    assert main(["export", "--weights", str(weights), "--imgsz", "64", "--out", str(tmp_path / "m.onnx"), *flags]) == 0
+    nms = ["--no-nms"] if end_to_end else []
+    tables = []
+    for file in (weights, tmp_path / "m.onnx"):
+        capsys.readouterr()
+        assert main(["val", "--weights", str(file), "--data", str(data), "--imgsz", "64", "--workers", "0",
+                     "--no-plots", "--out", str(tmp_path / file.suffix[1:]), *nms]) == 0
+        tables.append(table(capsys.readouterr().out))
+    assert len(tables[1]) == 5 and tables[1] == tables[0]

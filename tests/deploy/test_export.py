@@ -232,3 +232,12 @@ def test_the_arguments_are_checked_before_any_work(tmp_path):
         with pytest.raises(ValueError, match=message):
             export(model, out=tmp_path / "x", **kwargs)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.extended   # an export each; the tiny YOLOv8-style network runs by default (above)
+@pytest.mark.parametrize("name", ["yolov3-tiny", "yolo11n.yaml"])
+def test_other_families_export_with_the_same_detections(tmp_path, name):
+    torch.manual_seed(0)
+    model = lively(yolokit.create_model(name, num_classes=3))
+    exported = yolokit.load(export(model, "onnx", tmp_path / "m.onnx", imgsz=64, report=None))
+    same_detections(model, exported)
