@@ -129,6 +129,7 @@ def test_the_site_builds_strict(tmp_path):
     accel = (site / "reference" / "accel" / "index.html").read_text()
     assert "Accumulator" in accel and "sync" in accel         # a rendered class with its methods
     assert not (site / "generate.py").exists() and not (site / "figures.py").exists()   # the scripts stay out
+    assert not list(site.rglob("*.pyc"))                     # nor their bytecode (docs/__pycache__)
 
 
 def test_the_charts_quote_the_benchmarks():
