@@ -78,3 +78,19 @@ def test_wrong_credentials_are_one_line_and_exit_2_before_any_work(shapes, s3_en
     env.pop("AWS_ACCESS_KEY_ID")
     done = _cli("data", "shard", str(shapes), url, env={**env, "HOME": str(tmp_path)})
     assert done.returncode == 2 and "no S3 credentials" in done.stderr
+
+
+def test_a_bucket_that_does_not_exist_is_named_with_how_to_make_it(shapes, s3_env, tmp_path, capsys):
+    """``yolokit data shard`` (and ``train``) with a missing bucket: one line that says the bucket must exist
+    and how to make it (yolokit creates no bucket), exit 2, nothing written."""
+    from yolokit.cli import main
+
+    url = "s3://no-such-bucket-here/set"
+    for args in (["data", "shard", str(shapes), url], ["train", "--data", url, "--out", str(tmp_path / "run")]):
+        capsys.readouterr()
+        assert main(args) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        assert "s3://no-such-bucket-here: no such bucket; create it first (aws s3 mb s3://no-such-bucket-here" \
+            in lines[0], lines
+    assert not (tmp_path / "run").exists()

@@ -115,3 +115,34 @@ def test_plotter_writes_every_chart_and_never_raises(tmp_path):
     broken.on_validation_end(object(), [], [])  # not an EvalResult: the charts fail, the run goes on
     with pytest.warns(UserWarning, match="plots of .* not drawn"):
         broken.on_train_end()
+
+
+def test_the_bar_of_a_failed_epoch_ends_its_line_before_the_error(capsys):
+    """A run that stops mid-epoch (a store that stopped, a full disk) prints its one-line error after
+    ``on_train_end``: the bar's line ends there, and nothing is drawn after it."""
+    bar = ProgressBar()
+    bar.on_epoch_start(0, 3, 5)
+    bar.on_batch_end({"box": 1.0}, 8, 0.5, 0.25)
+    assert not capsys.readouterr().err.endswith("\n")     # the bar's line, open
+    bar.on_train_end()
+    assert capsys.readouterr().err.endswith("\n")
+    bar.on_train_end()                                    # closing twice draws nothing
+    assert capsys.readouterr().err == ""
+
+
+def test_the_resume_note_warns_of_the_mosaic_buffer_only_while_mosaic_is_on():
+    from types import SimpleNamespace
+
+    from yolokit.data import AugmentConfig
+    from yolokit.train.build import resume_note
+
+    def note(epoch, epochs=20, close_mosaic=10, mosaic=1.0, buffer=64, rect=False):
+        data = SimpleNamespace(augment=True, rect=rect, hyp=AugmentConfig(mosaic=mosaic), buffer_size=buffer)
+        parts = SimpleNamespace(train_set=data, config=SimpleNamespace(epochs=epochs, close_mosaic=close_mosaic))
+        return resume_note(parts, SimpleNamespace(epoch=epoch, step_in_epoch=3))
+
+    assert "mosaic_buffer > 0" in note(3)
+    assert note(0, epochs=2) == "resuming at optimizer step 3 of epoch 1"   # close_mosaic covers the whole run
+    assert "mosaic_buffer" not in note(12)                                   # Mosaic closed by then
+    assert "mosaic_buffer" not in note(3, mosaic=0.0) and "mosaic_buffer" not in note(3, buffer=0)
+    assert "mosaic_buffer" not in note(3, rect=True)

@@ -229,7 +229,10 @@ def resume_note(parts: Parts, progress: Progress) -> str:
     if not progress.step_in_epoch:
         return f"resuming after epoch {progress.epoch}"
     note = f"resuming at optimizer step {progress.step_in_epoch} of epoch {progress.epoch + 1}"
-    if parts.train_set.buffer_size:
+    data, cfg = parts.train_set, parts.config
+    mosaic = (data.augment and not data.rect and data.hyp.mosaic > 0
+              and progress.epoch < cfg.epochs - cfg.close_mosaic)   # Mosaic on in the epoch that resumes
+    if data.buffer_size and mosaic:
         note += (" (mosaic_buffer > 0: the rest of this epoch draws Mosaic partners from a buffer that starts "
                  "empty here, so it differs from an uninterrupted run; later epochs do not)")
     return note

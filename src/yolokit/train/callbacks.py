@@ -173,6 +173,10 @@ class ProgressBar(Callback):
     def on_export(self, weights: Path) -> None:
         self._write(f"results in {self.run_dir}")
 
+    def on_train_end(self) -> None:
+        if self.bar is not None:      # a run that failed mid-epoch: the bar's line ends before the error's
+            self.bar.close()
+
 
 class CSVLogger(Callback):
     """``results.csv``: one row per epoch; appends on resume. The columns are the file's header

@@ -25,6 +25,13 @@ class CredentialsError(StoreError):
     """The object store refused the credentials (wrong key or secret, or no access)."""
 
 
+def no_bucket(bucket: str) -> str:
+    """The error of a bucket that does not exist: yolokit does not create buckets (where, and with which
+    settings, is the store owner's choice), so it says how."""
+    return (f"s3://{bucket}: no such bucket; create it first (aws s3 mb s3://{bucket}, with --endpoint-url "
+            "$AWS_ENDPOINT_URL for a store other than AWS, or in the store's console)")
+
+
 def one_line(exc: BaseException) -> str:
     """A StoreError's own message, also when a loader worker raised it (the loader passes the worker's
     whole traceback as the message: its last line is the error)."""
@@ -113,7 +120,9 @@ class Place:
                 if code in _DENIED or status == 403:
                     raise CredentialsError(f"{what}: the store refused the credentials ({code or status}); "
                                            "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY") from err
-                if code in ("NoSuchKey", "404", "NoSuchBucket", "NotFound"):
+                if code == "NoSuchBucket":
+                    raise FileNotFoundError(no_bucket(self.bucket)) from err
+                if code in ("NoSuchKey", "404", "NotFound"):
                     raise FileNotFoundError(f"{what}: not found ({code})") from err
                 last = err
             except BotoCoreError as err:
@@ -132,7 +141,10 @@ class Place:
     def check(self) -> None:
         """Reach the store once (credentials and bucket), before any work. Local: nothing to check."""
         if self.remote:
-            self._call(f"s3://{self.bucket}", lambda: self.client().head_bucket(Bucket=self.bucket))
+            try:
+                self._call(f"s3://{self.bucket}", lambda: self.client().head_bucket(Bucket=self.bucket))
+            except FileNotFoundError:
+                raise FileNotFoundError(no_bucket(self.bucket)) from None
 
     def read(self, name: str) -> bytes:
         """The bytes of ``name``. Raises FileNotFoundError when missing, StoreError when unreachable."""
