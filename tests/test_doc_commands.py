@@ -152,7 +152,8 @@ NOT_HERE = [  # (a pattern the command line matches, why it does not run here)
     (r"^mkdocs\b|docs/generate\.py", "the site: tests/test_docs.py runs generate.py --check and mkdocs build"),
     (r"\bbenchmarks/", "a benchmark, minutes of measuring: tests/bench runs the scripts' smoke paths"),
     (r"\bexamples/\S+\.py", "tests/test_examples.py runs each example script"),
-    (r"--device cuda|--half\b", "needs a CUDA GPU: the prepared GPU command (benchmarks/gpu.py) runs its tests"),
+    (r"--device cuda|^yolokit (predict|val)\b.*--half\b",    # (an export's --half runs on the CPU)
+     "needs a CUDA GPU: the prepared GPU command (benchmarks/gpu.py) runs its tests"),
     (r"--nnodes|^srun\b", "two machines"),
     (r"^(mlflow|tensorboard)\b", "a server that runs until stopped: tests/train/test_mlflow_stores.py starts one"),
     (r"^wandb sync\b", "uploads to a W&B account"),
@@ -257,6 +258,7 @@ def test_every_rule_of_not_here_is_used_and_a_gpu_line_is_not_run():
         assert any(not_here(cmd) == why for cmd in lines), f"no command line matches {pattern!r}: drop the rule"
     assert not_here("yolokit predict clip.mp4 --weights model.pt --device cuda --half").startswith("needs a CUDA")
     assert not_here("yolokit train --data path/to/data.yaml") is None
+    assert not_here("yolokit export --weights m.pt --format onnx --half") is None
     assert not_here("MLFLOW_TRACKING_URI=x mlflow ui --port 1") is not None
 
 

@@ -83,12 +83,12 @@ def benchmark(model: Detector, *, data: str = "shapes", imgsz: int = 640, format
     Args:
         model: the trained Detector (``yolokit.load("best.pt")``).
         data: what it is validated on (its ``val`` split): a data.yaml, a COCO json or "shapes".
-        imgsz: the size the speed is measured at (and the export size).
+        imgsz: the size the speed is measured at (every file takes any size: the export is at ``val_imgsz``).
         formats: the rows to measure.
         out: where the files go (default: a temporary folder, removed at the end).
         batch: the batch of the throughput figure (and of validation).
         warmup, repeats: forward passes before timing, and timed (the median is kept).
-        val_imgsz: the validation size (default ``imgsz``).
+        val_imgsz: the validation size (default ``imgsz``), also the export's: int8 is calibrated at it.
         report: called with each row's line as it is measured; None: quiet.
 
     Returns:
@@ -126,8 +126,8 @@ def benchmark(model: Detector, *, data: str = "shapes", imgsz: int = 640, format
                 path = where / f"{model.name}-{name.replace(' ', '-')}{FORMATS[fmt]}"
                 started = time.perf_counter()
                 try:
-                    export(model, fmt, path, imgsz=imgsz, half=precision == "fp16", int8=precision == "int8",
-                           data=data if precision == "int8" else None, report=None)
+                    export(model, fmt, path, imgsz=val_imgsz or imgsz, half=precision == "fp16",
+                           int8=precision == "int8", data=data if precision == "int8" else None, report=None)
                 except Exception as exc:   # one row fails, the table goes on
                     row.note = f"export failed: {str(exc).splitlines()[0][:120]}"
                     continue
