@@ -3,7 +3,8 @@
 For each format the model is exported (and checked, ``deploy.exporter``), loaded back and then
 
 - validated on the run's validation split (``yolokit.val.validate``: the protocol of ``yolokit val``,
-  rectangular batches where the file takes any size);
+  rectangular batches where the file takes any size; an end-to-end model's rows, eager included, score
+  its one-to-one branch without NMS, the output its files hold);
 - timed at batch 1 (latency, the median of ``repeats`` forward passes after ``warmup``) and at batch
   16 (images per second), at ``imgsz`` on random input: the file's forward pass only, as a server
   would call it after decoding and letterboxing.
@@ -66,7 +67,8 @@ def _map(model: Any, data: str, imgsz: int, batch: int) -> float:
     fixed = getattr(model, "fixed_imgsz", None)
     dataset = DetectionDataset(data, "val", imgsz=imgsz, rect=fixed is None, stride=int(max(model.strides)))
     loader = build_dataloader(dataset, batch, workers=0, shuffle=False)
-    result, _ = validate(model, loader, num_classes=model.num_classes)
+    # an end-to-end model (YOLO26) is exported with its one-to-one output: every row scores that branch
+    result, _ = validate(model, loader, num_classes=model.num_classes, nms=not model.end_to_end)
     return float(result.map50_95)
 
 

@@ -152,8 +152,9 @@ def top_k_predictions(predictions: Tensor, *, max_det: int = 300, agnostic: bool
     boxes, scores = predictions[..., :4], predictions[..., 4:]
     k, classes = min(max_det, scores.shape[1]), scores.shape[2]
 
-    def rows(index: Tensor, values: Tensor) -> Tensor:
-        return values.gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
+    def rows(index: Tensor, values: Tensor) -> Tensor:   # values[b, index[b, j]] (a Gather that OpenVINO
+        batch = torch.arange(values.shape[0], device=values.device)[:, None]   # sizes for any H and W)
+        return values[batch, index]
 
     best, label = scores.max(dim=-1)
     if agnostic:
