@@ -181,6 +181,18 @@ def test_the_check_fails_on_a_file_that_differs(tmp_path, onnx_file):
         check_export(model, path)
 
 
+def test_an_export_that_fails_its_check_leaves_no_file(tmp_path, monkeypatch):
+    import yolokit.deploy.exporter as exporter
+
+    def differs(model, path, **kwargs):
+        raise ExportError(f"onnx export of {path} differs from the model: boxes within 3 px")
+
+    monkeypatch.setattr(exporter, "check_export", differs)
+    with pytest.raises(ExportError, match=r"differs from the model: boxes within 3 px \(the file is removed\)$"):
+        export(tiny(), "onnx", tmp_path / "bad.onnx", imgsz=96, report=None)
+    assert not (tmp_path / "bad.onnx").exists()
+
+
 def test_a_fixed_size_file_says_which_size_it_takes(tmp_path):
     model = tiny()
     exported = yolokit.load(export(model, "onnx", tmp_path / "fixed.onnx", imgsz=96, dynamic=False, report=None))

@@ -17,7 +17,7 @@ end-to-end output without NMS.
 The check: the file runs once on a sample batch (two images at the export size, and one of another
 size when the size is dynamic) and its output is compared with the eager model's. The largest
 difference is printed; past the format's tolerance (``TOLERANCES``) the export fails with
-:class:`ExportError` naming the format. Boxes are compared relative to the input's longer side,
+:class:`ExportError` naming the format, and the file is removed. Boxes are compared relative to the input's longer side,
 scores as they are (in [0, 1]):
 
 - float32: 1e-4 (0.064 px at 640);
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -136,7 +137,11 @@ def export(
     seconds = time.perf_counter() - started
     line = f"exported {model.name} to {out} ({format}, {precision}, {seconds:.1f} s)"
     if check:
-        line += "; checked: " + check_export(model, out, precision=precision, device=device)
+        try:
+            line += "; checked: " + check_export(model, out, precision=precision, device=device)
+        except ExportError as exc:     # a file that failed its check is not left to be used
+            shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
+            raise ExportError(f"{exc} (the file is removed)") from None
     if report is not None:
         report(line)
     return out
