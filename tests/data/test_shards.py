@@ -342,3 +342,29 @@ def test_the_built_in_set_is_a_source_by_its_name(shapes, monkeypatch):
     splits, root, coco = _splits_of("shapes", None)
     assert splits == ["train", "val"] and not coco and Path(root) == shapes.parent
     assert _splits_of("shapes", ["val"])[0] == ["val"]
+
+
+def test_validation_samples_from_shards_show_the_images(shapes, tmp_path):
+    """The sample plots' images come from the shards themselves (by index), not from the paths of the files
+    they were written from: with those files gone, the samples are still the original pixels."""
+    import cv2
+
+    import yolokit
+    from yolokit.val import validate
+
+    from yolokit.data.store.shards import write_shards
+
+    source = tmp_path / "source"
+    shutil.copytree(shapes.parent, source)
+    write_shards(source / shapes.name, tmp_path / "shards", chunk_bytes=CHUNK, splits=["val"])
+    shutil.rmtree(source)                                     # the files the shards came from are gone
+    dataset = DetectionDataset(str(tmp_path / "shards"), "val", imgsz=64, rect=True)
+    loader = build_dataloader(dataset, 4, workers=0, shuffle=False)
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolov8n", num_classes=len(dataset.names)).eval()
+    _, samples = validate(model, loader, num_classes=len(dataset.names), keep_samples=7)
+    assert len(samples) == 7
+    originals = {p.name: cv2.imread(str(p))[..., ::-1] for p in (shapes.parent / "images" / "val").glob("*.jpg")}
+    for image, _, _ in samples:
+        assert any(image.shape == o.shape and np.array_equal(image, o) for o in originals.values())
+        assert not (image == 114).all()                        # not the grey stand-in

@@ -12,7 +12,8 @@ from tqdm import tqdm
 
 from yolokit.accel import distributed
 from yolokit.data import to_device
-from yolokit.data.sources.images import ImageError, read_image
+from yolokit.data.sources.images import ImageError, decode_image, read_image
+from yolokit.data.store.remote import StoreError
 from yolokit.ops.geometry import unletterbox_boxes
 from yolokit.ops.nms import Detections
 from yolokit.val.metrics import EvalResult, coco_evaluate
@@ -93,7 +94,8 @@ def validate(
                 on_image(int(indices[i]), batch["paths"][i], tuple(shape), det)
             if len(samples) < keep_samples:
                 truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
-                samples.append((_read_rgb(batch["paths"][i], shape), det, truth))
+                samples.append((_original_rgb(getattr(loader, "dataset", None), int(indices[i]), batch["paths"][i],
+                                              shape), det, truth))
     if (world_size if world_size is not None else distributed.world_size()) > 1:
         records = [r for part in distributed.all_gather_object(records) for r in part]
     records.sort(key=lambda r: r[0])
@@ -107,9 +109,12 @@ def model_device(model: Any) -> torch.device:
     return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
-def _read_rgb(path: str, shape: tuple[int, int]) -> np.ndarray:
-    """The original image as RGB (grey if it cannot be read)."""
+def _original_rgb(dataset: Any, index: int, path: str, shape: tuple[int, int]) -> np.ndarray:
+    """The original image as RGB, from the dataset's own source (a file or a shard, by ``index``) or else
+    its file; grey if it cannot be read (a sample plot never stops a validation)."""
     try:
-        return np.ascontiguousarray(read_image(path)[..., ::-1])
-    except ImageError:
+        source = getattr(dataset, "index", None)
+        image = decode_image(source.image_bytes(index)) if hasattr(source, "image_bytes") else read_image(path)
+        return np.ascontiguousarray(image[..., ::-1])
+    except (ImageError, OSError, StoreError):
         return np.full((*shape, 3), 114, np.uint8)
