@@ -350,9 +350,8 @@ def test_validation_samples_from_shards_show_the_images(shapes, tmp_path):
     import cv2
 
     import yolokit
-    from yolokit.val import validate
-
     from yolokit.data.store.shards import write_shards
+    from yolokit.val import validate
 
     source = tmp_path / "source"
     shutil.copytree(shapes.parent, source)
