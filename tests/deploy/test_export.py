@@ -181,6 +181,25 @@ def test_the_check_fails_on_a_file_that_differs(tmp_path, onnx_file):
         check_export(model, path)
 
 
+def test_an_onnx_file_written_before_the_json_metadata_still_loads(tmp_path, onnx_file):
+    """Files exported before ``file_info`` existed carry only the separate keys (strides, names, imgsz,
+    output): they load as fixed-size files with the same detections."""
+    import onnx
+
+    proto = onnx.load(str(onnx_file))
+    kept = [p for p in proto.metadata_props if p.key != "yolokit"]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    old = tmp_path / "old.onnx"
+    onnx.save(proto, str(old))
+    exported = yolokit.load(old)
+    assert exported.info["output"] == "predictions" and exported.fixed_imgsz == (96, 96)
+    model = tiny()
+    batch = images()[0][..., :96, :96]
+    want, got = model.predict(batch, conf=0.3), exported.predict(batch, conf=0.3)
+    assert [len(d.boxes) for d in got] == [len(d.boxes) for d in want]
+
+
 def test_an_export_that_fails_its_check_leaves_no_file(tmp_path, monkeypatch):
     import yolokit.deploy.exporter as exporter
 

@@ -103,7 +103,7 @@ def benchmark(model: Detector, *, data: str = "shapes", imgsz: int = 640, format
     unknown = [f for f in formats if f not in ROWS]
     if unknown:
         raise ValueError(f"unknown benchmark formats {unknown}; choose from {', '.join(ROWS)}")
-    model = model.float().cpu().eval()
+    model = copy.deepcopy(model).float().cpu().eval()   # the caller's model stays on its device
     folder = tempfile.TemporaryDirectory(prefix="yolokit-benchmark-") if out is None else None
     where = Path(folder.name if folder else out)
     where.mkdir(parents=True, exist_ok=True)

@@ -126,7 +126,7 @@ def export_onnx(
     """Exports ``model`` (network + decode, optionally NMS) to an ONNX file.
 
     Args:
-        model: any yolokit Detector; left as it was (its train/eval mode is restored).
+        model: any yolokit Detector; left as it is (the export traces a float32 CPU copy in eval mode).
         path: destination ``.onnx`` file.
         imgsz: input size, one int or (height, width); multiples of the largest stride.
         nms: append ONNX NonMaxSuppression; the output becomes ``detections`` [K, 7].
