@@ -80,8 +80,6 @@ def test_bad_input_is_one_line_and_exit_2(setup, capsys, tmp_path, monkeypatch):
                    "export it again")
     one_line_error(capsys, ["val", "--weights", str(foreign), "--data", str(data)], "notes.pt2: not a .pt2 package")
     one_line_error(capsys, ["export", "--weights", str(onnx), "--format", "openvino"], "already an exported file")
-    one_line_error(capsys, ["export", "--weights", str(weights), "--format", "pt2", "--nms"],
-                   "pt2 holds the decoded predictions only")
     one_line_error(capsys, ["export", "--weights", str(weights), "--int8"], "int8 is the OpenVINO format's")
     one_line_error(capsys, ["predict", image, "--weights", str(onnx), "--half", "--device", "cpu"], "--half")
     fixed = tmp_path / "fixed.onnx"

@@ -99,6 +99,23 @@ def test_a_pt2_package_runs_as_the_model_does(tmp_path):
     same_detections(model, exported)
 
 
+@pytest.mark.extended   # another AOTInductor compile
+def test_nms_in_a_pt2_graph_gives_the_models_detections_for_any_batch(tmp_path):
+    model = tiny()
+    path = export(model, "pt2", tmp_path / "nms.pt2", imgsz=96, nms=True, conf=0.25, iou=0.7, max_det=100,
+                  report=None)
+    exported = yolokit.load(path)
+    assert exported.info["output"] == "detections"
+    for batch in [*images(), torch.cat([images()[0]] * 2)]:             # batches of 2, 1 and 4: still dynamic
+        want = model.predict(batch, conf=0.25, iou=0.7, max_det=100)
+        got = exported.predict(batch, conf=0.25, max_det=100)
+        for w, g in zip(want, got, strict=True):
+            assert len(w.boxes) == len(g.boxes) > 0
+            order = w.scores.argsort(descending=True), g.scores.argsort(descending=True)
+            assert torch.allclose(w.scores[order[0]], g.scores[order[1]], atol=1e-5)
+            assert torch.allclose(w.boxes[order[0]], g.boxes[order[1]], atol=1e-3)
+
+
 def test_nms_in_the_onnx_graph_gives_the_models_detections(tmp_path):
     model = tiny()
     path = export(model, "onnx", tmp_path / "nms.onnx", imgsz=96, nms=True, conf=0.25, iou=0.7, max_det=100,
@@ -257,7 +274,6 @@ def test_the_arguments_are_checked_before_any_work(tmp_path):
     for kwargs, message in [({"format": "tflite"}, "format must be one of onnx, openvino, pt2"),
                             ({"format": "onnx", "int8": True}, "int8 is the OpenVINO format's"),
                             ({"format": "openvino", "int8": True}, "int8 needs calibration images"),
-                            ({"format": "pt2", "nms": True}, "pt2 holds the decoded predictions only"),
                             ({"format": "onnx", "imgsz": 100}, "must be a multiple of"),
                             ({"format": "onnx", "device": "cuda"}, "made on the cpu")]:
         with pytest.raises(ValueError, match=message):

@@ -113,3 +113,46 @@ def test_multi_label_matches_a_reference_loop_over_point_class_pairs():
     assert det.scores.tolist() == pytest.approx(s[kept].tolist())
     assert torch.equal(det.labels, lab[kept])
     assert len(det) > len(non_max_suppression(torch.cat((boxes, scores), 1)[None], conf=0.4, iou=0.5)[0])
+
+
+def _greedy_rows(preds, conf, iou, max_det):
+    """The reference for ``detection_rows``: per image and per class, a plain Python greedy NMS."""
+    from torchvision.ops import box_iou
+
+    rows = []
+    for i, p in enumerate(preds):
+        scores, labels = p[:, 4:].max(1)
+        for c in labels.unique().tolist():
+            idx = torch.nonzero((labels == c) & (scores > conf)).flatten()
+            idx = idx[scores[idx].argsort(descending=True)]
+            kept = []
+            for j in idx.tolist():
+                if all(box_iou(p[j:j + 1, :4], p[k:k + 1, :4]).item() <= iou for k in kept):
+                    kept.append(j)
+            rows += [[i, *p[j, :4].tolist(), scores[j].item(), c] for j in kept[:max_det]]
+    return torch.tensor(rows).reshape(-1, 7)
+
+
+def _by_image_class_score(rows):
+    for column, descending in ((5, True), (6, False), (0, False)):      # stable sorts: the last is the first key
+        rows = rows[torch.sort(rows[:, column], descending=descending, stable=True).indices]
+    return rows
+
+
+def test_detection_rows_is_greedy_nms_per_image_and_class_capped_per_group():
+    from yolokit.ops.nms import detection_rows
+
+    g = torch.Generator().manual_seed(3)
+    xy = torch.rand(3, 200, 2, generator=g) * 80                    # clustered boxes: much to suppress
+    wh = 10 + torch.rand(3, 200, 2, generator=g) * 30
+    scores = torch.rand(3, 200, 4, generator=g) ** 3
+    preds = torch.cat((xy, xy + wh, scores), -1)
+    preds[2, :, 4:] *= 0.01                                           # an image with nothing above conf
+    for max_det in (2, 300):
+        got, want = detection_rows(preds, conf=0.2, iou=0.5, max_det=max_det), _greedy_rows(preds, 0.2, 0.5, max_det)
+        got, want = _by_image_class_score(got), _by_image_class_score(want)
+        assert got.shape == want.shape and len(want) >= (16 if max_det == 2 else 40)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        groups = torch.unique(got[:, [0, 6]], dim=0, return_counts=True)[1]
+        assert int(groups.max()) <= max_det and not (got[:, 0] == 2).any()
+    assert detection_rows(preds[2:], conf=0.2, iou=0.5, max_det=10).shape == (0, 7)

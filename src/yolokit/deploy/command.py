@@ -28,7 +28,7 @@ def add_commands(sub: argparse._SubParsersAction, model_flags: Callable[..., Non
     ex.add_argument("--int8", action="store_true", help="OpenVINO: int8 after training (NNCF), calibrated on --data")
     ex.add_argument("--data", help="--int8's calibration images: data.yaml, COCO json or 'shapes' (train split)")
     ex.add_argument("--static", action="store_true", help="only --imgsz (default: any multiple of the stride)")
-    ex.add_argument("--nms", action="store_true", help="NMS in the graph (onnx, openvino)")
+    ex.add_argument("--nms", action="store_true", help="NMS in the graph (pt2: torchvision where it runs)")
     ex.add_argument("--end-to-end", action=argparse.BooleanOptionalAction, default=None,
                     help="yolo26: the one-to-one branch and its top-k, no NMS (the default without --nms)")
     ex.add_argument("--no-check", dest="check", action="store_false", help="skip running the file once")

@@ -11,7 +11,7 @@ Formats (``FORMATS``):
 
 Every format takes a dynamic batch and, unless ``dynamic=False``, any height and width that are
 multiples of the largest stride; each keeps the choice between the decoded predictions
-[B, P, 4 + C] and NMS in the graph (``nms``; ``pt2``: the predictions only), and YOLO26 keeps its
+[B, P, 4 + C] and NMS in the graph (``nms``), and YOLO26 keeps its
 end-to-end output without NMS.
 
 The check: the file runs once on a sample batch (two images at the export size, and one of another
@@ -43,6 +43,7 @@ from torch import Tensor
 from yolokit.deploy.runtime import ExportedModel, ExportError, require
 from yolokit.interop.onnx import export_graph, export_onnx, export_shapes, file_info
 from yolokit.models import Detector
+from yolokit.ops.nms import detection_rows
 
 FORMATS = {"onnx": ".onnx", "openvino": "_openvino", "pt2": ".pt2"}
 """Each format and how its default output is named: ``<model name><suffix>`` (OpenVINO: a folder)."""
@@ -80,7 +81,7 @@ def export(
         int8: OpenVINO only: post-training quantization with NNCF, calibrated on ``data``.
         data: what ``int8`` calibrates on: a data.yaml, a COCO json or "shapes" (its train split).
         dynamic: any height and width (multiples of the largest stride); False: ``imgsz`` only.
-        nms: NMS in the graph (ONNX and OpenVINO); the output becomes ``detections`` [K, 7].
+        nms: NMS in the graph; the output becomes ``detections`` [K, 7] (image, box, score, class).
         end_to_end: YOLO26's one-to-one branch and its top-k, no NMS; None: for such a model unless ``nms``.
         conf, iou, max_det: the thresholds of NMS in the graph (``max_det``: also the end-to-end top-k).
         device: "cpu" or "cuda": where a ``.pt2`` runs (and is checked).
@@ -107,9 +108,6 @@ def export(
         raise ValueError("int8 and half exclude each other")
     if int8 and not data:
         raise ValueError("int8 needs calibration images: data='path/to/data.yaml' (--data)")
-    if format == "pt2" and nms:
-        raise ValueError("pt2 holds the decoded predictions only (NMS runs after it, as for a weights file): "
-                         "drop nms, or use --format onnx or openvino for NMS in the graph")
     if device not in ("cpu", "cuda") or (device == "cuda" and format != "pt2"):
         raise ValueError(f"device {device!r}: the {format} export is made on the cpu"
                          + ("" if device in ("cpu", "cuda") else "; pt2 also takes cuda"))
@@ -132,8 +130,7 @@ def export(
 
         export_openvino(model, out, imgsz=(h, w), half=half, int8=int8, data=data, **options)
     else:
-        export_pt2(model, out, imgsz=(h, w), half=half, device=device, end_to_end=end_to_end, max_det=max_det,
-                   dynamic=dynamic)
+        export_pt2(model, out, imgsz=(h, w), half=half, device=device, **options)
     seconds = time.perf_counter() - started
     line = f"exported {model.name} to {out} ({format}, {precision}, {seconds:.1f} s)"
     if check:
@@ -147,15 +144,32 @@ def export(
     return out
 
 
+class WithNMS(torch.nn.Module):
+    """``net``'s decoded predictions through ``ops.nms.detection_rows``: the ``detections`` [K, 7] output."""
+
+    def __init__(self, net: torch.nn.Module, *, conf: float, iou: float, max_det: int) -> None:
+        super().__init__()
+        self.net, self.conf, self.iou, self.max_det = net, conf, iou, max_det
+
+    def forward(self, images: Tensor) -> Tensor:
+        return detection_rows(self.net(images).float(), conf=self.conf, iou=self.iou, max_det=self.max_det)
+
+
 def export_pt2(model: Detector, path: str | Path, *, imgsz: tuple[int, int], half: bool = False, device: str = "cpu",
-               end_to_end: bool = False, max_det: int = 300, dynamic: bool = True) -> Path:
-    """``torch.export`` of the decoded graph, compiled by AOTInductor into a ``.pt2`` package for
-    ``device``; the package's metadata holds ``file_info`` (key ``yolokit``)."""
+               nms: bool = False, end_to_end: bool = False, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
+               dynamic: bool = True) -> Path:
+    """``torch.export`` of the decoded graph (with ``nms``: and its NMS, ``WithNMS``; torchvision's
+    ``nms`` op then runs in the package, so torchvision is needed where it runs), compiled by
+    AOTInductor into a ``.pt2`` package for ``device``; the package's metadata holds ``file_info``
+    (key ``yolokit``)."""
     h, w = imgsz
-    graph = export_graph(model, end_to_end=end_to_end, max_det=max_det, half=half).to(device)
+    graph = export_graph(model, nms=nms, end_to_end=end_to_end, max_det=max_det, half=half)
+    if nms:
+        graph = WithNMS(graph, conf=conf, iou=iou, max_det=max_det)
+    graph = graph.to(device)
     example, shapes = export_shapes(model, h, w, dynamic=dynamic)
-    info = file_info(model, h, w, nms=False, end_to_end=end_to_end, dynamic=dynamic, half=half, conf=0.25,
-                     iou=0.7, max_det=max_det)
+    info = file_info(model, h, w, nms=nms, end_to_end=end_to_end, dynamic=dynamic, half=half, conf=conf,
+                     iou=iou, max_det=max_det)
     info["device"] = device
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         program = torch.export.export(graph, (example.to(device),), dynamic_shapes=shapes)

@@ -230,6 +230,8 @@ def _open_pt2(path: Path, device: torch.device) -> tuple[dict[str, Any], Callabl
     if not zipfile.is_zipfile(path):
         raise ExportError(f"{path}: not a .pt2 package (truncated, or another kind of file); "
                           "export it again with yolokit export --format pt2")
+    import torchvision  # noqa: F401  (registers torchvision::nms, which a package with NMS in its graph calls)
+
     package = torch._inductor.aoti_load_package(str(path))
     meta = package.get_metadata()
     if "yolokit" not in meta:

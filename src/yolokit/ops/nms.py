@@ -131,6 +131,35 @@ def _best_kept(boxes: Tensor, scores: Tensor, groups: Tensor, iou: float, max_de
         m = min(n, 4 * m)
 
 
+def detection_rows(predictions: Tensor, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300) -> Tensor:
+    """NMS in one graph for a whole batch, as ONNX's NonMaxSuppression does it: Tensor[B, P, 4 + C] ->
+    Tensor[K, 7] rows (image, x1, y1, x2, y2, score, class), best first within each image and class.
+
+    Each point keeps its best class; the points scoring above ``conf`` go through one greedy NMS at
+    ``iou`` per (image, class) (boxes moved apart by group, as ``batched_nms`` does), and each
+    (image, class) keeps at most ``max_det`` rows. Written for ``torch.export``: no Python loop over
+    images or classes and no ``len()`` of a data-dependent size, so a dynamic batch stays dynamic.
+    """
+    from torchvision.ops import nms
+
+    b, p = predictions.shape[:2]
+    scores, labels = predictions[..., 4:].max(dim=-1)                                  # [B, P]
+    image = torch.arange(b, device=predictions.device)[:, None].expand(b, p)
+    keep = scores > conf
+    boxes, scores, labels, image = predictions[..., :4][keep], scores[keep], labels[keep], image[keep]
+    group = image * (predictions.shape[-1] - 4) + labels
+    apart = group.to(boxes.dtype)[:, None] * (predictions[..., :4].amax() + 1)      # over all: never empty
+    kept = nms(boxes + apart, scores, iou)                                            # best first
+    order = torch.sort(group[kept], stable=True).indices
+    grouped = group[kept][order]
+    rank = torch.ones_like(grouped).cumsum(0) - 1 - torch.searchsorted(grouped, grouped)   # within its group
+    capped = torch.zeros_like(kept, dtype=torch.bool)
+    capped[order] = rank < max_det
+    kept = kept[capped]
+    return torch.cat((image[kept, None].to(boxes.dtype), boxes[kept], scores[kept, None],
+                      labels[kept, None].to(boxes.dtype)), dim=1)
+
+
 def top_k_predictions(predictions: Tensor, *, max_det: int = 300, agnostic: bool = False) -> Tensor:
     """The ``max_det`` best (point, class) pairs of each image, without NMS: an end-to-end head's output.
 
