@@ -1,8 +1,8 @@
 """What a prediction reads: every image and frame a source names, one at a time.
 
 A source is a file (image or video), a folder (searched recursively), a glob, a ``.txt``
-file listing paths, one split of shards (its folder or ``s3://bucket/prefix/split``), an
-image in memory (numpy, PIL, Tensor[3, H, W]) or a
+file listing paths, one split of shards (its folder or ``s3://bucket/prefix/split``), the image
+files under an ``s3://`` prefix, an image in memory (numpy, PIL, Tensor[3, H, W]) or a
 Tensor[B, 3, H, W], a camera index, a stream URL OpenCV can open, or a list of any of
 these. ``frames(source)`` yields ``Frame``s lazily: a folder of a million images costs
 one decoded image at a time.
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
 from yolokit.data.sources.images import (
@@ -238,6 +239,9 @@ def _shards(url: str) -> Iterator[Frame]:
         try:
             splits = list(json.loads(place.read(MANIFEST))["splits"])
         except FileNotFoundError:
+            if place.remote:
+                yield from _stored_images(place)
+                return
             raise FileNotFoundError(f"no finished shards at {url}") from None
         raise FileNotFoundError(f"{url} holds the splits {', '.join(splits)} as shards: name one, e.g. "
                                 f"{url.rstrip('/')}/{splits[-1] if splits else 'val'}")
@@ -251,6 +255,21 @@ def _shards(url: str) -> Iterator[Frame]:
             warnings.warn(f"skipped {index.paths[i]}: {err}", stacklevel=2)
             continue
         yield Frame(bgr_to_tensor(bgr), index.paths[i], index.paths.key(i))
+
+
+def _stored_images(place: Any) -> Iterator[Frame]:
+    """The image files under an ``s3://`` prefix that holds no shards, in key order, named by their keys
+    under it; an unreadable one is skipped with a warning (videos are not read from a store)."""
+    names = [n for n in place.names() if is_image_file(n)]
+    if not names:
+        raise FileNotFoundError(f"{place.url}: no shards and no images there (shards: `yolokit data shard`)")
+    for name in names:
+        try:
+            bgr = decode_image(np.frombuffer(place.read(name), np.uint8))
+        except (ImageError, FileNotFoundError) as err:
+            warnings.warn(f"skipped {place.where(name)}: {err}", stacklevel=2)
+            continue
+        yield Frame(bgr_to_tensor(bgr), place.where(name), name)
 
 
 def _video(target: str | int, path: str, name: str, vid_stride: int) -> Iterator[Frame]:

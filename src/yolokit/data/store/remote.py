@@ -1,6 +1,6 @@
 """Where shards live: a local folder or an S3-compatible bucket, behind one small interface.
 
-`Place(url)` reads, writes, lists and sizes files under a folder or an ``s3://bucket/prefix``.
+`Place(url)` reads, writes, lists (`names`) and sizes files under a folder or an ``s3://bucket/prefix``.
 S3 goes through boto3 (a dependency of the `stream` extra's engine), configured only from the
 standard variables: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``,
 ``AWS_DEFAULT_REGION``, ``AWS_PROFILE`` and the files boto3 reads. No credential passes through
@@ -162,6 +162,21 @@ class Place:
                 Bucket=self.bucket, Key=self._key(name)))["ContentLength"])
         except FileNotFoundError:
             return None
+
+    def names(self) -> list[str]:
+        """Every file under here (recursively), as names relative to it, sorted. Raises StoreError or
+        FileNotFoundError (no such bucket) as the other operations do."""
+        if not self.remote:
+            root = Path(self.url)
+            return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) \
+                if root.is_dir() else []
+        prefix = f"{self.prefix}/" if self.prefix else ""
+
+        def listing() -> list[str]:
+            pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+            return [o["Key"][len(prefix):] for page in pages for o in page.get("Contents", [])]
+
+        return sorted(self._call(self.url, listing))
 
     def write(self, name: str, data: bytes) -> None:
         """``name`` holds ``data`` afterwards, whole or not at all (local: a temporary file renamed)."""
