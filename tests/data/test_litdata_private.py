@@ -2,6 +2,14 @@
 that removes or renames one fails here with what it is used for, before a training run meets it.
 
 litdata is pinned below 0.3 (pyproject.toml, the ``stream`` extra); the names are those of 0.2.76.
+Each was checked against its public API, and none has a public replacement there:
+- ``allow_http``: ``storage_options`` go to boto3 only, and obstore's client does not read
+  ``AWS_ALLOW_HTTP`` once litdata passes its own client options (the defect is reproduced, ready to
+  report, by ``benchmarks/litdata_defects.py``);
+- the download thread's crash report: no option quiets it;
+- the cache and memory-mapping of every chunk: only iterating the dataset makes its cache, and that
+  starts downloading the chunks of its own order;
+- whole chunks instead of byte ranges: no argument of ``StreamingDataset`` says it.
 """
 
 import importlib
