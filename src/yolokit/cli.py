@@ -366,12 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreError as exc:             # the object store: credentials refused (2), or it stopped answering (1)
         print(f"yolokit {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, CredentialsError) else 1
-    except (SaveError, LaunchError) as exc:   # a file could not be written (a full disk): one line
-        saved = exc if isinstance(exc, SaveError) else next(
-            (e for e in exc.errors.values() if isinstance(e, SaveError)), None)
+    except (SaveError, LaunchError) as exc:   # a full disk, or a store that stopped under several processes
+        saved = exc if isinstance(exc, SaveError) else next(   # (every rank raised it): one line
+            (e for _, e in sorted(exc.errors.items()) if isinstance(e, (SaveError, StoreError))), None)
         if saved is None:
             raise
-        print(f"yolokit {args.command}: error: {saved}", file=sys.stderr)
+        print(f"yolokit {args.command}: error: {one_line(saved)}", file=sys.stderr)
         return 1
     except DeviceFailure as exc:          # a CUDA error: said where and with which files; the context is lost
         if not getattr(exc, "reported", False):

@@ -254,3 +254,56 @@ def relative(x: torch.Tensor, y: torch.Tensor) -> float:
     """||x - y|| / ||y|| (||x|| for a zero y)."""
     x, y = x.double(), y.double()
     return float((x - y).norm() / y.norm().clamp_min(1e-12)) if y.norm() > 0 else float(x.norm())
+
+
+def fit_with_the_store_stopping(config: TrainConfig, at: int, rank: int) -> dict:
+    """``fit_until``, with rank ``rank``'s loader raising a StoreError as its batch ``at`` (counted over the run)
+    would come, as a store that stopped does; the run is told its data is remote (``Parts.data_check``)."""
+    import dataclasses
+
+    from yolokit.data.loader import DetectionLoader
+    from yolokit.data.store.remote import StoreError
+    from yolokit.train import trainer
+
+    real_build, real_iter, seen = trainer.build_run, DetectionLoader.__iter__, [0]
+
+    def build(*args, **kwargs):
+        built = real_build(*args, **kwargs)
+        return dataclasses.replace(built, parts=dataclasses.replace(built.parts, data_check=True))
+
+    def batches(loader):
+        for batch in real_iter(loader):
+            if loader.batch_sampler.__class__.__name__ == "ShardedBatchSampler":      # training batches only
+                seen[0] += 1
+                if seen[0] == at and distributed.rank() == rank:
+                    raise StoreError("s3://bucket/set/train/chunk-0-3.bin: the store did not answer after 4 tries")
+            yield batch
+
+    trainer.build_run, DetectionLoader.__iter__ = build, batches
+    return fit_until(config)
+
+
+def validate_with_the_store_stopping(data: str, weights: str, rank: int) -> dict:
+    """``validate_shard``'s validation, with rank ``rank``'s loader raising a StoreError at its second batch;
+    returns what this rank raised, and how many of its batches it ran."""
+    from yolokit.data.store.remote import StoreError
+
+    distributed.setup(timeout=TIMEOUT_S)
+    model, names = load_ema(weights)
+    loader = build_dataloader(DetectionDataset(data, "val", imgsz=96, rect=True), 2, workers=0, shuffle=False)
+    ran = []
+
+    def batches():
+        for i, batch in enumerate(loader):
+            if i == 1 and distributed.rank() == rank:
+                raise StoreError("s3://bucket/set/val/chunk-0-1.bin: the store did not answer after 4 tries")
+            ran.append(i)
+            yield batch
+
+    try:
+        validate(model, batches(), num_classes=len(names))
+        raised = None
+    except StoreError as exc:
+        raised = f"{type(exc).__name__}: {exc}"
+    distributed.teardown()
+    return {"raised": raised, "ran": len(ran)}

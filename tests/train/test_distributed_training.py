@@ -162,3 +162,13 @@ def test_batch_must_divide_among_the_processes(shapes, tmp_path):
 
     with pytest.raises(LaunchError, match="batch 5 is the total over all processes"):
         launch(workers.fit_recording, 2, config(shapes, tmp_path / "odd", batch=5), timeout=120)
+
+
+def test_a_store_stopped_in_one_ranks_validation_stops_every_rank_in_one_line(trained):
+    """Rank 1's validation data stops at its second batch: rank 0, which ran its whole shard, raises the same
+    error (rank 1 named) instead of waiting for rank 1's detections."""
+    data, weights = trained
+    done = launch(workers.validate_with_the_store_stopping, 2, data, weights, 1, timeout=300)
+    said = "StoreStopped: s3://bucket/set/val/chunk-0-1.bin: the store did not answer after 4 tries"
+    assert [d["raised"] for d in done] == [f"{said} (rank 1)", said]
+    assert [d["ran"] for d in done] == [3, 1]                # 10 images in batches of 2: shards of 3 and 2

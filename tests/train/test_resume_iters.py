@@ -221,6 +221,32 @@ def test_two_processes_resume_bit_for_bit_after_a_lost_rank(shapes21, reference2
 
 
 @pytest.mark.slow
+def test_a_store_stopped_under_one_rank_stops_both_at_a_common_step_and_resume_is_bit_for_bit(shapes21, reference2,
+                                                                                               tmp_path):
+    """Rank 1's data stops as its 10th batch would come (its one micro-batch of step 6, epoch 2's last, where
+    rank 0 has two): both ranks raise the same one-line error before that step's gradients are exchanged,
+    last.pt is at step 5 (the last both finished), and the resumed run is the reference."""
+    from yolokit.data.store.remote import StoreError
+
+    reference, finished = reference2
+    out = tmp_path / "run"
+    with pytest.raises(LaunchError) as stopped:
+        launch(workers.fit_with_the_store_stopping, 2, config(shapes21, out, batch=4, nbs=8, save_period_iters=0),
+               10, 1, timeout=300)
+    errors = stopped.value.errors
+    assert sorted(errors) == [0, 1] and all(isinstance(e, StoreError) for e in errors.values())
+    assert str(errors[1]).startswith("the data stopped: s3://bucket/set/train/chunk-0-3.bin: the store did not")
+    want = (f"(rank 1); {out / 'weights' / 'last.pt'} holds step 5: when the store is "
+            f"back, resume with `yolokit train --resume {out}`")
+    assert str(errors[0]).endswith(want), (str(errors[0])[-250:], want)
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 2, 5)
+    resumed = launch(workers.fit_until, 2, TrainConfig(resume=str(out)), timeout=300)
+    assert [r["rng"] for r in resumed] == [r["rng"] for r in finished]
+    assert_same_run(reference, out)
+
+
+@pytest.mark.slow
 def test_two_processes_stop_together_on_sigterm_and_resume_bit_for_bit(shapes21, reference2, tmp_path):
     """SIGTERM reaches rank 1 only, in step 4; both ranks agree to stop at the end of step 6 (the
     epoch's last), write last.pt there, and the resumed run starts with that epoch's validation."""

@@ -141,6 +141,60 @@ def test_the_store_stopped_mid_epoch_ends_in_one_line_and_the_run_resumes(tmp_pa
         store.stop()
 
 
+@pytest.mark.extended   # three runs of two processes each
+def test_two_processes_and_a_stopped_store_end_in_one_line_at_a_common_step_and_resume_bit_for_bit(tmp_path):
+    """Under two processes (gloo) a store stopped mid-epoch: one error line, no traceback, no process left;
+    last.pt at the last step both ranks finished, so the resumed run equals one that never stopped."""
+    from _processes import alive, descendants
+    from s3store import SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("needs SeaweedFS's `weed`")
+    store = SeaweedS3(tmp_path / "store").start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in store.env.items():
+                mp.setenv(k, v)
+            url = _shards(store, tmp_path, "stopping-ranks", seed=8, n_train=40, n_val=6)
+            common = ("--devices", "2", "--mosaic-buffer", "0", "--save-period-iters", "1")
+            mp.setenv("YOLOKIT_CACHE", str(tmp_path / "cache-reference"))
+            reference = _train_cli(url, tmp_path / "reference", *common)
+            _, err = reference.communicate(timeout=600)
+            assert reference.returncode == 0, err[-3000:]
+            mp.setenv("YOLOKIT_CACHE", str(tmp_path / "cache"))
+            out = tmp_path / "run"
+            proc = _train_cli(url, out, *common)
+            last = out / "weights" / "last.pt"
+            deadline = time.monotonic() + 300
+            while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            below = descendants(proc.pid)                 # the two ranks and their loader workers
+            store.stop()
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 1, err[-3000:]
+            errors = [line for line in err.splitlines() if "error:" in line]
+            assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+            assert "the store did not answer" in errors[0] and f"yolokit train --resume {out}" in errors[0]
+            deadline = time.monotonic() + 10              # workers end right after their parent
+            while alive(below) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(below) >= 2 and not alive(below), below
+            state = load_checkpoint(last)
+            assert 1 <= state["steps"] < 20 and state["epoch"] == 0 and errors[0].count(f"step {state['steps']}")
+            store.start()
+            resumed = subprocess.run([sys.executable, "-m", "yolokit", "train", "--resume", str(out)],
+                                     capture_output=True, text=True, timeout=600)
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+            a, b = load_checkpoint(tmp_path / "reference" / "weights" / "last.pt"), load_checkpoint(last)
+            assert a["steps"] == b["steps"] == 20
+            for key, value in a["model"].items():
+                assert torch.equal(b["model"][key], value), key
+            for key, value in a["ema"]["module"].items():
+                assert torch.equal(b["ema"]["module"][key], value), key
+    finally:
+        store.stop()
+
+
 def test_a_corrupt_chunk_is_named_skipped_and_counted_in_results(store, tmp_path):
     url = _shards(store, tmp_path, "corrupt", seed=7, n_train=16, n_val=4)
     client, key = store.client(), "set/train/chunk-0-2.bin"

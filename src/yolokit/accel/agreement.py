@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 
-from yolokit.accel.distributed import host_group
+from yolokit.accel.distributed import all_gather_object, all_ranks_agree, host_group
 
 T = TypeVar("T")
 
@@ -80,3 +80,15 @@ class RankExchange(Generic[T]):
         if kind is None:
             self.close()
         self._work = None
+
+
+def first_failure(message: str | None) -> tuple[int, str] | None:
+    """What failed on some rank, agreed at once: every rank calls it at the same point, with a message when
+    it cannot go on (its data stopped) and None when it can. Returns None when no rank failed, else the
+    lowest failing rank and its message, the same on every rank (a blocking all-reduce, and a gather
+    only after a failure). In one process: ``(0, message)`` or None."""
+    if all_ranks_agree(message is None):
+        return None
+    said = all_gather_object(message)
+    rank = next(r for r, m in enumerate(said) if m is not None)
+    return rank, said[rank]

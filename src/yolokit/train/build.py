@@ -143,7 +143,9 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
                   train_net=train_net, criterion=criterion, precision=precision, accumulator=accumulator,
                   optimizer=optimizer, schedule=schedule, ema=ema, frozen=frozen, scale=scale,
                   watchdog=Watchdog(cfg.max_bad_steps), stop=GracefulStop(several=plan.world > 1),
-                  exchange=RankExchange(StepVotes, world_size=plan.world), graphs=graphs)
+                  exchange=RankExchange(StepVotes, world_size=plan.world), graphs=graphs,
+                  data_check=plan.world > 1 and any(d.index.store is not None and d.index.store.remote
+                                                    for d in (train_set, val_set)))
     progress, resume_meter = Progress(), None
     if resume is not None:
         resume_meter = restore_run(parts, progress, resume)

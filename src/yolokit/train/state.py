@@ -66,6 +66,7 @@ class Parts:
     stop: GracefulStop                  # Ctrl-C / SIGTERM at a step boundary
     exchange: RankExchange[StepVotes]   # the ranks' per-step agreement
     graphs: StepGraphs | None = None    # the step recorded as CUDA graphs (TrainConfig.cuda_graphs)
+    data_check: bool = False            # several processes on a remote store: agree on the data each step
 
     @property
     def main(self) -> bool:

@@ -27,10 +27,12 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from yolokit.accel import Precision
+from yolokit.accel import Precision, distributed
+from yolokit.accel.agreement import first_failure
 from yolokit.accel.graphs import GraphCaptureError, StepGraphs, backend_for, bucket, capturable
 from yolokit.accel.oom import free_memory, is_oom_error, retry_step, run_batch
 from yolokit.data import to_device
+from yolokit.data.store.remote import StoreStopped, one_line
 from yolokit.losses.base import PaddedTargets, pad_targets
 from yolokit.train.config import TrainConfig
 from yolokit.train.meter import LossMeter
@@ -55,6 +57,8 @@ def train_step(parts: Parts, progress: Progress, meter: LossMeter, batch: dict |
         meter.add(run_batch(acc, batch, partial(micro_step, parts, epoch, progress.step_in_epoch)))
     if not acc.step_due():                                    # this rank's batches of the step have all run
         return False
+    if parts.data_check:                                      # a rank whose data stopped says so here: all stop
+        data_came(None)                                       # before the step's gradients are exchanged
     with parts.stop.deferred():                               # a Ctrl-C waits for the end of the step
         acc.sync()                                            # gradients summed over ranks, BatchNorm combined
         parts.schedule.apply(optimizer, epoch, progress.iteration(parts.plan.steps_per_epoch))
@@ -67,6 +71,16 @@ def train_step(parts: Parts, progress: Progress, meter: LossMeter, batch: dict |
         progress.step_taken()
         meter.mark()                                          # the loss sums of the completed steps
     return True
+
+
+def data_came(stopped: BaseException | None) -> None:
+    """Several processes reading a remote store: every rank, at the same point of each step, says whether
+    its data came (``stopped``: the StoreError its loader raised). When one rank's did not, every rank raises
+    ``StoreStopped`` with the first failing rank's message, before any gradient of the step is exchanged,
+    so each is at the last step all of them finished (``accel.agreement.first_failure``)."""
+    failure = first_failure(None if stopped is None else one_line(stopped))
+    if failure is not None:
+        raise StoreStopped.of(failure, distributed.rank())
 
 
 def micro_step(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[dict[str, Tensor], int]:

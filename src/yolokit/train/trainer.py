@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from yolokit.accel import Interrupted, distributed
 from yolokit.accel.devices import DeviceFailure, is_device_error
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
-from yolokit.data.store.remote import StoreError
+from yolokit.data.store.remote import StoreError, StoreStopped
 from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback
 from yolokit.train.callbacks import call_hook as _call
-from yolokit.train.checkpoint import WeightsFolder, rank_states
+from yolokit.train.checkpoint import WeightsFolder, rank_states, resolve_run
 from yolokit.train.config import TrainConfig
 from yolokit.train.feeding import DataWait, EpochMonitor
 from yolokit.train.files import SaveError
@@ -36,7 +37,7 @@ from yolokit.train.freeze import hold_frozen
 from yolokit.train.incidents import BatchTrail, diverged_where, lost_images, store_stopped
 from yolokit.train.meter import LossMeter
 from yolokit.train.state import Parts, Progress, StepVotes
-from yolokit.train.step import train_step
+from yolokit.train.step import data_came, train_step
 from yolokit.train.weights import export_final
 from yolokit.val import EvalResult, validate
 
@@ -87,11 +88,12 @@ class Trainer:
             stop.reported = True                 # the callbacks said where it stopped
             raise stop from None
         except StoreError as exc:                # the object store stopped answering: one line, exit 1
-            parts.accumulator.rewind()
-            saved = progress.epoch == epoch and parts.plan.world == 1   # (several processes: a collective that
-            if saved:                                                   # a rank still loading would not join)
+            parts.accumulator.rewind()           # several processes: saved when all stopped at one step
+            saved = progress.epoch == epoch and (parts.plan.world == 1 or isinstance(exc, StoreStopped))
+            if saved:
                 self.weights.save_position(self.meter)
-            raise store_stopped(exc, parts.run_dir, progress.steps if saved else None) from None
+                distributed.barrier()            # last.pt written before any rank exits (the launcher then
+            raise store_stopped(exc, parts.run_dir, progress.steps if saved else None) from None   # stops all)
         except SaveError as exc:                 # a full disk: what is intact, and how to go on
             exc.advice = exc.advice or self.weights.advice()
             raise
@@ -145,7 +147,7 @@ class Trainer:
         if self.monitor is not None:                                    # the device's readings, off this thread
             self.monitor.start()
         self.data_wait.start()
-        for i, batch in enumerate(parts.loader):
+        for i, batch in enumerate(self.batches()):
             self.data_wait.got_batch()                                  # the host waited for data (no device sync)
             self.trail.add(epoch, i, progress.steps, batch)
             if train_step(parts, progress, meter, batch, epoch):
@@ -163,6 +165,21 @@ class Trainer:
         parts.watchdog.check(bad_losses=bad, skipped_steps=parts.precision.check(),
                              **diverged_where(parts.run_dir, epoch))
         return meter.epoch_means()
+
+    def batches(self) -> Iterator[dict]:
+        """The loader's batches; several processes on a remote store: a rank whose data stopped tells the
+        others at the step it is in (``step.data_came``), and all stop there."""
+        batches = iter(self.parts.loader)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except StoreError as exc:
+                if not self.parts.data_check:
+                    raise
+                data_came(exc)
+            yield batch
 
     def read_meter(self) -> None:
         """The loss sums and skipped-step counts, read from the device; the step's losses to ``on_log``."""
@@ -251,9 +268,10 @@ def train(config: TrainConfig, *, model: Detector | None = None) -> dict[str, An
     ``model``: a Detector of yours to train instead of the one ``config.model`` names. Under
     torchrun every process calls this and trains as one rank of the group (the world comes
     from the environment). Otherwise ``config.devices`` > 1 starts that many local processes
-    (:func:`yolokit.accel.launcher.launch`).
+    (:func:`yolokit.accel.launcher.launch`); a resumed run starts as many as it had (its saved config's).
     """
-    if config.devices > 1 and distributed.world_size() == 1:
+    devices = resolve_run(config)[0].devices if config.resume else config.devices   # a resumed run: its own
+    if devices > 1 and distributed.world_size() == 1:
         from yolokit.accel.launcher import launch
-        return launch(_train_worker, config.devices, config, model)[0]
+        return launch(_train_worker, devices, config, model)[0]
     return Trainer(config, model=model).fit()

@@ -11,9 +11,10 @@ from torch import nn
 from tqdm import tqdm
 
 from yolokit.accel import distributed
+from yolokit.accel.agreement import first_failure
 from yolokit.data import to_device
 from yolokit.data.sources.images import ImageError, decode_image, read_image
-from yolokit.data.store.remote import StoreError
+from yolokit.data.store.remote import StoreError, StoreStopped, one_line
 from yolokit.ops.geometry import unletterbox_boxes
 from yolokit.ops.nms import Detections
 from yolokit.val.metrics import EvalResult, coco_evaluate
@@ -79,6 +80,29 @@ def validate(
     device = model_device(model)
     records, samples = [], []  # per image: (dataset index, detections, (boxes, labels), shape)
     batches = tqdm(loader, desc="val", disable=not progress, dynamic_ncols=True, leave=False)
+    world = world_size if world_size is not None else distributed.world_size()
+    stopped = None
+    try:
+        _run(model, batches, loader, device, records, samples, conf=conf, iou=iou, max_det=max_det,
+             multi_label=multi_label, nms=nms, keep_samples=keep_samples, on_image=on_image)
+    except StoreError as exc:     # several processes: every rank learns it before they gather (none waits)
+        if world <= 1:
+            raise
+        stopped = exc
+    if world > 1:
+        failure = first_failure(None if stopped is None else one_line(stopped))
+        if failure is not None:
+            raise StoreStopped.of(failure, distributed.rank())
+        records = [r for part in distributed.all_gather_object(records) for r in part]
+    records.sort(key=lambda r: r[0])
+    predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
+    return coco_evaluate(predictions, targets, shapes, num_classes), samples
+
+
+def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: torch.device, records: list,
+         samples: list, *, conf: float, iou: float, max_det: int, multi_label: bool, nms: bool, keep_samples: int,
+         on_image: ImageSink | None) -> None:
+    """``validate``'s pass over this rank's batches: each image's record (and the first samples) appended."""
     for batch in batches:
         batch = to_device(batch, device, non_blocking=True)
         dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det, multi_label=multi_label,
@@ -96,11 +120,6 @@ def validate(
                 truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
                 samples.append((_original_rgb(getattr(loader, "dataset", None), int(indices[i]), batch["paths"][i],
                                               shape), det, truth))
-    if (world_size if world_size is not None else distributed.world_size()) > 1:
-        records = [r for part in distributed.all_gather_object(records) for r in part]
-    records.sort(key=lambda r: r[0])
-    predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
-    return coco_evaluate(predictions, targets, shapes, num_classes), samples
 
 
 def model_device(model: Any) -> torch.device:

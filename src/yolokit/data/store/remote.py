@@ -21,6 +21,21 @@ class StoreError(RuntimeError):
     """The object store cannot be reached, or refuses us, after retries."""
 
 
+class StoreStopped(StoreError):
+    """The store stopped for one of several processes, and all of them raise it together, at the same
+    step (``accel.agreement.first_failure``): the message is the first failing rank's."""
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+    @classmethod
+    def of(cls, failure: tuple[int, str], here: int) -> StoreStopped:
+        """From ``first_failure``'s (rank, message), raised on rank ``here`` (another's is named)."""
+        rank, message = failure
+        return cls(message if rank == here else f"{message} (rank {rank})", rank)
+
+
 class CredentialsError(StoreError):
     """The object store refused the credentials (wrong key or secret, or no access)."""
 
