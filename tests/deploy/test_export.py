@@ -305,3 +305,18 @@ def test_other_families_export_with_the_same_detections(tmp_path, name):
     model = lively(yolokit.create_model(name, num_classes=3))
     exported = yolokit.load(export(model, "onnx", tmp_path / "m.onnx", imgsz=64, report=None))
     same_detections(model, exported)
+
+
+def test_a_file_that_does_not_run_in_its_check_is_removed_with_one_line(tmp_path, monkeypatch):
+    from yolokit.deploy import exporter
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Expected u1 >= 2 but received 0\nException raised from run_single_threaded")
+
+    monkeypatch.setattr(exporter, "check_export", fails)
+    out = tmp_path / "tiny.onnx"
+    with pytest.raises(ExportError) as info:
+        export(tiny(), "onnx", out, imgsz=64, report=None)
+    assert str(info.value) == (f"the onnx file {out} did not run: RuntimeError: Expected u1 >= 2 but received 0 "
+                               "(the file is removed)")
+    assert not out.exists()

@@ -156,3 +156,27 @@ def test_detection_rows_is_greedy_nms_per_image_and_class_capped_per_group():
         groups = torch.unique(got[:, [0, 6]], dim=0, return_counts=True)[1]
         assert int(groups.max()) <= max_det and not (got[:, 0] == 2).any()
     assert detection_rows(preds[2:], conf=0.2, iou=0.5, max_det=10).shape == (0, 7)
+
+
+@pytest.mark.parametrize("kept", [0, 1, 5])
+def test_detection_rows_under_torch_export_keeps_any_number_of_boxes(kept):
+    """torch.export of ``detection_rows`` (a dynamic batch and number of points) gives the eager rows whether
+    it keeps none, one or several boxes, and boxes below zero (as a decode gives at an image's edge) too."""
+    from yolokit.ops.nms import detection_rows
+
+    class Rows(torch.nn.Module):
+        def forward(self, predictions):
+            return detection_rows(predictions, conf=0.5, iou=0.5, max_det=10)
+
+    g = torch.Generator().manual_seed(kept)
+    example = torch.rand(2, 40, 7, generator=g)
+    dims = {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("points", min=1, max=4096)}
+    exported = torch.export.export(Rows(), (example,), dynamic_shapes={"predictions": dims}).module()
+    preds = torch.rand(3, 60, 7, generator=g) * 0.4                 # no score above 0.5
+    preds[..., :2] -= 20                                              # corners beyond the image
+    preds[..., 2:4] += 10
+    preds[1, :kept, 4] = 0.9                                          # `kept` boxes of one class, apart
+    preds[1, :kept, :4] = torch.arange(kept)[:, None] * 30.0 + torch.tensor([-20.0, -20.0, 5.0, 5.0])
+    want = Rows()(preds)
+    assert want.shape == (kept, 7)
+    torch.testing.assert_close(exported(preds), want, rtol=0, atol=0)

@@ -136,9 +136,11 @@ def export(
     if check:
         try:
             line += "; checked: " + check_export(model, out, precision=precision, device=device)
-        except ExportError as exc:     # a file that failed its check is not left to be used
+        except Exception as exc:       # a file that failed its check, or did not run, is not left to be used
             shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
-            raise ExportError(f"{exc} (the file is removed)") from None
+            said = str(exc) if isinstance(exc, ExportError) else \
+                f"the {format} file {out} did not run: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            raise ExportError(f"{said} (the file is removed)") from None
     if report is not None:
         report(line)
     return out

@@ -149,7 +149,12 @@ def detection_rows(predictions: Tensor, *, conf: float = 0.25, iou: float = 0.7,
     boxes, scores, labels, image = predictions[..., :4][keep], scores[keep], labels[keep], image[keep]
     group = image * (predictions.shape[-1] - 4) + labels
     apart = group.to(boxes.dtype)[:, None] * (predictions[..., :4].amax() + 1)      # over all: never empty
-    kept = nms(boxes + apart, scores, iou)                                            # best first
+    # two stand-ins, kept whatever else is (beyond every box, scores below any): torchvision's traced nms
+    # promises at least two boxes kept, and without them a graph that keeps 0 or 1 fails that assertion
+    stand_ins = predictions[..., :4].amin() + predictions.new_tensor([[-3.0, -3.0, -2.0, -2.0],
+                                                                       [-5.0, -5.0, -4.0, -4.0]])
+    kept = nms(torch.cat((boxes + apart, stand_ins)), torch.cat((scores, scores.new_full((2,), -1.0))), iou)
+    kept = kept[kept < scores.shape[0]]                                               # best first
     order = torch.sort(group[kept], stable=True).indices
     grouped = group[kept][order]
     rank = torch.ones_like(grouped).cumsum(0) - 1 - torch.searchsorted(grouped, grouped)   # within its group
