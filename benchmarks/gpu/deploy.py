@@ -3,7 +3,9 @@
 yolov8n at 640 (64 in the smoke run), fused, float32 and float16: the eager Detector (network and
 decode) and ``yolokit.export(model, "pt2", device="cuda")``'s package, each timed at batch 1 (the
 median latency) and at batch 16 (images/s), in turns; the export's seconds (the compile) and its
-check line. The CPU rows of every format are ``yolokit benchmark``'s (BENCHMARKS.md "Export").
+check line; then float32 with NMS in the graph (``nms=True``: torchvision's nms kernel in the package),
+its export and images/s at batch 16. The CPU rows of every format are ``yolokit benchmark``'s
+(BENCHMARKS.md "Export").
 """
 
 from __future__ import annotations
@@ -73,4 +75,18 @@ def pt2_cuda(s: Settings, clock: Clock) -> list[Row]:
                     what = f"yolov8n {label} {name} " + ("batch 1 latency ms" if n == 1 else "batch 16 img/s")
                     print(f"  {what}: {figure[0]:.2f}", flush=True)
                     rows.append(Row("deploy", what, figure[0], figure[1]))
+    if not clock.over():           # NMS in the graph: torchvision's nms kernel inside the CUDA package
+        torch.manual_seed(0)
+        model = yolokit.create_model("yolov8n").eval().fuse(channels_last=False)
+        with tempfile.TemporaryDirectory() as folder:
+            path, said = Path(folder) / "yolov8n-nms.pt2", []
+            start = time.perf_counter()
+            _, note = attempt(lambda: yolokit.export(model, "pt2", path, imgsz=imgsz, nms=True, device=device,
+                                                     report=said.append))
+            rows.append(Row("deploy", "yolov8n fp32 .pt2 with NMS export s", time.perf_counter() - start, "s",
+                            note=note or (said[0].split("; ")[-1][:120] if said else "")))
+            if not note:
+                x = torch.rand(s.batch(16), 3, imgsz, imgsz, device=s.device)
+                value = _median_s(s, ExportedModel(path, device=device), x, rounds)
+                rows.append(Row("deploy", "yolov8n fp32 .pt2 with NMS batch 16 img/s", len(x) / value, "img/s"))
     return rows
