@@ -176,3 +176,23 @@ def test_predict_stops_with_one_line_and_keeps_what_it_wrote(tmp_path, source, s
         assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == done
     else:
         assert len(list(out.glob("*.jpg"))) == done
+
+
+
+def test_a_stop_raised_inside_a_c_call_that_calls_back_is_still_a_stop():
+    """A signal handler that raises while a C function calls back into Python (``np.fromfile`` calling
+    ``os.fspath``) surfaces as a SystemError whose context is the stop (seen in `yolokit data shard`): it is
+    that stop (exit 130, one line), and any other SystemError stays what it is."""
+    from yolokit.accel.stop import Interrupted
+
+    try:
+        try:
+            raise Interrupted(signal.SIGTERM)
+        except Interrupted:
+            raise SystemError("<built-in function fspath> returned a result with an exception set") from None
+    except SystemError as exc:
+        raised = exc
+    assert Interrupted.of(raised).exit_code == 128 + signal.SIGTERM
+    assert Interrupted.of(KeyboardInterrupt()).exit_code == 130
+    with pytest.raises(SystemError, match="other"):
+        Interrupted.of(SystemError("other"))

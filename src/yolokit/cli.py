@@ -379,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"yolokit {args.command}: stopped: the device failed (exit 1)", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)                       # not interpreter exit: freeing CUDA memory now would abort (134)
-    except KeyboardInterrupt as exc:      # one line, no traceback
+    except (KeyboardInterrupt, SystemError) as exc:      # one line, no traceback (a SystemError: see `of`)
         interrupted = Interrupted.of(exc)
         if not interrupted.reported and distributed.is_main():
             again = ": the same command continues where it stopped" if args.command == "data" else ""

@@ -31,8 +31,14 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(message or f"{signal.Signals(self.signum).name} received")
 
     @classmethod
-    def of(cls, exc: KeyboardInterrupt) -> Interrupted:
-        """``exc`` itself, or for a plain ``KeyboardInterrupt`` (Python's own Ctrl-C) a SIGINT stop."""
+    def of(cls, exc: BaseException) -> Interrupted:
+        """``exc`` itself, or for a plain ``KeyboardInterrupt`` (Python's own Ctrl-C) a SIGINT stop. A
+        ``SystemError`` that a stop raised inside a C function calling back into Python (``os.fspath`` of
+        ``np.fromfile``) becomes that stop; any other exception is raised again."""
+        if isinstance(exc, SystemError) and isinstance(exc.__context__, KeyboardInterrupt):
+            exc = exc.__context__
+        if not isinstance(exc, KeyboardInterrupt):
+            raise exc
         return exc if isinstance(exc, cls) else cls(signal.SIGINT)
 
     @property

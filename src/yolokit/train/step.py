@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from functools import partial
 
 import torch
@@ -32,7 +32,7 @@ from yolokit.accel.agreement import first_failure
 from yolokit.accel.graphs import GraphCaptureError, StepGraphs, backend_for, bucket, capturable
 from yolokit.accel.oom import free_memory, is_oom_error, retry_step, run_batch
 from yolokit.data import to_device
-from yolokit.data.store.remote import StoreStopped, one_line
+from yolokit.data.store.remote import StoreError, StoreStopped, one_line
 from yolokit.losses.base import PaddedTargets, pad_targets
 from yolokit.train.config import TrainConfig
 from yolokit.train.meter import LossMeter
@@ -81,6 +81,22 @@ def data_came(stopped: BaseException | None) -> None:
     failure = first_failure(None if stopped is None else one_line(stopped))
     if failure is not None:
         raise StoreStopped.of(failure, distributed.rank())
+
+
+def loader_batches(parts: Parts) -> Iterator[dict]:
+    """The loader's batches. Several processes on a remote store (``parts.data_check``): a rank whose data
+    stopped says so at the step it is in (``data_came``), and every rank stops there."""
+    batches = iter(parts.loader)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except StoreError as exc:
+            if not parts.data_check:
+                raise
+            data_came(exc)
+        yield batch
 
 
 def micro_step(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[dict[str, Tensor], int]:

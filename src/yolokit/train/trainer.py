@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from yolokit.accel import Interrupted, distributed
@@ -37,7 +36,7 @@ from yolokit.train.freeze import hold_frozen
 from yolokit.train.incidents import BatchTrail, diverged_where, lost_images, store_stopped
 from yolokit.train.meter import LossMeter
 from yolokit.train.state import Parts, Progress, StepVotes
-from yolokit.train.step import data_came, train_step
+from yolokit.train.step import loader_batches, train_step
 from yolokit.train.weights import export_final
 from yolokit.val import EvalResult, validate
 
@@ -147,7 +146,7 @@ class Trainer:
         if self.monitor is not None:                                    # the device's readings, off this thread
             self.monitor.start()
         self.data_wait.start()
-        for i, batch in enumerate(self.batches()):
+        for i, batch in enumerate(loader_batches(parts)):
             self.data_wait.got_batch()                                  # the host waited for data (no device sync)
             self.trail.add(epoch, i, progress.steps, batch)
             if train_step(parts, progress, meter, batch, epoch):
@@ -165,21 +164,6 @@ class Trainer:
         parts.watchdog.check(bad_losses=bad, skipped_steps=parts.precision.check(),
                              **diverged_where(parts.run_dir, epoch))
         return meter.epoch_means()
-
-    def batches(self) -> Iterator[dict]:
-        """The loader's batches; several processes on a remote store: a rank whose data stopped tells the
-        others at the step it is in (``step.data_came``), and all stop there."""
-        batches = iter(self.parts.loader)
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            except StoreError as exc:
-                if not self.parts.data_check:
-                    raise
-                data_came(exc)
-            yield batch
 
     def read_meter(self) -> None:
         """The loss sums and skipped-step counts, read from the device; the step's losses to ``on_log``."""
@@ -265,11 +249,9 @@ def _train_worker(config: TrainConfig, model: Detector | None) -> dict[str, Any]
 def train(config: TrainConfig, *, model: Detector | None = None) -> dict[str, Any]:
     """Trains and returns the final metrics (of rank 0 when several processes train).
 
-    ``model``: a Detector of yours to train instead of the one ``config.model`` names. Under
-    torchrun every process calls this and trains as one rank of the group (the world comes
-    from the environment). Otherwise ``config.devices`` > 1 starts that many local processes
-    (:func:`yolokit.accel.launcher.launch`); a resumed run starts as many as it had (its saved config's).
-    """
+    ``model``: a Detector of yours to train instead of the one ``config.model`` names. Under torchrun
+    every process trains as one rank of the group (the world comes from the environment). Otherwise
+    ``config.devices`` > 1 (a resumed run: its saved config's) starts that many local processes."""
     devices = resolve_run(config)[0].devices if config.resume else config.devices   # a resumed run: its own
     if devices > 1 and distributed.world_size() == 1:
         from yolokit.accel.launcher import launch
