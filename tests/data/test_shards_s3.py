@@ -97,8 +97,8 @@ def test_a_bucket_that_does_not_exist_is_named_with_how_to_make_it(shapes, s3_en
 
 
 def test_predict_from_the_store_saves_the_real_images(shapes, s3_env, tmp_path):
-    """`yolokit predict s3://.../val` (shards) and an s3:// prefix of plain image files: each saved image is
-    the stored image itself (no box passes --conf 0.999 of a fresh model), named by its key."""
+    """`yolokit predict s3://.../val` (shards): each saved image is the stored image itself (no box passes
+    --conf 0.999 of a fresh model), named by its key; an s3:// prefix of plain image files reads the same."""
     import cv2
 
     from yolokit.data.store.shards import write_shards
@@ -111,18 +111,20 @@ def test_predict_from_the_store_saves_the_real_images(shapes, s3_env, tmp_path):
     for path in originals[:3]:                                  # plain files under another prefix
         client.put_object(Bucket="predict-from-store", Key=f"loose/a/{path.name}", Body=path.read_bytes())
     client.put_object(Bucket="predict-from-store", Key="loose/notes.txt", Body=b"not an image")
-    for source, expected in ((f"{url}/val", [f"images/val/{p.name}" for p in originals]),
-                             ("s3://predict-from-store/loose", [f"a/{p.name}" for p in originals[:3]])):
-        out = tmp_path / source.rsplit("/", 1)[-1]
-        done = _cli("predict", source, "--num-classes", "3", "--imgsz", "64", "--conf", "0.999", "--out", str(out),
-                    env=os.environ.copy())
-        assert done.returncode == 0, done.stderr[-2000:]
-        saved = sorted(str(p.relative_to(out)) for p in out.rglob("*.jpg"))
-        assert saved == sorted(expected), saved
-        for name in expected:
-            got, want = cv2.imread(str(out / name)), cv2.imread(str(shapes.parent / "images" / "val" / Path(name).name))
-            assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 4   # a JPEG re-encoded
-            assert np.abs(got.astype(int) - 114).mean() > 20                            # not a grey canvas
-    assert [f.name for f in frames("s3://predict-from-store/loose/a")] == [p.name for p in originals[:3]]
+    out = tmp_path / "predicted"
+    done = _cli("predict", f"{url}/val", "--num-classes", "3", "--imgsz", "64", "--conf", "0.999", "--out", str(out),
+                env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = sorted(str(p.relative_to(out)) for p in out.rglob("*.jpg"))
+    assert saved == [f"images/val/{p.name}" for p in originals], saved
+    for name, original in zip(saved, originals, strict=True):
+        got, want = cv2.imread(str(out / name)), cv2.imread(str(original))
+        assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 4     # a JPEG re-encoded
+        assert np.abs(got.astype(int) - 114).mean() > 20                              # not a grey canvas
+    loose = list(frames("s3://predict-from-store/loose"))             # what predict reads from a plain prefix
+    assert [f.name for f in loose] == [f"a/{p.name}" for p in originals[:3]]
+    for frame, original in zip(loose, originals[:3], strict=True):
+        assert frame.path == f"s3://predict-from-store/loose/a/{original.name}"
+        assert torch.equal(frame.image, next(iter(frames(str(original)))).image)
     with pytest.raises(FileNotFoundError, match="no shards and no images there"):
         list(frames("s3://predict-from-store/nothing-here"))

@@ -221,14 +221,12 @@ def test_two_processes_resume_bit_for_bit_after_a_lost_rank(shapes21, reference2
 
 
 @pytest.mark.slow
-def test_a_store_stopped_under_one_rank_stops_both_at_a_common_step_and_resume_is_bit_for_bit(shapes21, reference2,
-                                                                                               tmp_path):
+def test_a_store_stopped_under_one_rank_stops_both_at_the_last_step_both_finished(shapes21, tmp_path):
     """Rank 1's data stops as its 10th batch would come (its one micro-batch of step 6, epoch 2's last, where
     rank 0 has two): both ranks raise the same one-line error before that step's gradients are exchanged,
-    last.pt is at step 5 (the last both finished), and the resumed run is the reference."""
+    last.pt is at step 5 (the last both finished), with both ranks' state."""
     from yolokit.data.store.remote import StoreError
 
-    reference, finished = reference2
     out = tmp_path / "run"
     with pytest.raises(LaunchError) as stopped:
         launch(workers.fit_with_the_store_stopping, 2, config(shapes21, out, batch=4, nbs=8, save_period_iters=0),
@@ -241,9 +239,8 @@ def test_a_store_stopped_under_one_rank_stops_both_at_a_common_step_and_resume_i
     assert str(errors[0]).endswith(want), (str(errors[0])[-250:], want)
     state = load_checkpoint(out / "weights" / "last.pt")
     assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 2, 5)
-    resumed = launch(workers.fit_until, 2, TrainConfig(resume=str(out)), timeout=300)
-    assert [r["rng"] for r in resumed] == [r["rng"] for r in finished]
-    assert_same_run(reference, out)
+    assert [r["meter"]["counts"][0].item() for r in state["ranks"]] == [4.0, 4.0]   # epoch 2's batches so far
+    # resuming from such a checkpoint is the test above's; through the CLI and a real store: test_train_shards
 
 
 @pytest.mark.slow
