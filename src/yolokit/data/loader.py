@@ -322,22 +322,22 @@ def build_dataloader(
                   persistent_workers=persistent_workers and workers > 0,
                   multiprocessing_context=multiprocessing_context if workers > 0 else None,
                   prefetch_factor=prefetch_factor if workers > 0 else None)
+    groups = getattr(getattr(dataset, "index", None), "groups", None)   # shards: each image's chunk
     if rect and augment:
         batches = RectBatchSampler(dataset.shapes, batch_size, rank=rank, world_size=world_size,
                                    accumulate=accumulate, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                                   whole_steps=whole_steps)
+                                   whole_steps=whole_steps, groups=groups)
         dataset.set_rect_batches(batches.batches, stride)   # before any worker starts
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     elif rect:
         dataset.stride = int(stride or dataset.stride)
         batches = AspectRatioBatchSampler(dataset.shapes, batch_size, rank=rank,
-                                          world_size=world_size)
+                                          world_size=world_size, groups=groups)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     else:
         batches = ShardedBatchSampler(len(dataset), batch_size, rank=rank, world_size=world_size,
                                       accumulate=accumulate, shuffle=shuffle, seed=seed,
-                                      drop_last=drop_last, whole_steps=whole_steps,
-                                      groups=getattr(getattr(dataset, "index", None), "groups", None))
+                                      drop_last=drop_last, whole_steps=whole_steps, groups=groups)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
     loader.seed, loader._buffers = seed, buffers
     return loader

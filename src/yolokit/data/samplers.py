@@ -15,17 +15,38 @@ import torch
 from torch.utils.data import Sampler
 
 
-def aspect_batches(shapes: np.ndarray, batch_size: int) -> list[list[int]]:
+def aspect_batches(shapes: np.ndarray, batch_size: int, groups: np.ndarray | None = None) -> list[list[int]]:
     """Image indices sorted by aspect ratio (h / w, a stable sort) and cut into batches of ``batch_size``.
 
-    The last batch (the tallest images) may hold fewer.
+    The last batch (the tallest images) may hold fewer. With ``groups`` (each image's chunk of shards,
+    `SplitIndex.groups`) the images are sorted chunk by chunk instead, in the chunks' order, by aspect
+    ratio within each: rising in the first chunk, falling in the second, and so on (so that a batch that
+    straddles two chunks joins images of like shapes), then cut as before. The batches are as many and
+    as large, and each reads at most two neighbouring chunks.
 
     Examples:
         >>> aspect_batches(np.array([[64, 48], [48, 64], [64, 64]]), 2)
         [[1, 2], [0]]
+        >>> aspect_batches(np.array([[64, 48], [48, 64], [64, 64], [48, 64]]), 2, groups=np.array([0, 0, 1, 1]))
+        [[1, 0], [2, 3]]
     """
-    order = np.argsort(shapes[:, 0] / shapes[:, 1], kind="stable")
+    aspect = shapes[:, 0] / shapes[:, 1]
+    if groups is None:
+        order = np.argsort(aspect, kind="stable")
+    else:
+        _, chunk = np.unique(np.asarray(groups), return_inverse=True)
+        order = np.lexsort((np.where(chunk % 2, -aspect, aspect), chunk))
     return [order[k:k + batch_size].tolist() for k in range(0, len(order), batch_size)]
+
+
+def grouped_order(groups: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A seeded order of ``len(groups)`` items that visits the groups in a random order and shuffles the
+    items within each (what keeps a process on a few chunks at a time)."""
+    n = len(groups)
+    _, group = torch.unique(groups, return_inverse=True)
+    place = torch.empty(int(group.max()) + 1, dtype=torch.int64)
+    place[torch.randperm(len(place), generator=generator)] = torch.arange(len(place))
+    return torch.argsort(place[group] * n + torch.randperm(n, generator=generator))
 
 
 class AspectRatioBatchSampler(Sampler[list[int]]):
@@ -35,11 +56,13 @@ class AspectRatioBatchSampler(Sampler[list[int]]):
         shapes: int [n, 2] `(h, w)` of each image.
         batch_size: images per batch.
         rank, world_size: under DDP each rank takes every world_size-th batch.
+        groups: each image's chunk of shards: batches chunk by chunk (:func:`aspect_batches`), so that
+            a pass reads each chunk once.
     """
 
     def __init__(self, shapes: np.ndarray, batch_size: int, *, rank: int = 0,
-                 world_size: int = 1) -> None:
-        self.batches = aspect_batches(shapes, batch_size)[rank::world_size]
+                 world_size: int = 1, groups: np.ndarray | None = None) -> None:
+        self.batches = aspect_batches(shapes, batch_size, groups)[rank::world_size]
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches)
@@ -147,10 +170,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.groups is None:
             return torch.randperm(self.size, generator=generator)
-        _, group = torch.unique(self.groups, return_inverse=True)     # groups in a seeded order, then
-        place = torch.empty(int(group.max()) + 1, dtype=torch.int64)  # the images within each shuffled
-        place[torch.randperm(len(place), generator=generator)] = torch.arange(len(place))
-        return torch.argsort(place[group] * self.size + torch.randperm(self.size, generator=generator))
+        return grouped_order(self.groups, generator)
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self.order()
@@ -176,22 +196,31 @@ class RectBatchSampler(ShardedBatchSampler):
     short batch is left out) and ``whole_steps`` mean what they mean there. The short batch,
     last in aspect order, may come at any step of an epoch.
 
+    With ``groups`` (shards: each image's chunk) the batches are cut chunk by chunk
+    (:func:`aspect_batches`) and their order visits the chunks in a seeded order, the batches of each
+    chunk (those that start in it) shuffled, so that a step reads a few chunks, not many.
+
     Args:
         shapes: int [n, 2] ``(h, w)`` of each image.
-        batch_size, rank, world_size, accumulate, shuffle, seed, drop_last, whole_steps: as
+        batch_size, rank, world_size, accumulate, shuffle, seed, drop_last, whole_steps, groups: as
             for :class:`ShardedBatchSampler`.
     """
 
     def __init__(self, shapes: np.ndarray, batch_size: int, **kwargs) -> None:
         super().__init__(len(shapes), batch_size, **kwargs)
-        batches = aspect_batches(np.asarray(shapes), batch_size)
+        groups = None if self.groups is None else self.groups.numpy()
+        batches = aspect_batches(np.asarray(shapes), batch_size, groups)
         self.batches = batches[:len(shapes) // batch_size] if self.drop_last else batches   # of every epoch
+        self.batch_groups = None if groups is None else self.groups[[b[0] for b in self.batches]]
 
     def __iter__(self) -> Iterator[list[int]]:
         n = len(self.batches)
-        if self.shuffle:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-        else:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        if not self.shuffle:
             order = list(range(n))
+        elif self.batch_groups is None:
+            order = torch.randperm(n, generator=generator).tolist()
+        else:
+            order = grouped_order(self.batch_groups, generator).tolist()
         for c in self._mine():
             yield list(self.batches[order[c]])
