@@ -459,7 +459,7 @@ def loader_rows(args, store: Store) -> tuple[list[list], list[str]]:
             try:
                 ds = DetectionDataset(src, "train", imgsz=640, augment=True)
                 loader = build_dataloader(ds, args.batch, workers=workers, seed=0, uint8_images=True,
-                                          pin_memory=False, persistent_workers=True)
+                                          pin_memory=False, persistent_workers=True, chunks_ahead=args.chunks_ahead)
                 passes = [("cold" if src.startswith("s3://") else "page cache", epoch(loader, args.warmup))]
                 if args.warm_epoch:
                     passes.append(("warm" if src.startswith("s3://") else "page cache, again",
@@ -531,6 +531,7 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.0,
                    help="the loopback store at a distance: seconds added to each request (a relay in front)")
     p.add_argument("--bandwidth", type=float, default=0.0, help="and its MB/s, all connections together (0: no cap)")
+    p.add_argument("--chunks-ahead", type=int, default=2, help="loader: chunks fetched ahead of the workers (0: none)")
     args = p.parse_args()
     sections = args.sections or list(SECTIONS)
     unknown = [s for s in sections if s not in SECTIONS]
@@ -574,7 +575,8 @@ def main() -> None:
             rows, more = loader_rows(args, store)
             notes += more
             out.append(f"### loader: shapes set, {args.loader_images:,} images at 640 px, batch {args.batch}, "
-                       f"uint8_images, augment (Mosaic), one epoch per row; chunks {args.loader_chunk_bytes}\n\n"
+                       f"uint8_images, augment (Mosaic), one epoch per row; chunks {args.loader_chunk_bytes}, "
+                       f"{args.chunks_ahead} fetched ahead\n\n"
                        + table(["source", "workers", "cache", "first batch s", "epoch img/s",
                                 f"img/s after {args.warmup} batches", "img/s per worker",
                                 "CPU ms/img (main + workers)"], rows))

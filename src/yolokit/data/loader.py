@@ -36,6 +36,7 @@ from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
     epoch_steps,
 )
 from yolokit.data.sources.images import PAD_VALUE
+from yolokit.data.store.prefetch import Prefetching, prefetching
 from yolokit.data.workers import init_worker, signals_deferred
 
 
@@ -172,6 +173,7 @@ class DetectionLoader(DataLoader):
     _epoch_given: bool = True
     _start_step: int = 0
     _buffers: BatchBuffers | None = None     # the workers' reused batch buffers (build_dataloader)
+    chunks_ahead: int = 0                    # remote shards: chunks fetched ahead of the workers (prefetch.py)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Use this epoch for the next iteration, from optimizer step ``start_step`` on."""
@@ -206,9 +208,13 @@ class DetectionLoader(DataLoader):
             self.dataset.set_epoch(self._epoch)
         if self.generator is not None:
             self.generator.manual_seed(self.seed * 100_003 + self._epoch)
+        ahead = None                                   # remote shards: the epoch's chunks, fetched ahead
+        if self.chunks_ahead and getattr(getattr(self.dataset, "index", None), "store", None) is not None:
+            ahead = prefetching(self.dataset, list(self.batch_sampler), self.chunks_ahead)
         with signals_deferred(self.num_workers > 0):   # workers may start here
             batches = super().__iter__()
-        return batches if self._buffers is None else Returning(batches, self._buffers)
+        batches = batches if self._buffers is None else Returning(batches, self._buffers)
+        return batches if ahead is None else Prefetching(batches, ahead)
 
 
 def build_dataloader(
@@ -233,6 +239,7 @@ def build_dataloader(
     stride: int | None = None,
     hsv_on_device: bool = False,
     augment_on: str = "workers",
+    chunks_ahead: int = 2,
 ) -> DetectionLoader:
     """A DataLoader over a DetectionDataset that yields the batch contract.
 
@@ -252,6 +259,8 @@ def build_dataloader(
         pin_memory: default True when CUDA is available.
         persistent_workers: keep workers between epochs; default True when workers > 0.
         prefetch_factor: batches each worker prepares ahead.
+        chunks_ahead: shards in a store: chunks of the coming batches this process downloads ahead of the
+            workers, in the sampler's order and within the cache cap (`data.store.prefetch`); 0: none.
         uint8_images: batches carry `images_uint8` (see `collate_uint8`) for conversion on
             the device with `to_device`; much faster loading, same training input.
         multiprocessing_context: "fork", "spawn" or "forkserver" for the workers; default
@@ -339,5 +348,5 @@ def build_dataloader(
                                       accumulate=accumulate, shuffle=shuffle, seed=seed,
                                       drop_last=drop_last, whole_steps=whole_steps, groups=groups)
         loader = DetectionLoader(dataset, batch_sampler=batches, **common)
-    loader.seed, loader._buffers = seed, buffers
+    loader.seed, loader._buffers, loader.chunks_ahead = seed, buffers, chunks_ahead
     return loader

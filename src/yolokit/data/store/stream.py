@@ -178,6 +178,29 @@ class ShardStore:
         """The bytes of all the split's chunks."""
         return int(sum(self.nbytes))
 
+    def chunk_folder(self) -> str:
+        """The folder where litdata keeps this split's chunks (its reader's ``input_dir``), made here."""
+        with self._lock:
+            folder = self._open().input_dir.path
+        os.makedirs(folder, exist_ok=True)
+        return folder
+
+    def fetch_chunk(self, chunk: int, folder: str | os.PathLike) -> Path:
+        """Downloads chunk ``chunk`` into ``folder`` (``chunk_folder``): whole, or not at all (a temporary
+        file renamed into place), under the lock litdata's own download takes (``<chunk>.lock``), so that a
+        worker and this never fetch the same chunk twice; nothing when another holds it. Raises StoreError
+        as a read does."""
+        from filelock import FileLock, Timeout
+
+        target = Path(folder) / self.files[chunk]
+        try:
+            with FileLock(f"{target}.lock", timeout=0):
+                if not (target.is_file() and target.stat().st_size >= self.nbytes[chunk]):
+                    self._place.fetch(self.files[chunk], target)
+        except Timeout:                        # a worker is downloading it
+            pass
+        return target
+
     def _open(self):
         if self._reader is None or self._pid != os.getpid():
             from litdata import StreamingDataset

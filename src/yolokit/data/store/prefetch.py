@@ -1,0 +1,144 @@
+"""Chunks of a remote split fetched ahead of the loader's workers, in the order the sampler gives.
+
+A worker that needs a chunk nobody has downloaded waits for the whole download; and with several
+workers, one that needs a chunk another worker is downloading waits on litdata's in-process signal
+that never comes, up to a second, before it looks on disk again (litdata 0.2.76). `ChunkPrefetch`
+runs in the training process, one thread per split: at the start of an epoch it is given the
+epoch's batches (this rank's, in the order the loader yields them), and as the loader yields them it
+keeps the chunks of the next batches on disk before any worker asks, in litdata's own cache folder
+(``ShardStore.chunk_folder``), each written whole under a temporary name and renamed into place (the
+way litdata publishes a download, so a worker sees no partial file).
+
+It stays within the cache's cap (a chunk that would pass it waits until it fits) and never fetches
+more than ``ahead`` chunks beyond the one in use. A download that fails (a stopped store) is left to
+the worker that needs the chunk: its read retries and then fails in one line, as without prefetch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("yolokit.data")
+
+
+class ChunkPrefetch:
+    """One split's chunks fetched ahead of ``batches`` (see the module).
+
+    Args:
+        store: the split's remote ``ShardStore``.
+        batches: the epoch's batches of dataset items, in the order the loader yields them.
+        ahead: chunks fetched beyond the one of the batch the loader yields next.
+    """
+
+    def __init__(self, store: Any, batches: Sequence[Sequence[int]], *, ahead: int = 2) -> None:
+        self.store, self.ahead = store, ahead
+        order: list[int] = []                            # the chunks in the order batches first touch them
+        self.first_use: list[int] = []                   # per batch: how many of `order` it needs by then
+        for batch in batches:
+            for chunk in dict.fromkeys(np.atleast_1d(store.chunk_of(np.asarray(batch, np.int64))).tolist()):
+                if chunk not in order:
+                    order.append(int(chunk))
+            self.first_use.append(len(order))
+        self.order, self.position, self.fetched = order, 0, 0
+        self.headroom = (ahead + 2) * max(store.nbytes, default=0)
+        self.folder = Path(store.chunk_folder())
+        if order:                  # the first chunk before any worker asks (they would all wait for it)
+            self._fetch(order[0])
+        self._cond, self._stop = threading.Condition(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="yolokit-chunk-prefetch")
+        self._thread.start()
+
+    def advance(self) -> None:
+        """The loader yielded one more batch."""
+        with self._cond:
+            self.position += 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Stop fetching (a download in flight finishes first); safe to call twice."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
+
+    def _present(self, chunk: int) -> bool:
+        path = self.folder / self.store.files[chunk]
+        return path.is_file() and path.stat().st_size >= self.store.nbytes[chunk]
+
+    def _fits(self, chunk: int) -> bool:
+        """Whether fetching ``chunk`` keeps the cache ``headroom`` below its cap: room for the chunks the
+        workers download themselves, so that litdata never evicts while chunks are fetched ahead (a chunk
+        it evicts before its worker reads it costs that worker a 30 s wait in litdata 0.2.76)."""
+        cap = self.store.max_cache
+        return not cap or self.store.cache_bytes() + self.store.nbytes[chunk] + self.headroom <= cap
+
+    def _run(self) -> None:
+        done = 0                                          # chunks of `order` fetched or found present
+        while not self._stop.is_set() and done < len(self.order):
+            with self._cond:
+                at = self.position
+                in_use = self.first_use[min(at, len(self.first_use) - 1)] if self.first_use else 0
+                if done >= in_use + self.ahead:           # far enough ahead: wait for the loader
+                    self._cond.wait(timeout=1.0)
+                    continue
+            chunk = self.order[done]
+            if self._present(chunk):
+                done += 1
+                continue
+            if not self._fits(chunk):                     # the cap: wait until the workers' evictions free room
+                if self._stop.wait(0.2):
+                    return
+                continue
+            self._fetch(chunk)
+            done += 1
+
+    def _fetch(self, chunk: int) -> None:
+        if self._present(chunk) or not self._fits(chunk):
+            return
+        try:
+            self.store.fetch_chunk(chunk, self.folder)
+            self.fetched += 1
+        except Exception as exc:                          # the worker's own read reports it, in one line
+            logger.debug("prefetch of %s failed: %s: %s", self.store.files[chunk], type(exc).__name__, exc)
+
+
+class Prefetching:
+    """A loader iterator that tells its `ChunkPrefetch` of each batch it yields, and closes it when the
+    epoch ends, fails or is dropped."""
+
+    def __init__(self, batches: Iterator, prefetch: ChunkPrefetch) -> None:
+        self._batches, self._prefetch = batches, prefetch
+
+    def __iter__(self) -> Prefetching:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __next__(self):
+        try:
+            batch = next(self._batches)
+        except BaseException:
+            self._prefetch.close()
+            raise
+        self._prefetch.advance()
+        return batch
+
+    def __del__(self) -> None:
+        self._prefetch.close()
+
+
+def prefetching(dataset: Any, plan: Sequence[Sequence[int]], ahead: int) -> ChunkPrefetch | None:
+    """A `ChunkPrefetch` of the dataset's split following ``plan`` when it is in a store (None for local data or
+    ``ahead`` 0); its first chunk is on disk when this returns."""
+    store = getattr(getattr(dataset, "index", None), "store", None)
+    if not ahead or store is None or not store.remote:
+        return None
+    return ChunkPrefetch(store, plan, ahead=ahead)

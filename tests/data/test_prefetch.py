@@ -1,0 +1,95 @@
+"""Chunks fetched ahead of the loader's workers (`data.store.prefetch`), from the store at a distance
+(tests/latency_proxy.py): the same batches as without, each chunk downloaded once, in the sampler's order,
+within the cache cap, and no thread left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+
+import pytest
+import torch
+
+from yolokit.data import DetectionDataset, build_dataloader, make_shapes
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("litdata") is None, reason="needs yolokit[stream]")
+
+
+@pytest.fixture(scope="module")
+def url(s3_store, tmp_path_factory):
+    from yolokit.data.store.shards import write_shards
+
+    url = s3_store.bucket("prefetch") + "/set"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in s3_store.env.items():
+            mp.setenv(k, v)
+        write_shards(make_shapes(tmp_path_factory.mktemp("set") / "set", seed=6, n_train=48, n_val=4, imgsz=96),
+                     url, chunk_bytes="12KB", splits=["train"])
+    return url
+
+
+def _threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "yolokit-chunk-prefetch"]
+
+
+def _epoch(url, tmp_path, name, monkeypatch, *, ahead, cap="25GB"):
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / name))
+    dataset = DetectionDataset(f"{url}/train", "train", imgsz=96, augment=True, shards={"max_cache": cap})
+    loader = build_dataloader(dataset, 4, workers=2, seed=1, uint8_images=True, chunks_ahead=ahead)
+    batches = [(b["indices"], b["images_uint8"].clone()) for b in loader]
+    loader.close()
+    return dataset.index.store, batches
+
+
+def test_prefetch_gives_the_same_batches_with_each_chunk_downloaded_once_in_order(url, distant_env, tmp_path,
+                                                                                   monkeypatch):
+    from yolokit.data.store.stream import ShardStore
+
+    fetched, real = [], ShardStore.fetch_chunk
+    monkeypatch.setattr(ShardStore, "fetch_chunk", lambda self, c, folder: fetched.append(c) or real(self, c, folder))
+    distant_env.reset()
+    store, with_prefetch = _epoch(url, tmp_path, "ahead", monkeypatch, ahead=2)
+    chunks = len(store.files)
+    assert chunks >= 8
+    assert [distant_env.gets(f"/set/train/{f}") for f in store.files] == [1] * chunks   # once each, by anyone
+    assert len(fetched) >= chunks // 2                                              # most of them ahead,
+    assert fetched == sorted(fetched, key=_plan_order(with_prefetch, store))        # in the batches' order
+    assert not _threads()
+    _, plain = _epoch(url, tmp_path, "plain", monkeypatch, ahead=0)
+    assert [i for i, _ in with_prefetch] == [i for i, _ in plain]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(with_prefetch, plain, strict=True))
+
+
+def _plan_order(batches, store):
+    """The position of each chunk in the order the epoch's batches first touch them."""
+    order = {}
+    for indices, _ in batches:
+        for chunk in store.chunk_of(torch.as_tensor(indices).numpy()).tolist():
+            order.setdefault(chunk, len(order))
+    return order.__getitem__
+
+
+def test_prefetch_stays_within_the_cap_and_leaves_no_thread(url, distant_env, tmp_path, monkeypatch):
+    from yolokit.data.store.stream import ShardStore
+
+    seen, real = [], ShardStore.fetch_chunk
+
+    def fetch(self, chunk, folder):                       # what the cache holds when a fetch starts
+        seen.append(self.cache_bytes() + self.nbytes[chunk] <= self.max_cache)
+        return real(self, chunk, folder)
+
+    monkeypatch.setattr(ShardStore, "fetch_chunk", fetch)
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "capped"))
+    dataset = DetectionDataset(f"{url}/train", "train", imgsz=96, augment=True, shards={"max_cache": "100KB"})
+    loader = build_dataloader(dataset, 4, workers=2, seed=1, uint8_images=True, chunks_ahead=3)
+    assert sum(len(b["indices"]) for b in loader) == 48 and seen and all(seen)
+    batches = iter(loader)                                  # an epoch dropped after one batch
+    next(batches)
+    assert _threads()
+    del batches
+    deadline = time.monotonic() + 30
+    while _threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _threads()
+    loader.close()
