@@ -93,3 +93,21 @@ def test_prefetch_stays_within_the_cap_and_leaves_no_thread(url, distant_env, tm
         time.sleep(0.05)
     assert not _threads()
     loader.close()
+
+
+def test_the_plan_follows_the_chunks_of_a_fraction_of_the_split(url, distant_env, tmp_path, monkeypatch):
+    """With ``fraction`` the dataset's index i is the store's item ``index.items[i]``: the plan's chunks are
+    those the batches' images are in."""
+    from yolokit.data.samplers import ShardedBatchSampler
+    from yolokit.data.store.prefetch import prefetching
+
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "fraction"))
+    dataset = DetectionDataset(f"{url}/train", "train", imgsz=96, fraction=0.5)
+    assert len(dataset) == 24 and dataset.index.items.max() > 24          # a sample of the split, not its start
+    sampler = ShardedBatchSampler(len(dataset), 4, seed=2, groups=dataset.index.groups)
+    prefetch = prefetching(dataset, sampler, 2)
+    try:
+        expected = list(dict.fromkeys(int(dataset.index.groups[i]) for batch in sampler for i in batch))
+        assert prefetch.order == expected
+    finally:
+        prefetch.close()

@@ -208,9 +208,8 @@ class DetectionLoader(DataLoader):
             self.dataset.set_epoch(self._epoch)
         if self.generator is not None:
             self.generator.manual_seed(self.seed * 100_003 + self._epoch)
-        ahead = None                                   # remote shards: the epoch's chunks, fetched ahead
-        if self.chunks_ahead and getattr(getattr(self.dataset, "index", None), "store", None) is not None:
-            ahead = prefetching(self.dataset, list(self.batch_sampler), self.chunks_ahead)
+        ahead = prefetching(self.dataset, self.batch_sampler, self.chunks_ahead,   # remote shards: chunks
+                            self.num_workers * (self.prefetch_factor or 0))          # fetched ahead
         with signals_deferred(self.num_workers > 0):   # workers may start here
             batches = super().__iter__()
         batches = batches if self._buffers is None else Returning(batches, self._buffers)

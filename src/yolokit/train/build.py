@@ -23,7 +23,7 @@ from yolokit.accel import Accumulator, GracefulStop, Precision, RankExchange, Wa
 from yolokit.accel.checkpointing import enable_activation_checkpointing
 from yolokit.accel.graphs import StepGraphs
 from yolokit.data import DetectionDataset, build_dataloader
-from yolokit.data.store.stream import CacheUse, share_cache
+from yolokit.data.store.cap import CacheUse, share_cache
 from yolokit.losses import YOLO26Loss, YOLOv3Loss, YOLOv8Loss
 from yolokit.models import Detector, build_model, config_from_dict, create_model
 from yolokit.models.heads import AnchorHead, DFLHead, EndToEndHead

@@ -22,7 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from yolokit.data import AugmentConfig
-from yolokit.data.store.stream import parse_size
+from yolokit.data.store.cap import parse_size
 from yolokit.models import MODELS, packaged_yamls
 from yolokit.models.zoo import is_yaml_name
 from yolokit.train.trackers.catalog import tracker_names

@@ -32,18 +32,24 @@ class ChunkPrefetch:
 
     Args:
         store: the split's remote ``ShardStore``.
-        batches: the epoch's batches of dataset items, in the order the loader yields them.
+        batches: the epoch's batches of store items (a dataset index through ``SplitIndex.items``), in the
+            order the loader yields them.
         ahead: chunks fetched beyond the one of the batch the loader yields next.
+        in_flight: batches the workers hold beyond the one yielded (``workers * prefetch_factor``): a chunk
+            first needed by one of them is theirs to fetch (fetched later, it might be read and evicted
+            already, and then take room for nothing).
     """
 
-    def __init__(self, store: Any, batches: Sequence[Sequence[int]], *, ahead: int = 2) -> None:
-        self.store, self.ahead = store, ahead
+    def __init__(self, store: Any, batches: Sequence[Sequence[int]], *, ahead: int = 2, in_flight: int = 0) -> None:
+        self.store, self.ahead, self.in_flight = store, ahead, in_flight
         order: list[int] = []                            # the chunks in the order batches first touch them
         self.first_use: list[int] = []                   # per batch: how many of `order` it needs by then
-        for batch in batches:
+        self.first_batch: list[int] = []                 # per chunk of `order`: the first batch that needs it
+        for k, batch in enumerate(batches):
             for chunk in dict.fromkeys(np.atleast_1d(store.chunk_of(np.asarray(batch, np.int64))).tolist()):
                 if chunk not in order:
                     order.append(int(chunk))
+                    self.first_batch.append(k)
             self.first_use.append(len(order))
         self.order, self.position, self.fetched = order, 0, 0
         self.headroom = (ahead + 2) * max(store.nbytes, default=0)
@@ -60,12 +66,13 @@ class ChunkPrefetch:
             self.position += 1
             self._cond.notify()
 
-    def close(self) -> None:
-        """Stop fetching (a download in flight finishes first); safe to call twice."""
+    def close(self, wait: bool = True) -> None:
+        """Stop fetching; ``wait``: for a download in flight to finish (not on an error or a stop, whose
+        one line should not wait for a store that may not answer). Safe to call twice."""
         self._stop.set()
         with self._cond:
             self._cond.notify()
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
 
     def _present(self, chunk: int) -> bool:
@@ -83,13 +90,13 @@ class ChunkPrefetch:
         done = 0                                          # chunks of `order` fetched or found present
         while not self._stop.is_set() and done < len(self.order):
             with self._cond:
-                at = self.position
-                in_use = self.first_use[min(at, len(self.first_use) - 1)] if self.first_use else 0
+                at = self.position                        # yielded; the workers hold `in_flight` more
+                in_use = self.first_use[min(at + self.in_flight, len(self.first_use) - 1)] if self.first_use else 0
                 if done >= in_use + self.ahead:           # far enough ahead: wait for the loader
                     self._cond.wait(timeout=1.0)
                     continue
             chunk = self.order[done]
-            if self._present(chunk):
+            if self._present(chunk) or self.first_batch[done] < at + self.in_flight:   # there, or the workers'
                 done += 1
                 continue
             if not self._fits(chunk):                     # the cap: wait until the workers' evictions free room
@@ -125,20 +132,29 @@ class Prefetching:
     def __next__(self):
         try:
             batch = next(self._batches)
-        except BaseException:
+        except StopIteration:
             self._prefetch.close()
+            raise
+        except BaseException:
+            self._prefetch.close(wait=False)
             raise
         self._prefetch.advance()
         return batch
 
     def __del__(self) -> None:
-        self._prefetch.close()
+        self._prefetch.close(wait=False)
 
 
-def prefetching(dataset: Any, plan: Sequence[Sequence[int]], ahead: int) -> ChunkPrefetch | None:
-    """A `ChunkPrefetch` of the dataset's split following ``plan`` when it is in a store (None for local data or
-    ``ahead`` 0); its first chunk is on disk when this returns."""
-    store = getattr(getattr(dataset, "index", None), "store", None)
-    if not ahead or store is None or not store.remote:
+def prefetching(dataset: Any, batch_sampler: Any, ahead: int, in_flight: int = 0) -> ChunkPrefetch | None:
+    """A `ChunkPrefetch` of the dataset's split following the sampler's batches when it is in a store; None for
+    local data, ``ahead`` 0, or a cap too small to leave the workers their room. Its first chunk is on disk
+    when this returns."""
+    index = getattr(dataset, "index", None)
+    store = getattr(index, "store", None)
+    if not ahead or store is None or not store.remote or not len(store.files):
         return None
-    return ChunkPrefetch(store, plan, ahead=ahead)
+    if store.max_cache and store.max_cache < (ahead + 3) * max(store.nbytes):
+        return None
+    items = np.asarray(index.items)                       # a dataset index -> its store item (fraction < 1)
+    plan = [items[np.asarray(batch, np.int64)] for batch in batch_sampler]
+    return ChunkPrefetch(store, plan, ahead=ahead, in_flight=in_flight)

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import numpy as np
 
 from yolokit.data.sources.images import ImageError
 from yolokit.data.sources.labels import EXCLUDED, Problem, SplitIndex, cache_home
+from yolokit.data.store.cap import parse_size
 from yolokit.data.store.remote import Place, allow_plain_http, is_remote, join
 from yolokit.data.workers import SharedArray
 
@@ -88,27 +88,6 @@ def quiet_litdata_threads() -> None:
 
     hook.yolokit_quiet_litdata = True
     threading.excepthook = hook
-
-
-def share_cache(stores: Sequence[ShardStore], cap: int | str | None) -> None:
-    """One cap for the remote splits of a run: each gets its share in proportion to its bytes."""
-    remote = [s for s in stores if s.remote]
-    total, cap = sum(s.total_bytes for s in remote), parse_size(cap)
-    for s in remote:
-        s.max_cache = max(1 << 20, cap * s.total_bytes // max(1, total)) if cap else None
-
-
-def parse_size(size: int | str | None) -> int | None:
-    """Bytes of "20GB", "512MB", "64KB", or an int; None stays None."""
-    if size is None or isinstance(size, int):
-        return size
-    text = str(size).strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    scale = units.get(text[-1:], 1)
-    try:
-        return int(float(text[:-1] if text[-1:] in units else text) * scale)
-    except ValueError:
-        raise ValueError(f"cache size: expected a size such as '20GB' or '512MB', got {size!r}") from None
 
 
 class ShardStore:
@@ -391,30 +370,3 @@ def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache
                        problems=[p for p in problems if p.action == EXCLUDED], image_ids=image_ids,
                        category_ids=manifest.get("category_ids"), store=store, items=np.arange(n, dtype=np.int64))
     return index
-
-
-def _gigabytes(n: int) -> str:
-    return f"{n / 2**30:.1f}G" if n >= 2**28 else f"{n / 2**20:.1f}M"
-
-
-class CacheUse:
-    """What the local cache of remote shards holds against its cap, for the progress line ("1.2G/25.0G").
-
-    Args:
-        stores: the `ShardStore`s of a run's splits (local shards have no cache and are left out).
-        every: seconds between two looks at the cache folder (the answer in between is the last one).
-    """
-
-    def __init__(self, stores: Sequence[ShardStore], every: float = 2.0) -> None:
-        self.stores = [s for s in stores if s.cache_dir]
-        self.every, self.seen, self.text = every, -float("inf"), ""
-
-    def __bool__(self) -> bool:
-        return bool(self.stores)
-
-    def __call__(self) -> str:
-        if time.monotonic() - self.seen >= self.every:
-            used = sum(s.cache_bytes() for s in self.stores)
-            cap = sum(s.max_cache or 0 for s in self.stores)
-            self.text, self.seen = f"{_gigabytes(used)}/{_gigabytes(cap)}", time.monotonic()
-        return self.text
