@@ -58,6 +58,9 @@ class ChunkPrefetch:
             self._fetch(order[0])
         self._cond, self._stop = threading.Condition(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="yolokit-chunk-prefetch")
+
+    def start(self) -> None:
+        """Start fetching ahead: after the loader's workers have started (no fork while it downloads)."""
         self._thread.start()
 
     def advance(self) -> None:
@@ -72,7 +75,7 @@ class ChunkPrefetch:
         self._stop.set()
         with self._cond:
             self._cond.notify()
-        if wait and self._thread is not threading.current_thread():
+        if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
 
     def _present(self, chunk: int) -> bool:
@@ -122,6 +125,7 @@ class Prefetching:
 
     def __init__(self, batches: Iterator, prefetch: ChunkPrefetch) -> None:
         self._batches, self._prefetch = batches, prefetch
+        prefetch.start()
 
     def __iter__(self) -> Prefetching:
         return self
