@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,11 +34,15 @@ def _threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name == "yolokit-chunk-prefetch"]
 
 
-def _epoch(url, tmp_path, name, monkeypatch, *, ahead, cap="25GB"):
+def _epoch(url, tmp_path, name, monkeypatch, *, ahead, cap="25GB", yielded=None):
     monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / name))
     dataset = DetectionDataset(f"{url}/train", "train", imgsz=96, augment=True, shards={"max_cache": cap})
     loader = build_dataloader(dataset, 4, workers=2, seed=1, uint8_images=True, chunks_ahead=ahead)
-    batches = [(b["indices"], b["images_uint8"].clone()) for b in loader]
+    batches = []
+    for b in loader:
+        if yielded is not None:                             # when each batch came out of the loader
+            yielded.append(time.monotonic())
+        batches.append((b["indices"], b["images_uint8"].clone()))
     loader.close()
     return dataset.index.store, batches
 
@@ -46,15 +51,31 @@ def test_prefetch_gives_the_same_batches_with_each_chunk_downloaded_once_in_orde
                                                                                    monkeypatch):
     from yolokit.data.store.stream import ShardStore
 
-    fetched, real = [], ShardStore.fetch_chunk
-    monkeypatch.setattr(ShardStore, "fetch_chunk", lambda self, c, folder: fetched.append(c) or real(self, c, folder))
+    fetched, done, real = [], {}, ShardStore.fetch_chunk
+
+    def fetch(self, chunk, folder):                         # which chunks the prefetch downloaded itself, and when
+        target = Path(folder) / self.files[chunk]
+        had = target.exists()
+        real(self, chunk, folder)
+        fetched.append(chunk)
+        if not had and target.exists():
+            done[chunk] = time.monotonic()
+
+    monkeypatch.setattr(ShardStore, "fetch_chunk", fetch)
     distant_env.reset()
-    store, with_prefetch = _epoch(url, tmp_path, "ahead", monkeypatch, ahead=2)
+    yielded = []
+    store, with_prefetch = _epoch(url, tmp_path, "ahead", monkeypatch, ahead=2, yielded=yielded)
     chunks = len(store.files)
     assert chunks >= 8
     assert [distant_env.gets(f"/set/train/{f}") for f in store.files] == [1] * chunks   # once each, by anyone
-    assert len(fetched) >= chunks // 2                                              # most of them ahead,
-    assert fetched == sorted(fetched, key=_plan_order(with_prefetch, store))        # in the batches' order
+    assert len(done) >= chunks // 2                                                 # most of them ahead,
+    position = _plan_order(with_prefetch, store)
+    assert fetched == sorted(fetched, key=position)                                 # in the batches' order,
+    first_yield = {}
+    for (indices, _), when in zip(with_prefetch, yielded, strict=True):
+        for chunk in store.chunk_of(torch.as_tensor(indices).numpy()).tolist():
+            first_yield.setdefault(chunk, when)
+    assert all(done[c] < first_yield[c] for c in done), (done, first_yield)        # each there before its batch
     assert not _threads()
     _, plain = _epoch(url, tmp_path, "plain", monkeypatch, ahead=0)
     assert [i for i, _ in with_prefetch] == [i for i, _ in plain]

@@ -95,7 +95,7 @@ def loader_batches(parts: Parts) -> Iterator[dict]:
         except StoreError as exc:
             if not parts.data_check:
                 raise
-            data_came(exc)
+            data_came(exc)                    # raises, on every rank
         yield batch
 
 

@@ -42,20 +42,17 @@ class ChunkPrefetch:
 
     def __init__(self, store: Any, batches: Sequence[Sequence[int]], *, ahead: int = 2, in_flight: int = 0) -> None:
         self.store, self.ahead, self.in_flight = store, ahead, in_flight
-        order: list[int] = []                            # the chunks in the order batches first touch them
-        self.first_use: list[int] = []                   # per batch: how many of `order` it needs by then
-        self.first_batch: list[int] = []                 # per chunk of `order`: the first batch that needs it
-        for k, batch in enumerate(batches):
-            for chunk in dict.fromkeys(np.atleast_1d(store.chunk_of(np.asarray(batch, np.int64))).tolist()):
-                if chunk not in order:
-                    order.append(int(chunk))
-                    self.first_batch.append(k)
-            self.first_use.append(len(order))
-        self.order, self.position, self.fetched = order, 0, 0
+        items = np.concatenate([np.asarray(b, np.int64) for b in batches]) if len(batches) else np.zeros(0, int)
+        of_batch = np.repeat(np.arange(len(batches)), [len(b) for b in batches])
+        first = np.sort(np.unique(store.chunk_of(items), return_index=True)[1])   # each chunk's first item
+        self.order = store.chunk_of(items[first]).tolist()      # the chunks in the order batches first touch them
+        self.first_batch = of_batch[first].tolist()             # per chunk of `order`: the first batch needing it
+        self.first_use = np.searchsorted(self.first_batch, np.arange(len(batches)), side="right").tolist()
+        self.position, self.fetched = 0, 0                      # first_use: per batch, the chunks needed by then
         self.headroom = (ahead + 2) * max(store.nbytes, default=0)
         self.folder = Path(store.chunk_folder())
-        if order:                  # the first chunk before any worker asks (they would all wait for it)
-            self._fetch(order[0])
+        if self.order and not self._present(self.order[0]) and self._fits(self.order[0]):
+            self._fetch(self.order[0])          # the first chunk before any worker asks (they would all wait)
         self._cond, self._stop = threading.Condition(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="yolokit-chunk-prefetch")
 
@@ -110,8 +107,6 @@ class ChunkPrefetch:
             done += 1
 
     def _fetch(self, chunk: int) -> None:
-        if self._present(chunk) or not self._fits(chunk):
-            return
         try:
             self.store.fetch_chunk(chunk, self.folder)
             self.fetched += 1
