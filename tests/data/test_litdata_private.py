@@ -10,6 +10,9 @@ Each was checked against its public API, and none has a public replacement there
 - the cache and memory-mapping of every chunk: only iterating the dataset makes its cache, and that
   starts downloading the chunks of its own order;
 - whole chunks instead of byte ranges: no argument of ``StreamingDataset`` says it.
+
+One public behaviour is relied on and tested elsewhere (tests/data/test_prefetch.py): a reader given
+``Dir(path=folder, url=...)`` whose folder holds ``index.json`` opens without asking the store.
 """
 
 import importlib

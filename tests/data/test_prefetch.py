@@ -34,9 +34,11 @@ def _threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name == "yolokit-chunk-prefetch"]
 
 
-def _epoch(url, tmp_path, name, monkeypatch, *, ahead, cap="25GB", yielded=None):
+def _epoch(url, tmp_path, name, monkeypatch, *, ahead, cap="25GB", yielded=None, counted=None):
     monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / name))
     dataset = DetectionDataset(f"{url}/train", "train", imgsz=96, augment=True, shards={"max_cache": cap})
+    if counted is not None:                                 # the relay counts the epoch's requests only
+        counted.reset()
     loader = build_dataloader(dataset, 4, workers=2, seed=1, uint8_images=True, chunks_ahead=ahead)
     batches = []
     for b in loader:
@@ -62,12 +64,14 @@ def test_prefetch_gives_the_same_batches_with_each_chunk_downloaded_once_in_orde
             done[chunk] = time.monotonic()
 
     monkeypatch.setattr(ShardStore, "fetch_chunk", fetch)
-    distant_env.reset()
     yielded = []
-    store, with_prefetch = _epoch(url, tmp_path, "ahead", monkeypatch, ahead=2, yielded=yielded)
+    store, with_prefetch = _epoch(url, tmp_path, "ahead", monkeypatch, ahead=2, yielded=yielded, counted=distant_env)
     chunks = len(store.files)
     assert chunks >= 8
-    assert [distant_env.gets(f"/set/train/{f}") for f in store.files] == [1] * chunks   # once each, by anyone
+    asked = {(method, path.split("?")[0].rsplit("/", 1)[-1]): n for (method, path), n in distant_env.requests.items()}
+    assert {name: n for (method, name), n in asked.items() if method == "GET"} == dict.fromkeys(store.files, 1)
+    assert {name for _, name in asked} == set(store.files)          # once each, by anyone; no index.json: the
+                                                                    # workers' readers open from the cache folder
     assert len(done) >= chunks // 2                                                 # most of them ahead,
     position = _plan_order(with_prefetch, store)
     assert fetched == sorted(fetched, key=position)                                 # in the batches' order,
@@ -132,3 +136,43 @@ def test_the_plan_follows_the_chunks_of_a_fraction_of_the_split(url, distant_env
         assert prefetch.order == expected
     finally:
         prefetch.close()
+
+
+def test_a_split_written_again_is_read_anew_from_a_folder_of_its_own(s3_env, tmp_path, monkeypatch):
+    """The chunk folder is named by the split's index.json: a split written again at the same address (other
+    images, chunks of the same names) is read from a new folder, and the old one is removed."""
+    from yolokit.data.store.remote import Place
+    from yolokit.data.store.shards import write_shards
+
+    url = s3_env.bucket("prefetch") + "/again"
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "cache"))
+    read = []
+    for seed in (1, 2):
+        place = Place(url)
+        for name in place.names():                          # written again from another source: emptied first
+            place.remove(name)
+        data = make_shapes(tmp_path / f"set{seed}", seed=seed, n_train=6, n_val=2, imgsz=64)
+        write_shards(data, url, chunk_bytes="8KB", splits=["train"], log_every=0)
+        store = DetectionDataset(f"{url}/train", "train", imgsz=64).index.store
+        folder = Path(store.chunk_folder())
+        read.append((folder, [store.read(i).tobytes() for i in range(len(store))]))
+        assert (folder / "index.json").read_bytes() == store.index
+        assert sorted(p.name for p in folder.parent.iterdir() if p.is_dir()) == [folder.name]   # the old one gone
+    (first, old), (second, new) = read
+    assert first != second and old != new
+    expected = [p.read_bytes() for p in sorted((tmp_path / "set2" / "images" / "train").iterdir())]
+    assert sorted(new) == sorted(expected)                  # the second write's images, not cached ones
+
+
+def test_a_chunk_whole_on_disk_is_read_without_asking_the_store(url, distant_env, tmp_path, monkeypatch):
+    """A chunk the prefetch put on disk is read from there: not even its size is asked (a chunk not there is
+    checked for its size, then downloaded: a chunk cut short in the store would make litdata wait forever)."""
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "whole"))
+    store = DetectionDataset(f"{url}/train", "train", imgsz=96).index.store
+    store.fetch_chunk(0, store.chunk_folder())
+    distant_env.reset()
+    assert store.read(0).size and store.read(int(store.starts[1]) - 1).size
+    assert not distant_env.requests                         # the reader opened and read without a request
+    store.read(int(store.starts[1]))
+    asked = sorted((m, p.split("?")[0].rsplit("/", 1)[-1]) for (m, p) in distant_env.requests)
+    assert asked == [("GET", store.files[1]), ("HEAD", store.files[1])]

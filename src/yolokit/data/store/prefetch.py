@@ -5,7 +5,7 @@ workers, one that needs a chunk another worker is downloading waits on litdata's
 that never comes, up to a second, before it looks on disk again (litdata 0.2.76). `ChunkPrefetch`
 runs in the training process, one thread per split: at the start of an epoch it is given the
 epoch's batches (this rank's, in the order the loader yields them), and as the loader yields them it
-keeps the chunks of the next batches on disk before any worker asks, in litdata's own cache folder
+keeps the chunks of the next batches on disk before any worker asks, in the folder litdata's readers use
 (``ShardStore.chunk_folder``), each written whole under a temporary name and renamed into place (the
 way litdata publishes a download, so a worker sees no partial file).
 
@@ -51,7 +51,7 @@ class ChunkPrefetch:
         self.position, self.fetched = 0, 0                      # first_use: per batch, the chunks needed by then
         self.headroom = (ahead + 2) * max(store.nbytes, default=0)
         self.folder = Path(store.chunk_folder())
-        if self.order and not self._present(self.order[0]) and self._fits(self.order[0]):
+        if self.order and not self.store.cached(self.order[0]) and self._fits(self.order[0]):
             self._fetch(self.order[0])          # the first chunk before any worker asks (they would all wait)
         self._cond, self._stop = threading.Condition(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="yolokit-chunk-prefetch")
@@ -75,10 +75,6 @@ class ChunkPrefetch:
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
 
-    def _present(self, chunk: int) -> bool:
-        path = self.folder / self.store.files[chunk]
-        return path.is_file() and path.stat().st_size >= self.store.nbytes[chunk]
-
     def _fits(self, chunk: int) -> bool:
         """Whether fetching ``chunk`` keeps the cache ``headroom`` below its cap: room for the chunks the
         workers download themselves, so that litdata never evicts while chunks are fetched ahead (a chunk
@@ -96,7 +92,7 @@ class ChunkPrefetch:
                     self._cond.wait(timeout=1.0)
                     continue
             chunk = self.order[done]
-            if self._present(chunk) or self.first_batch[done] < at + self.in_flight:   # there, or the workers'
+            if self.store.cached(chunk) or self.first_batch[done] < at + self.in_flight:   # there, or the workers'
                 done += 1
                 continue
             if not self._fits(chunk):                     # the cap: wait until the workers' evictions free room

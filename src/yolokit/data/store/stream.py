@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,14 +99,15 @@ class ShardStore:
 
     Args:
         url: the split's folder or ``s3://bucket/prefix/split``.
-        chunks: litdata's chunk entries (index.json's "chunks").
+        index: the split's ``index.json`` as read (litdata's index of the chunks).
         cache_dir: where remote chunks are kept; default ``cache_home()/shards`` (a folder per split).
         max_cache: the cache's cap ("25GB"); chunks beyond it are evicted, least needed first.
     """
 
-    def __init__(self, url: str, chunks: list[dict], *, cache_dir: str | os.PathLike | None = None,
+    def __init__(self, url: str, index: bytes, *, cache_dir: str | os.PathLike | None = None,
                  max_cache: int | str | None = "25GB") -> None:
-        self.url, self.remote = url, is_remote(url)
+        self.url, self.remote, self.index = url, is_remote(url), index
+        chunks = json.loads(index)["chunks"]
         self.files = [c["filename"] for c in chunks]
         self.sizes = np.array([c["chunk_size"] for c in chunks], np.int64)
         self.nbytes = [int(c["chunk_bytes"]) for c in chunks]
@@ -117,6 +119,7 @@ class ShardStore:
         self._place = Place(url)
         self._reader, self._pid, self._checked, self._mapped = None, None, set(), False
         self._lock = threading.Lock()      # litdata's reader is not for several threads (the disk cache's fill)
+        import litdata  # noqa: F401   imported here, before a loader forks its workers: 0.25 s in each otherwise
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_reader": None, "_pid": None, "_checked": set(), "_lock": None, "_mapped": False}
@@ -158,11 +161,24 @@ class ShardStore:
         return int(sum(self.nbytes))
 
     def chunk_folder(self) -> str:
-        """The folder where litdata keeps this split's chunks (its reader's ``input_dir``), made here."""
-        with self._lock:
-            folder = self._open().input_dir.path
-        os.makedirs(folder, exist_ok=True)
-        return folder
+        """The folder of a remote split's chunks, where its litdata reader downloads them: one per version
+        of the split (named by its ``index.json``, which is written there first, so that a reader opens
+        without asking the store), beside the label index. Made here; an older version's folder is removed."""
+        folder = Path(self.cache_dir) / ("chunks-" + hashlib.sha1(self.index).hexdigest()[:16])
+        if not (folder / "index.json").is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            for old in Path(self.cache_dir).iterdir():       # chunks of an older write of the split
+                if old.is_dir() and old != folder:
+                    shutil.rmtree(old, ignore_errors=True)
+            part = folder / f"index.json.{os.getpid()}.{threading.get_ident()}"
+            part.write_bytes(self.index)
+            os.replace(part, folder / "index.json")
+        return str(folder)
+
+    def cached(self, chunk: int) -> bool:
+        """Whether chunk ``chunk`` of a remote split is whole in ``chunk_folder``."""
+        path = Path(self.chunk_folder()) / self.files[chunk]
+        return path.is_file() and path.stat().st_size >= self.nbytes[chunk]
 
     def fetch_chunk(self, chunk: int, folder: str | os.PathLike) -> Path:
         """Downloads chunk ``chunk`` into ``folder`` (``chunk_folder``): whole, or not at all (a temporary
@@ -183,6 +199,7 @@ class ShardStore:
     def _open(self):
         if self._reader is None or self._pid != os.getpid():
             from litdata import StreamingDataset
+            from litdata.streaming.resolver import Dir
 
             allow_plain_http()
             quiet_litdata_threads()
@@ -190,7 +207,10 @@ class ShardStore:
             kwargs = {"max_cache_size": self.max_cache} if self.remote and self.max_cache else {}
             # batch_decode=0: decode the item asked for, not the 256 around it (an image's neighbours in the
             # order are seldom its neighbours in the chunk)
-            reader = StreamingDataset(self.url, cache_dir=self.cache_dir, batch_decode=0, **kwargs)
+            # a remote split: litdata's reader downloads into chunk_folder(), where it finds index.json (it would
+            # otherwise fetch it twice and make two S3 clients, 0.65 s in each process, for a folder of its own)
+            where = Dir(path=self.chunk_folder(), url=self.url) if self.remote else self.url
+            reader = StreamingDataset(where, batch_decode=0, **kwargs)
             reader._on_demand_bytes = False      # whole chunks into the cache: the sampler reads chunk by chunk
             self._reader, self._pid, self._checked, self._mapped = reader, os.getpid(), set(), False
         return self._reader
@@ -239,9 +259,10 @@ class ShardStore:
         if self.lost.array[chunk]:
             raise ShardLost(f"in lost shard {self.files[chunk]}", int(self.starts[chunk + 1]) % len(self))
         if chunk not in self._checked:          # a chunk cut short would make litdata wait for the rest
-            size = self._place.size(self.files[chunk])
-            if size != self.nbytes[chunk]:
-                raise self._lose(chunk, "missing" if size is None else f"{size} of {self.nbytes[chunk]} bytes")
+            if not (self.remote and self.cached(chunk)):    # (one already whole on disk is read from there)
+                size = self._place.size(self.files[chunk])
+                if size != self.nbytes[chunk]:
+                    raise self._lose(chunk, "missing" if size is None else f"{size} of {self.nbytes[chunk]} bytes")
             self._checked.add(chunk)
         last = None
         for _ in range(2):                     # a failed read: the store down (StoreError, after its retries),
@@ -343,7 +364,7 @@ def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache
     place = Place(url)
     place.check()
     try:
-        chunks = json.loads(place.read("index.json"))["chunks"]
+        index_json = place.read("index.json")
         # from a file, array by array (a million images: 92 MB), not from one more copy of it in memory
         arrays = np.load(place.fetch(LABELS, split_cache(url, cache_dir) / LABELS), allow_pickle=False)
     except FileNotFoundError:
@@ -356,7 +377,7 @@ def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache
         except FileNotFoundError:
             raise FileNotFoundError(f"{url}: no {MANIFEST} beside the split to name the classes") from None
         names = list(manifest["names"])
-    store = ShardStore(url, chunks, cache_dir=cache_dir, max_cache=max_cache)
+    store = ShardStore(url, index_json, cache_dir=cache_dir, max_cache=max_cache)
     n = len(arrays["shapes"])
     if n != len(store):
         raise FileNotFoundError(f"{url}: {LABELS} lists {n} images, index.json {len(store)}: "
