@@ -23,7 +23,9 @@ loader  images/s (and per worker) out of ``build_dataloader(DetectionDataset(src
         imgsz=640, augment=True), 16, workers=w, seed=0, uint8_images=True)`` over the shapes
         set of --loader-images images at 640 px, for src = its folder, its shards in a local
         folder and its shards in the loopback store, workers 1 and 2; an epoch with a cold chunk
-        cache (a new YOLOKIT_CACHE) then, on the same workers, one with the cache warm. Keep
+        cache (a new YOLOKIT_CACHE) then, on the same workers, one with the cache warm; with
+        --repeat N, N rounds over the sources and each row their median, with each round's
+        epoch rate as a fraction of the folder's in that round ("of folder"). Keep
         a chunk well over 256 images (the default 1000 at 640 px is one chunk of ~50 MB): below
         that, litdata's decode window (256 items) holds a whole chunk after one read, and the
         cost of a read that misses it (shuffled within the chunk, Mosaic partners) never shows.
@@ -449,39 +451,61 @@ def epoch(loader, warmup: int) -> dict:
 
 
 def loader_rows(args, store: Store) -> tuple[list[list], list[str]]:
+    """The loader's rows: each the median of --repeat rounds, the sources taken in turn within a round (a
+    machine that slows for a while slows every source alike); "of folder" divides each round's epoch img/s
+    by the folder's in the same round and pass (cold by the folder's first epoch, warm by its second)."""
     from yolokit.data import DetectionDataset, build_dataloader
 
     sources = shapes_sources(args, store)
-    rows, notes, saved = [], [], os.environ.get("YOLOKIT_CACHE")
-    for workers in args.workers:
-        for name, src in sources.items():
-            os.environ["YOLOKIT_CACHE"] = str(fresh_cache(Path(args.root)))    # remote chunks: a cold cache
-            try:
-                ds = DetectionDataset(src, "train", imgsz=640, augment=True)
-                loader = build_dataloader(ds, args.batch, workers=workers, seed=0, uint8_images=True,
-                                          pin_memory=False, persistent_workers=True, chunks_ahead=args.chunks_ahead)
-                passes = [("cold" if src.startswith("s3://") else "page cache", epoch(loader, args.warmup))]
-                if args.warm_epoch:
-                    passes.append(("warm" if src.startswith("s3://") else "page cache, again",
-                                   epoch(loader, args.warmup)))
-                lost = ds.index.store.lost_images if ds.index.store is not None else 0
-                with contextlib.suppress(Exception):
-                    loader._iterator._shutdown_workers()
-                del loader
-            finally:
-                if saved is None:
-                    os.environ.pop("YOLOKIT_CACHE", None)
-                else:
-                    os.environ["YOLOKIT_CACHE"] = saved
-            for cache, r in passes:
-                if sorted(r["seen"]) != list(range(len(ds))) or lost:
-                    notes.append(f"loader: WRONG COUNT: {name}, workers {workers}, {cache}: {len(r['seen'])} items "
-                                 f"({len(set(r['seen']))} distinct) of {len(ds)}, {lost} lost")
-                steady = r["steady"]
-                rows.append([name, workers, cache, f"{r['first']:.2f}", f"{r['images'] / r['seconds']:.1f}",
-                             "-" if steady is None else f"{steady:.1f}",
-                             "-" if steady is None else f"{steady / workers:.1f}",
-                             "-" if r["cpu_ms"] is None else f"{r['cpu_ms']:.1f}"])
+    results: dict[tuple[str, int, str], list[dict]] = {}
+    notes, saved = [], os.environ.get("YOLOKIT_CACHE")
+    for _ in range(args.repeat):
+        this_round: dict[tuple[str, int, str], dict] = {}
+        for workers in args.workers:
+            for name, src in sources.items():
+                os.environ["YOLOKIT_CACHE"] = str(fresh_cache(Path(args.root)))    # remote chunks: a cold cache
+                try:
+                    ds = DetectionDataset(src, "train", imgsz=640, augment=True)
+                    loader = build_dataloader(ds, args.batch, workers=workers, seed=0, uint8_images=True,
+                                              pin_memory=False, persistent_workers=True,
+                                              chunks_ahead=args.chunks_ahead)
+                    passes = [("cold" if src.startswith("s3://") else "page cache", epoch(loader, args.warmup))]
+                    if args.warm_epoch:
+                        passes.append(("warm" if src.startswith("s3://") else "page cache, again",
+                                       epoch(loader, args.warmup)))
+                    lost = ds.index.store.lost_images if ds.index.store is not None else 0
+                    with contextlib.suppress(Exception):
+                        loader._iterator._shutdown_workers()
+                    del loader
+                finally:
+                    if saved is None:
+                        os.environ.pop("YOLOKIT_CACHE", None)
+                    else:
+                        os.environ["YOLOKIT_CACHE"] = saved
+                for k, (cache, r) in enumerate(passes):
+                    if sorted(r["seen"]) != list(range(len(ds))) or lost:
+                        notes.append(f"loader: WRONG COUNT: {name}, workers {workers}, {cache}: {len(r['seen'])} "
+                                     f"items ({len(set(r['seen']))} distinct) of {len(ds)}, {lost} lost")
+                    folder = this_round.get(("folder", workers, ("page cache", "page cache, again")[k]))
+                    r["of_folder"] = r["images"] / r["seconds"] / (folder["images"] / folder["seconds"]) \
+                        if folder and name != "folder" else None
+                    this_round[(name, workers, cache)] = r
+                    results.setdefault((name, workers, cache), []).append(r)
+
+    def median(runs: list[dict], key: str, fmt: str) -> str:
+        values = [r[key] for r in runs if r[key] is not None]
+        return format(float(np.median(values)), fmt) if values else "-"
+
+    rows = []
+    for (name, workers, cache), runs in results.items():
+        for r in runs:
+            r["rate"] = r["images"] / r["seconds"]
+            r["per_worker"] = r["steady"] / workers if r["steady"] else None
+        spread = [r["of_folder"] for r in runs if r["of_folder"] is not None]
+        rows.append([name, workers, cache, median(runs, "first", ".2f"), median(runs, "rate", ".1f"),
+                     median(runs, "of_folder", ".2f") + (f" ({min(spread):.2f}-{max(spread):.2f})"
+                                                          if len(spread) > 1 else ""),
+                     median(runs, "steady", ".1f"), median(runs, "per_worker", ".1f"), median(runs, "cpu_ms", ".1f")])
     return rows, notes
 
 
@@ -532,6 +556,7 @@ def main() -> None:
                    help="the loopback store at a distance: seconds added to each request (a relay in front)")
     p.add_argument("--bandwidth", type=float, default=0.0, help="and its MB/s, all connections together (0: no cap)")
     p.add_argument("--chunks-ahead", type=int, default=2, help="loader: chunks fetched ahead of the workers (0: none)")
+    p.add_argument("--repeat", type=int, default=1, help="loader: rounds over the sources; each row is their median")
     args = p.parse_args()
     sections = args.sections or list(SECTIONS)
     unknown = [s for s in sections if s not in SECTIONS]
@@ -575,9 +600,10 @@ def main() -> None:
             rows, more = loader_rows(args, store)
             notes += more
             out.append(f"### loader: shapes set, {args.loader_images:,} images at 640 px, batch {args.batch}, "
-                       f"uint8_images, augment (Mosaic), one epoch per row; chunks {args.loader_chunk_bytes}, "
-                       f"{args.chunks_ahead} fetched ahead\n\n"
+                       f"uint8_images, augment (Mosaic); chunks {args.loader_chunk_bytes}, {args.chunks_ahead} "
+                       f"fetched ahead; medians of {args.repeat} round(s)\n\n"
                        + table(["source", "workers", "cache", "first batch s", "epoch img/s",
+                                "of folder (range)",
                                 f"img/s after {args.warmup} batches", "img/s per worker",
                                 "CPU ms/img (main + workers)"], rows))
         if "first" in sections:

@@ -29,7 +29,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "yolokit" / "data" / "store"
 PRIVATE = [
     ("litdata.streaming.downloader", "_OBSTORE_CLIENT_OPTIONS", "remote.py",
      "allow_plain_http adds allow_http for an http:// endpoint (litdata's obstore client leaves it out)"),
-    ("litdata.streaming.reader", "PrepareChunksThread._report_crash", "stream.py",
+    ("litdata.streaming.reader", "PrepareChunksThread._report_crash", "remote.py",
      "quiet_litdata_threads: a failed download thread says one debug line, not a traceback"),
     ("litdata.utilities.env", "_WorkerEnv", "stream.py",
      "_map_chunks makes the reader's cache before its first read by index"),

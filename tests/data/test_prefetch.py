@@ -176,3 +176,40 @@ def test_a_chunk_whole_on_disk_is_read_without_asking_the_store(url, distant_env
     store.read(int(store.starts[1]))
     asked = sorted((m, p.split("?")[0].rsplit("/", 1)[-1]) for (m, p) in distant_env.requests)
     assert asked == [("GET", store.files[1]), ("HEAD", store.files[1])]
+
+
+def test_a_read_waits_for_the_download_another_downloader_holds(url, s3_env, tmp_path, monkeypatch):
+    """A chunk whose lock another downloader holds (the prefetch, another worker) is waited for here, looking
+    every 20 ms: litdata is asked for the item only once the chunk is whole on disk (its own wait, for a
+    signal that never comes from another process, looks again only after a second)."""
+    from filelock import FileLock
+    from litdata import StreamingDataset
+
+    from yolokit.data.store.remote import Place
+
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "held"))
+    store = DetectionDataset(f"{url}/train", "train", imgsz=96).index.store
+    target = Path(store.chunk_folder()) / store.files[2]
+    asked, real = [], StreamingDataset.__getitem__
+
+    def getitem(self, i):                                   # whether the chunk was there when litdata was asked
+        asked.append(store.cached(2))
+        return real(self, i)
+
+    monkeypatch.setattr(StreamingDataset, "__getitem__", getitem)
+    held = threading.Event()
+
+    def other():                                            # a download of its own, under the chunk's lock
+        with FileLock(f"{target}.lock"):
+            held.set()
+            time.sleep(0.3)
+            Place(f"{url}/train").fetch(store.files[2], target)
+
+    downloader = threading.Thread(target=other)
+    downloader.start()
+    held.wait(10)
+    try:
+        assert store.read(int(store.starts[2])).size and store.read(int(store.starts[3]) - 1).size
+    finally:
+        downloader.join()
+    assert asked == [True, True]

@@ -299,7 +299,7 @@ def test_a_failed_litdata_thread_prints_no_traceback_others_do(monkeypatch, capf
     line). A thread of anyone else still goes to the hook before (which prints its traceback)."""
     import threading
 
-    from yolokit.data.store.stream import quiet_litdata_threads
+    from yolokit.data.store.remote import quiet_litdata_threads
 
     reached = []
     monkeypatch.setattr(threading, "excepthook", lambda args: reached.append(args.thread.name))

@@ -9,9 +9,11 @@ yolokit's own code, so none can reach a log line, a config.yaml, a tracker or a 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -280,3 +282,37 @@ def allow_plain_http() -> None:
     options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
     if isinstance(options, dict):
         options["allow_http"] = "true"
+
+
+def quiet_cap_advice(record: logging.LogRecord) -> bool:
+    """Leaves out litdata's advice to cache 25GB or more, given for its own prefetching over many workers
+    (printed by every worker): the sampler here reads chunk after chunk, and the cap is the user's."""
+    return "max_cache_size` is less than" not in str(record.msg)
+
+
+def quiet_litdata_threads() -> None:
+    """A litdata download thread that fails prints no traceback (one debug line instead): the read that
+    waits for its chunk fails too, and yolokit says that in one line (a stopped store, a lost chunk).
+    Both ways such a thread reports are covered: its own crash report (`PrepareChunksThread._report_crash`,
+    which prints the traceback itself) and `threading.excepthook`, where other threads' failures still
+    print as before. Installed once per process."""
+    from litdata.streaming import reader
+
+    def quiet(where: str, exc: BaseException) -> None:
+        logging.getLogger("yolokit.data").debug("litdata's %s stopped: %s: %s", where, type(exc).__name__,
+                                                (str(exc).splitlines() or [""])[0])
+
+    chunks = getattr(reader, "PrepareChunksThread", None)
+    if chunks is not None and hasattr(chunks, "_report_crash"):       # its error stays kept for the read
+        chunks._report_crash = lambda self, exc: quiet("chunk thread", exc)
+    previous = threading.excepthook
+    if getattr(previous, "yolokit_quiet_litdata", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.thread is not None and type(args.thread).__module__.startswith("litdata."):
+            return quiet(f"thread {args.thread.name}", args.exc_value)
+        previous(args)
+
+    hook.yolokit_quiet_litdata = True
+    threading.excepthook = hook

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import numpy as np
 from yolokit.data.sources.images import ImageError
 from yolokit.data.sources.labels import EXCLUDED, Problem, SplitIndex, cache_home
 from yolokit.data.store.cap import parse_size
-from yolokit.data.store.remote import Place, allow_plain_http, is_remote, join
+from yolokit.data.store.remote import Place, allow_plain_http, is_remote, join, quiet_cap_advice, quiet_litdata_threads
 from yolokit.data.workers import SharedArray
 
 logger = logging.getLogger("yolokit.data")
@@ -56,39 +57,6 @@ class ShardLost(ImageError):
 def split_cache(url: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """The local cache folder of one remote split (its chunks, its label index)."""
     return Path(cache_dir or cache_home() / "shards") / hashlib.sha1(url.encode()).hexdigest()[:16]
-
-
-def _quiet_cap_advice(record: logging.LogRecord) -> bool:
-    """Leaves out litdata's advice to cache 25GB or more, given for its own prefetching over many workers
-    (printed by every worker): the sampler here reads chunk after chunk, and the cap is the user's."""
-    return "max_cache_size` is less than" not in str(record.msg)
-
-
-def quiet_litdata_threads() -> None:
-    """A litdata download thread that fails prints no traceback (one debug line instead): the read that
-    waits for its chunk fails too, and yolokit says that in one line (a stopped store, a lost chunk).
-    Both ways such a thread reports are covered: its own crash report (`PrepareChunksThread._report_crash`,
-    which prints the traceback itself) and `threading.excepthook`, where other threads' failures still
-    print as before. Installed once per process."""
-    from litdata.streaming import reader
-
-    def quiet(where: str, exc: BaseException) -> None:
-        logger.debug("litdata's %s stopped: %s: %s", where, type(exc).__name__, (str(exc).splitlines() or [""])[0])
-
-    chunks = getattr(reader, "PrepareChunksThread", None)
-    if chunks is not None and hasattr(chunks, "_report_crash"):       # its error stays kept for the read
-        chunks._report_crash = lambda self, exc: quiet("chunk thread", exc)
-    previous = threading.excepthook
-    if getattr(previous, "yolokit_quiet_litdata", False):
-        return
-
-    def hook(args: threading.ExceptHookArgs) -> None:
-        if args.thread is not None and type(args.thread).__module__.startswith("litdata."):
-            return quiet(f"thread {args.thread.name}", args.exc_value)
-        previous(args)
-
-    hook.yolokit_quiet_litdata = True
-    threading.excepthook = hook
 
 
 class ShardStore:
@@ -117,7 +85,7 @@ class ShardStore:
         self.lost = SharedArray("b", [0] * max(1, len(chunks)))   # 1: the chunk is lost
         self.keys: Keys | None = None       # each item's key: an item read back with another is from a corrupt chunk
         self._place = Place(url)
-        self._reader, self._pid, self._checked, self._mapped = None, None, set(), False
+        self._reader, self._pid, self._checked, self._mapped, self._folder = None, None, set(), False, None
         self._lock = threading.Lock()      # litdata's reader is not for several threads (the disk cache's fill)
         import litdata  # noqa: F401   imported here, before a loader forks its workers: 0.25 s in each otherwise
 
@@ -164,8 +132,8 @@ class ShardStore:
         """The folder of a remote split's chunks, where its litdata reader downloads them: one per version
         of the split (named by its ``index.json``, which is written there first, so that a reader opens
         without asking the store), beside the label index. Made here; an older version's folder is removed."""
-        folder = Path(self.cache_dir) / ("chunks-" + hashlib.sha1(self.index).hexdigest()[:16])
-        if not (folder / "index.json").is_file():
+        folder = self._folder or Path(self.cache_dir) / ("chunks-" + hashlib.sha1(self.index).hexdigest()[:16])
+        if not os.path.isfile(os.path.join(folder, "index.json")):
             folder.mkdir(parents=True, exist_ok=True)
             for old in Path(self.cache_dir).iterdir():       # chunks of an older write of the split
                 if old.is_dir() and old != folder:
@@ -173,12 +141,34 @@ class ShardStore:
             part = folder / f"index.json.{os.getpid()}.{threading.get_ident()}"
             part.write_bytes(self.index)
             os.replace(part, folder / "index.json")
+        self._folder = folder
         return str(folder)
 
     def cached(self, chunk: int) -> bool:
         """Whether chunk ``chunk`` of a remote split is whole in ``chunk_folder``."""
-        path = Path(self.chunk_folder()) / self.files[chunk]
-        return path.is_file() and path.stat().st_size >= self.nbytes[chunk]
+        try:
+            return os.stat(os.path.join(self.chunk_folder(), self.files[chunk])).st_size >= self.nbytes[chunk]
+        except FileNotFoundError:
+            return False
+
+    def _await_download(self, chunk: int, limit: float = 300.0) -> None:
+        """Waits, looking every 20 ms, while another process downloads chunk ``chunk`` (it holds the chunk's
+        lock: the prefetch, or another worker). litdata's own read would wait for a signal from its own
+        download thread, which never comes for another process's download, and look again only after a
+        second (litdata 0.2.76). Returns at once when the chunk is on disk or nobody is downloading it (then
+        the reader downloads it); after ``limit`` s the reader's own wait takes over."""
+        if self.cached(chunk):
+            return
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(os.path.join(self.chunk_folder(), self.files[chunk]) + ".lock", timeout=0)
+        deadline = time.monotonic() + limit
+        while not self.cached(chunk) and time.monotonic() < deadline:
+            try:
+                with lock:                      # nobody is downloading it
+                    return
+            except Timeout:
+                time.sleep(0.02)
 
     def fetch_chunk(self, chunk: int, folder: str | os.PathLike) -> Path:
         """Downloads chunk ``chunk`` into ``folder`` (``chunk_folder``): whole, or not at all (a temporary
@@ -203,7 +193,7 @@ class ShardStore:
 
             allow_plain_http()
             quiet_litdata_threads()
-            logging.getLogger(StreamingDataset.__module__).addFilter(_quiet_cap_advice)
+            logging.getLogger(StreamingDataset.__module__).addFilter(quiet_cap_advice)
             kwargs = {"max_cache_size": self.max_cache} if self.remote and self.max_cache else {}
             # batch_decode=0: decode the item asked for, not the 256 around it (an image's neighbours in the
             # order are seldom its neighbours in the chunk)
@@ -264,6 +254,8 @@ class ShardStore:
                 if size != self.nbytes[chunk]:
                     raise self._lose(chunk, "missing" if size is None else f"{size} of {self.nbytes[chunk]} bytes")
             self._checked.add(chunk)
+        if self.remote:
+            self._await_download(chunk)
         last = None
         for _ in range(2):                     # a failed read: the store down (StoreError, after its retries),
             try:                                # or a glitch (read again), or a corrupt chunk (lost)
