@@ -29,6 +29,8 @@ loader  images/s (and per worker) out of ``build_dataloader(DetectionDataset(src
         a chunk well over 256 images (the default 1000 at 640 px is one chunk of ~50 MB): below
         that, litdata's decode window (256 items) holds a whole chunk after one read, and the
         cost of a read that misses it (shuffled within the chunk, Mosaic partners) never shows.
+items   the CPU ms of one item of the same dataset (augment=True) from each of loader's sources, in
+        this process with one thread (as a worker runs), caches warm: --repeat rounds, in turn.
 first   in a fresh interpreter with a cold chunk cache: the seconds from the process's start to
         the first batch (workers=2) from shards in a store (the synthetic set when it is in one,
         and the shapes set in the loopback store). Target: <= 10 s.
@@ -64,7 +66,7 @@ from harness.pipeline import loader_workers
 from harness.timing import cpu_seconds, header
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("make", "open", "loader", "first")
+SECTIONS = ("make", "open", "loader", "items", "first")
 NAMES = ["red", "green", "blue", "yellow"]
 BUCKET = "bench"
 CLEAN_AWS = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION")
@@ -509,6 +511,40 @@ def loader_rows(args, store: Store) -> tuple[list[list], list[str]]:
     return rows, notes
 
 
+def item_rows(args, store: Store) -> tuple[list[list], list[str]]:
+    """CPU ms per item of ``DetectionDataset(src, "train", imgsz=640, augment=True)[i]`` in this process, one
+    thread (as in a worker), over the loader's sources with their caches warm: --repeat rounds, the sources in
+    turn, 400 items each time."""
+    import cv2
+    import torch
+
+    from yolokit.data import DetectionDataset
+
+    sources = shapes_sources(args, store)
+    saved, threads = os.environ.get("YOLOKIT_CACHE"), (torch.get_num_threads(), cv2.getNumThreads())
+    os.environ["YOLOKIT_CACHE"] = str(fresh_cache(Path(args.root)))
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    try:
+        sets = {name: DetectionDataset(src, "train", imgsz=640, augment=True) for name, src in sources.items()}
+        n = min(400, *(len(ds) for ds in sets.values()))
+        for ds in sets.values():                # warm: the chunks in the cache, the files in the page cache
+            for i in range(n):
+                ds[i]
+        ms: dict[str, list[float]] = {}
+        for _ in range(args.repeat):
+            for name, ds in sets.items():
+                cpu = time.process_time()
+                for i in range(n):
+                    ds[i]
+                ms.setdefault(name, []).append((time.process_time() - cpu) / n * 1e3)
+    finally:
+        os.environ.pop("YOLOKIT_CACHE", None) if saved is None else os.environ.update(YOLOKIT_CACHE=saved)
+        torch.set_num_threads(threads[0])
+        cv2.setNumThreads(threads[1])
+    return [[name, n, f"{np.median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}"] for name, v in ms.items()], []
+
+
 # ---------------------------------------------------------------------------- first batch
 
 
@@ -572,9 +608,9 @@ def main() -> None:
     external = not args.store and any(u.startswith("s3://") for u in
                                       ([target] if "make" in sections else []) + ([url] if "open" in sections
                                                                                   or "first" in sections else []))
-    if external and "loader" in sections:
-        p.error("loader needs the loopback store, whose AWS_* variables would replace yours: run it apart")
-    need_store = args.store or "loader" in sections or ("first" in sections and not external)
+    if external and ("loader" in sections or "items" in sections):
+        p.error("loader and items need the loopback store, whose AWS_* variables would replace yours: run them apart")
+    need_store = args.store or "loader" in sections or "items" in sections or ("first" in sections and not external)
     buckets = {BUCKET} | {u[5:].split("/", 1)[0] for u in (target, url) if args.store and u.startswith("s3://")}
     store = Store(root / "s3", buckets, args.latency, args.bandwidth)
     out: list[str] = []
@@ -606,6 +642,11 @@ def main() -> None:
                                 "of folder (range)",
                                 f"img/s after {args.warmup} batches", "img/s per worker",
                                 "CPU ms/img (main + workers)"], rows))
+        if "items" in sections:
+            rows, more = item_rows(args, store)
+            notes += more
+            out.append(f"### items: CPU per item, one process and thread, caches warm, {args.repeat} round(s)\n\n"
+                       + table(["source", "items", "CPU ms/item (median)", "range"], rows))
         if "first" in sections:
             urls = [url] if url.startswith("s3://") else []
             if need_store:                      # and the shapes set in the loopback store
