@@ -108,16 +108,52 @@ def test_prefetch_stays_within_the_cap_and_leaves_no_thread(url, distant_env, tm
     monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "capped"))
     dataset = DetectionDataset(f"{url}/train", "train", imgsz=96, augment=True, shards={"max_cache": "100KB"})
     loader = build_dataloader(dataset, 4, workers=2, seed=1, uint8_images=True, chunks_ahead=3)
-    assert sum(len(b["indices"]) for b in loader) == 48 and seen and all(seen)
+    store, held, running = dataset.index.store, [], threading.Event()
+
+    def sample():                                           # the cache's bytes, every 5 ms through the epoch
+        while not running.is_set():
+            held.append(store.cache_bytes())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        assert sum(len(b["indices"]) for b in loader) == 48 and seen and all(seen)
+    finally:
+        running.set()
+        sampler.join()
+    assert store.total_bytes > store.max_cache                       # the split does not fit: evictions
+    assert len(held) > 20 and max(held) <= store.max_cache, (max(held), store.max_cache)
     batches = iter(loader)                                  # an epoch dropped after one batch
     next(batches)
     assert _threads()
     del batches
-    deadline = time.monotonic() + 30
-    while _threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _threads()
+    _gone(_threads)
     loader.close()
+
+
+def _gone(what, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while what() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not what(), what()
+
+
+def test_a_loader_deleted_mid_epoch_leaves_no_thread_and_no_worker(url, distant_env, tmp_path, monkeypatch):
+    import gc
+    import multiprocessing
+
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "deleted"))
+    dataset = DetectionDataset(f"{url}/train", "train", imgsz=96, augment=True)
+    before = set(multiprocessing.active_children())
+    loader = build_dataloader(dataset, 4, workers=2, seed=1, uint8_images=True, persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    assert _threads() and len(set(multiprocessing.active_children()) - before) == 2
+    del batches, loader                                     # mid-epoch: the loader itself dropped
+    gc.collect()
+    _gone(_threads)
+    _gone(lambda: set(multiprocessing.active_children()) - before)
 
 
 def test_the_plan_follows_the_chunks_of_a_fraction_of_the_split(url, distant_env, tmp_path, monkeypatch):
