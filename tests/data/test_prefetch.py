@@ -5,6 +5,7 @@ within the cache cap, and no thread left behind."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 import time
 from pathlib import Path
@@ -249,3 +250,22 @@ def test_a_read_waits_for_the_download_another_downloader_holds(url, s3_env, tmp
     finally:
         downloader.join()
     assert asked == [True, True]
+
+
+def test_a_download_cut_short_by_its_process_s_end_is_removed(url, s3_env, tmp_path, monkeypatch):
+    """A prefetch thread stopped by the interpreter's exit leaves its partial file (``.<chunk>.<pid>``), which
+    no cap counts: the next process to open the split removes those of processes no longer running."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "orphans"))
+    store = DetectionDataset(f"{url}/train", "train", imgsz=96).index.store
+    folder = Path(store.chunk_folder())
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    dead, alive = folder / f".{store.files[0]}.{ended.pid}", folder / f".{store.files[1]}.{os.getppid()}"
+    dead.write_bytes(b"x" * 100)
+    alive.write_bytes(b"x" * 100)                           # a download still running (the parent is alive)
+    again = DetectionDataset(f"{url}/train", "train", imgsz=96).index.store
+    assert again.chunk_folder() == str(folder)
+    assert not dead.exists() and alive.exists()

@@ -1,13 +1,16 @@
 """The local cache of remote shards against its cap: sizes ("25GB"), each split's share, and its use.
 
 ``parse_size`` reads a size; ``share_cache`` gives the remote splits of a run their shares of one cap
-(by bytes); ``CacheUse`` is what the progress line shows of it ("1.2G/25.0G").
+(by bytes); ``CacheUse`` is what the progress line shows of it ("1.2G/25.0G"); ``remove_orphans``
+clears a cache folder of downloads that ended with their process.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,3 +63,17 @@ class CacheUse:
             cap = sum(s.max_cache or 0 for s in self.stores)
             self.text, self.seen = f"{_gigabytes(used)}/{_gigabytes(cap)}", time.monotonic()
         return self.text
+
+
+def remove_orphans(folder: Path) -> None:
+    """Removes the partial downloads (``.<chunk>.<pid>``) of processes that ended during one: a prefetch
+    thread stopped by the interpreter's exit leaves its file, which no cap counts."""
+    for part in folder.glob(".*.*") if folder.is_dir() else ():
+        pid = part.suffix[1:]
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                part.unlink(missing_ok=True)
+            except OSError:                     # alive, another user's
+                pass

@@ -33,7 +33,7 @@ import numpy as np
 
 from yolokit.data.sources.images import ImageError
 from yolokit.data.sources.labels import EXCLUDED, Problem, SplitIndex, cache_home
-from yolokit.data.store.cap import parse_size
+from yolokit.data.store.cap import parse_size, remove_orphans
 from yolokit.data.store.remote import Place, allow_plain_http, is_remote, join, quiet_cap_advice, quiet_litdata_threads
 from yolokit.data.workers import SharedArray
 
@@ -132,7 +132,10 @@ class ShardStore:
         """The folder of a remote split's chunks, where its litdata reader downloads them: one per version
         of the split (named by its ``index.json``, which is written there first, so that a reader opens
         without asking the store), beside the label index. Made here; an older version's folder is removed."""
-        folder = self._folder or Path(self.cache_dir) / ("chunks-" + hashlib.sha1(self.index).hexdigest()[:16])
+        if self._folder is None:
+            self._folder = Path(self.cache_dir) / ("chunks-" + hashlib.sha1(self.index).hexdigest()[:16])
+            remove_orphans(self._folder)
+        folder = self._folder
         if not os.path.isfile(os.path.join(folder, "index.json")):
             folder.mkdir(parents=True, exist_ok=True)
             for old in Path(self.cache_dir).iterdir():       # chunks of an older write of the split
@@ -141,7 +144,6 @@ class ShardStore:
             part = folder / f"index.json.{os.getpid()}.{threading.get_ident()}"
             part.write_bytes(self.index)
             os.replace(part, folder / "index.json")
-        self._folder = folder
         return str(folder)
 
     def cached(self, chunk: int) -> bool:
