@@ -85,6 +85,8 @@ EXTENDED = {
     'augment_on="device"))': "tests/train/test_augment_on.py, tests/data/test_device_augment.py",
     "compile_augment=True))": "tests/data/test_fused_pass.py, tests/train/test_augment_on.py",
     'optimizer="MuSGD"))': "tests/train/test_yolo26_train.py",
+    'metrics = train(TrainConfig(data="shapes", epochs=3, imgsz=128))': "README.md:44 (train, load, predict)",
+    'out="runs/shapes")': "README.md:44 (train, then load the weights the metrics name)",
 }
 
 

@@ -253,8 +253,9 @@ def test_a_read_waits_for_the_download_another_downloader_holds(url, s3_env, tmp
 
 
 def test_a_download_cut_short_by_its_process_s_end_is_removed(url, s3_env, tmp_path, monkeypatch):
-    """A prefetch thread stopped by the interpreter's exit leaves its partial file (``.<chunk>.<pid>``), which
-    no cap counts: the next process to open the split removes those of processes no longer running."""
+    """A prefetch thread stopped by the interpreter's exit leaves its partial file (``.<chunk>.<pid>``), a worker
+    killed mid-download litdata's (``<chunk>.tmp.<pid>``); no cap counts them: the next process to open the split
+    removes those of processes no longer running."""
     import subprocess
     import sys
 
@@ -263,9 +264,10 @@ def test_a_download_cut_short_by_its_process_s_end_is_removed(url, s3_env, tmp_p
     folder = Path(store.chunk_folder())
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
-    dead, alive = folder / f".{store.files[0]}.{ended.pid}", folder / f".{store.files[1]}.{os.getppid()}"
-    dead.write_bytes(b"x" * 100)
-    alive.write_bytes(b"x" * 100)                           # a download still running (the parent is alive)
+    dead = [folder / f".{store.files[0]}.{ended.pid}", folder / f"{store.files[2]}.tmp.{ended.pid}"]  # ours, litdata's
+    alive = folder / f".{store.files[1]}.{os.getppid()}"   # a download still running (the parent is alive)
+    for part in [*dead, alive]:
+        part.write_bytes(b"x" * 100)
     again = DetectionDataset(f"{url}/train", "train", imgsz=96).index.store
     assert again.chunk_folder() == str(folder)
-    assert not dead.exists() and alive.exists()
+    assert not any(part.exists() for part in dead) and alive.exists()

@@ -141,6 +141,8 @@ def test_a_tracking_server_receives_a_run_and_its_resume(server, shapes, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # a run and its resume in subprocesses (20 s); the default run covers MLflow's logging and a
+# resumed run continuing its tracker run (tests/train/test_trackers.py) and a refused SQL store (below)
 def test_a_sqlite_store_receives_a_run_and_its_resume(shapes, tmp_path):
     pytest.importorskip("sqlalchemy", reason="MLflow's SQL store needs the full mlflow package")
     uri = f"sqlite:///{tmp_path / 'team.db'}"

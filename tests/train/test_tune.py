@@ -212,6 +212,8 @@ class Best(Callback):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # four trials on two processes, Ctrl-C and resume (28 s); the default run covers a worker
+# joining a study by name (the pruner's test above) and a run's Ctrl-C and resume (tests/test_interrupts.py)
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_two_workers_stopped_by_ctrl_c_resume_and_the_best_retrains_bit_for_bit(shapes, tmp_path, clean_env):
     out = tmp_path / "sweep"

@@ -66,9 +66,11 @@ class CacheUse:
 
 
 def remove_orphans(folder: Path) -> None:
-    """Removes the partial downloads (``.<chunk>.<pid>``) of processes that ended during one: a prefetch
-    thread stopped by the interpreter's exit leaves its file, which no cap counts."""
-    for part in folder.glob(".*.*") if folder.is_dir() else ():
+    """Removes the partial downloads of processes that ended during one, which no cap counts: ours
+    (``.<chunk>.<pid>``: a prefetch thread stopped by the interpreter's exit) and litdata's
+    (``<chunk>.tmp.<pid>``: a worker killed mid-download)."""
+    parts = [*folder.glob(".*.*"), *folder.glob("*.tmp.*")] if folder.is_dir() else []
+    for part in parts:
         pid = part.suffix[1:]
         if pid.isdigit() and int(pid) != os.getpid():
             try:
