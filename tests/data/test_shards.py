@@ -7,6 +7,7 @@ import importlib.util
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -367,3 +368,11 @@ def test_validation_samples_from_shards_show_the_images(shapes, tmp_path):
     for image, _, _ in samples:
         assert any(image.shape == o.shape and np.array_equal(image, o) for o in originals.values())
         assert not (image == 114).all()                        # not the grey stand-in
+
+
+def test_reading_shards_without_the_engine_names_the_extra(shards, monkeypatch):
+    from yolokit.data.store.stream import shard_index
+
+    monkeypatch.setitem(sys.modules, "litdata", None)       # as without yolokit[stream]
+    with pytest.raises(ImportError, match=r"pip install 'yolokit\[stream\]'"):
+        shard_index(shards / "train")

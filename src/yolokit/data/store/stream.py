@@ -87,7 +87,10 @@ class ShardStore:
         self._place = Place(url)
         self._reader, self._pid, self._checked, self._mapped, self._folder = None, None, set(), False, None
         self._lock = threading.Lock()      # litdata's reader is not for several threads (the disk cache's fill)
-        import litdata  # noqa: F401   imported here, before a loader forks its workers: 0.25 s in each otherwise
+        try:                               # imported here, before a loader forks its workers: 0.25 s in each otherwise
+            import litdata  # noqa: F401
+        except ImportError as err:
+            raise ImportError("shards need the streaming engine: pip install 'yolokit[stream]' (litdata)") from err
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_reader": None, "_pid": None, "_checked": set(), "_lock": None, "_mapped": False}
