@@ -87,6 +87,9 @@ EXTENDED = {
     'optimizer="MuSGD"))': "tests/train/test_yolo26_train.py",
     'metrics = train(TrainConfig(data="shapes", epochs=3, imgsz=128))': "README.md:44 (train, load, predict)",
     'out="runs/shapes")': "README.md:44 (train, then load the weights the metrics name)",
+    "print(len(dataset), dataset.names)": "README.md:44 (train on a data.yaml), tests/data/test_sources.py",
+    'train(TrainConfig(weights="yolov8n.pt"': "tests/train/test_weights.py, tests/interop (their checkpoints)",
+    'summary = write_shards("path/to/data.yaml", "shards"': "tests/train/test_train_shards.py, test_shards.py",
 }
 
 
