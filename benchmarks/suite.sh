@@ -7,7 +7,8 @@
 #                                             # 30 slowest tests of the median run
 #   benchmarks/suite.sh coverage [REF]        # coverage.py, branch on, subprocesses and spawned ranks included
 #
-# REF is a commit of this checkout (default HEAD); each run clones it into /tmp/suite-<REF>/. Nothing of
+# REF is a commit of this checkout (default HEAD); each run clones it into /tmp/suite-<REF>/ (only its logs are
+# kept: SUITE_KEEP=1 keeps the clone, its venv and caches too). Nothing of
 # this machine's caches is reused: a fresh torch inductor cache and yolokit cache per run (a fresh machine
 # has neither). Time nothing else on the machine meanwhile.
 set -euo pipefail
@@ -42,6 +43,9 @@ case "$mode" in
       wall=$(( $(date +%s) - start ))
       walls+=("$wall")
       echo "run $i: ${wall} s, exit code ${code}: $(tail -n 1 "$dir/pytest.log")"
+      # 7 GB a run (the venv, the caches): runs left behind filled this machine's disk until the test
+      # store (SeaweedFS) found no room for a new bucket's volume. SUITE_KEEP=1 keeps them.
+      [ "${SUITE_KEEP:-0}" = 1 ] || rm -rf "$dir/venv" "$dir/inductor" "$dir/yolokit-cache" "$dir/src"
     done
     sorted=($(printf '%s\n' "${walls[@]}" | sort -n))
     median=${sorted[$(( runs / 2 ))]}
