@@ -433,6 +433,36 @@ def shapes_sources(args, store: Store) -> dict[str, str]:
     return {"folder": str(yaml), "shards, local folder": str(local), f"shards, {where}": url}
 
 
+@contextlib.contextmanager
+def cache_env(path: Path):
+    """YOLOKIT_CACHE set to ``path`` (a fresh chunk cache) inside, as it was after."""
+    saved = os.environ.get("YOLOKIT_CACHE")
+    os.environ["YOLOKIT_CACHE"] = str(path)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("YOLOKIT_CACHE", None)
+        else:
+            os.environ["YOLOKIT_CACHE"] = saved
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch and OpenCV on one thread inside (as in a loader's worker), as they were after."""
+    import cv2
+    import torch
+
+    threads = torch.get_num_threads(), cv2.getNumThreads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads[0])
+        cv2.setNumThreads(threads[1])
+
+
 def epoch(loader, warmup: int) -> dict:
     """One pass: seconds to the first batch, the whole pass, and the part after ``warmup`` batches."""
     start = time.perf_counter()
@@ -460,13 +490,12 @@ def loader_rows(args, store: Store) -> tuple[list[list], list[str]]:
 
     sources = shapes_sources(args, store)
     results: dict[tuple[str, int, str], list[dict]] = {}
-    notes, saved = [], os.environ.get("YOLOKIT_CACHE")
+    notes = []
     for _ in range(args.repeat):
         this_round: dict[tuple[str, int, str], dict] = {}
         for workers in args.workers:
             for name, src in sources.items():
-                os.environ["YOLOKIT_CACHE"] = str(fresh_cache(Path(args.root)))    # remote chunks: a cold cache
-                try:
+                with cache_env(fresh_cache(Path(args.root))):                      # remote chunks: a cold cache
                     ds = DetectionDataset(src, "train", imgsz=640, augment=True)
                     loader = build_dataloader(ds, args.batch, workers=workers, seed=0, uint8_images=True,
                                               pin_memory=False, persistent_workers=True,
@@ -479,11 +508,6 @@ def loader_rows(args, store: Store) -> tuple[list[list], list[str]]:
                     with contextlib.suppress(Exception):
                         loader._iterator._shutdown_workers()
                     del loader
-                finally:
-                    if saved is None:
-                        os.environ.pop("YOLOKIT_CACHE", None)
-                    else:
-                        os.environ["YOLOKIT_CACHE"] = saved
                 for k, (cache, r) in enumerate(passes):
                     if sorted(r["seen"]) != list(range(len(ds))) or lost:
                         notes.append(f"loader: WRONG COUNT: {name}, workers {workers}, {cache}: {len(r['seen'])} "
@@ -515,17 +539,10 @@ def item_rows(args, store: Store) -> tuple[list[list], list[str]]:
     """CPU ms per item of ``DetectionDataset(src, "train", imgsz=640, augment=True)[i]`` in this process, one
     thread (as in a worker), over the loader's sources with their caches warm: --repeat rounds, the sources in
     turn, 400 items each time."""
-    import cv2
-    import torch
-
     from yolokit.data import DetectionDataset
 
     sources = shapes_sources(args, store)
-    saved, threads = os.environ.get("YOLOKIT_CACHE"), (torch.get_num_threads(), cv2.getNumThreads())
-    os.environ["YOLOKIT_CACHE"] = str(fresh_cache(Path(args.root)))
-    torch.set_num_threads(1)
-    cv2.setNumThreads(1)
-    try:
+    with cache_env(fresh_cache(Path(args.root))), one_thread():
         sets = {name: DetectionDataset(src, "train", imgsz=640, augment=True) for name, src in sources.items()}
         n = min(400, *(len(ds) for ds in sets.values()))
         for ds in sets.values():                # warm: the chunks in the cache, the files in the page cache
@@ -538,10 +555,6 @@ def item_rows(args, store: Store) -> tuple[list[list], list[str]]:
                 for i in range(n):
                     ds[i]
                 ms.setdefault(name, []).append((time.process_time() - cpu) / n * 1e3)
-    finally:
-        os.environ.pop("YOLOKIT_CACHE", None) if saved is None else os.environ.update(YOLOKIT_CACHE=saved)
-        torch.set_num_threads(threads[0])
-        cv2.setNumThreads(threads[1])
     return [[name, n, f"{np.median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}"] for name, v in ms.items()], []
 
 

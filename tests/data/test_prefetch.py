@@ -56,10 +56,10 @@ def test_prefetch_gives_the_same_batches_with_each_chunk_downloaded_once_in_orde
 
     fetched, done, real = [], {}, ShardStore.fetch_chunk
 
-    def fetch(self, chunk, folder):                         # which chunks the prefetch downloaded itself, and when
-        target = Path(folder) / self.files[chunk]
+    def fetch(self, chunk):                                 # which chunks the prefetch downloaded itself, and when
+        target = Path(self.chunk_folder()) / self.files[chunk]
         had = target.exists()
-        real(self, chunk, folder)
+        real(self, chunk)
         fetched.append(chunk)
         if not had and target.exists():
             done[chunk] = time.monotonic()
@@ -101,9 +101,9 @@ def test_prefetch_stays_within_the_cap_and_leaves_no_thread(url, distant_env, tm
 
     seen, real = [], ShardStore.fetch_chunk
 
-    def fetch(self, chunk, folder):                       # what the cache holds when a fetch starts
+    def fetch(self, chunk):                               # what the cache holds when a fetch starts
         seen.append(self.cache_bytes() + self.nbytes[chunk] <= self.max_cache)
-        return real(self, chunk, folder)
+        return real(self, chunk)
 
     monkeypatch.setattr(ShardStore, "fetch_chunk", fetch)
     monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "capped"))
@@ -206,7 +206,7 @@ def test_a_chunk_whole_on_disk_is_read_without_asking_the_store(url, distant_env
     checked for its size, then downloaded: a chunk cut short in the store would make litdata wait forever)."""
     monkeypatch.setenv("YOLOKIT_CACHE", str(tmp_path / "whole"))
     store = DetectionDataset(f"{url}/train", "train", imgsz=96).index.store
-    store.fetch_chunk(0, store.chunk_folder())
+    store.fetch_chunk(0)
     distant_env.reset()
     assert store.read(0).size and store.read(int(store.starts[1]) - 1).size
     assert not distant_env.requests                         # the reader opened and read without a request
@@ -255,7 +255,7 @@ def test_a_read_waits_for_the_download_another_downloader_holds(url, s3_env, tmp
 def test_a_download_cut_short_by_its_process_s_end_is_removed(url, s3_env, tmp_path, monkeypatch):
     """A prefetch thread stopped by the interpreter's exit leaves its partial file (``.<chunk>.<pid>``), a worker
     killed mid-download litdata's (``<chunk>.tmp.<pid>``); no cap counts them: the next process to open the split
-    removes those of processes no longer running."""
+    removes those of processes no longer running, once unwritten for 10 minutes."""
     import subprocess
     import sys
 
@@ -266,8 +266,12 @@ def test_a_download_cut_short_by_its_process_s_end_is_removed(url, s3_env, tmp_p
     ended.wait()
     dead = [folder / f".{store.files[0]}.{ended.pid}", folder / f"{store.files[2]}.tmp.{ended.pid}"]  # ours, litdata's
     alive = folder / f".{store.files[1]}.{os.getppid()}"   # a download still running (the parent is alive)
-    for part in [*dead, alive]:
+    recent = folder / f".{store.files[3]}.{ended.pid}"       # written a minute ago: maybe another machine's
+    for part in [*dead, alive, recent]:
         part.write_bytes(b"x" * 100)
+    for part in [*dead, alive]:                             # unwritten for an hour
+        os.utime(part, (time.time() - 3600, time.time() - 3600))
+    os.utime(recent, (time.time() - 60, time.time() - 60))
     again = DetectionDataset(f"{url}/train", "train", imgsz=96).index.store
     assert again.chunk_folder() == str(folder)
-    assert not any(part.exists() for part in dead) and alive.exists()
+    assert not any(part.exists() for part in dead) and alive.exists() and recent.exists()

@@ -65,17 +65,21 @@ class CacheUse:
         return self.text
 
 
-def remove_orphans(folder: Path) -> None:
+def remove_orphans(folder: Path, idle: float = 600.0) -> None:
     """Removes the partial downloads of processes that ended during one, which no cap counts: ours
     (``.<chunk>.<pid>``: a prefetch thread stopped by the interpreter's exit) and litdata's
-    (``<chunk>.tmp.<pid>``: a worker killed mid-download)."""
+    (``<chunk>.tmp.<pid>``: a worker killed mid-download). Only those unwritten for ``idle`` seconds: a
+    cache shared by several machines holds other machines' downloads, whose pids mean nothing here."""
     parts = [*folder.glob(".*.*"), *folder.glob("*.tmp.*")] if folder.is_dir() else []
     for part in parts:
         pid = part.suffix[1:]
-        if pid.isdigit() and int(pid) != os.getpid():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                part.unlink(missing_ok=True)
-            except OSError:                     # alive, another user's
-                pass
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if time.time() - part.stat().st_mtime < idle:
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            part.unlink(missing_ok=True)
+        except OSError:                         # gone meanwhile, or alive and another user's
+            pass

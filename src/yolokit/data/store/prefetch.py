@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,7 +49,6 @@ class ChunkPrefetch:
         self.first_use = np.searchsorted(self.first_batch, np.arange(len(batches)), side="right").tolist()
         self.position, self.fetched = 0, 0                      # first_use: per batch, the chunks needed by then
         self.headroom = (ahead + 2) * max(store.nbytes, default=0)
-        self.folder = Path(store.chunk_folder())
         if self.order and not self.store.cached(self.order[0]) and self._fits(self.order[0]):
             self._fetch(self.order[0])          # the first chunk before any worker asks (they would all wait)
         self._cond, self._stop = threading.Condition(), threading.Event()
@@ -104,7 +102,7 @@ class ChunkPrefetch:
 
     def _fetch(self, chunk: int) -> None:
         try:
-            self.store.fetch_chunk(chunk, self.folder)
+            self.store.fetch_chunk(chunk)
             self.fetched += 1
         except Exception as exc:                          # the worker's own read reports it, in one line
             logger.debug("prefetch of %s failed: %s: %s", self.store.files[chunk], type(exc).__name__, exc)

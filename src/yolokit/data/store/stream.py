@@ -175,14 +175,14 @@ class ShardStore:
             except Timeout:
                 time.sleep(0.02)
 
-    def fetch_chunk(self, chunk: int, folder: str | os.PathLike) -> Path:
-        """Downloads chunk ``chunk`` into ``folder`` (``chunk_folder``): whole, or not at all (a temporary
+    def fetch_chunk(self, chunk: int) -> Path:
+        """Downloads chunk ``chunk`` into ``chunk_folder``: whole, or not at all (a temporary
         file renamed into place), under the lock litdata's own download takes (``<chunk>.lock``), so that a
         worker and this never fetch the same chunk twice; nothing when another holds it. Raises StoreError
         as a read does."""
         from filelock import FileLock, Timeout
 
-        target = Path(folder) / self.files[chunk]
+        target = Path(self.chunk_folder()) / self.files[chunk]
         try:
             with FileLock(f"{target}.lock", timeout=0):
                 if not (target.is_file() and target.stat().st_size >= self.nbytes[chunk]):
