@@ -1,7 +1,10 @@
 """Result: labels, COCO records, JSON, crops and drawing of one image's detections."""
 
 import json
+import sys
+import types
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -68,8 +71,56 @@ def test_plot_draws_on_a_copy_in_class_colours():
 def test_summary_and_repr():
     result = make_result()
     assert len(result) == 2 and result.summary() == "1 dog, 1 cat"
-    assert repr(result) == "Result(in/x.jpg, 100x200: 1 dog, 1 cat)"
+    assert repr(result) == "Result(path='in/x.jpg', 200x100, 2 detections: 1 dog, 1 cat)"  # width x height
     empty = Result(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.long), [], "v.mp4", "v.mp4",
-                   (4, 4), torch.zeros(3, 4, 4, dtype=torch.uint8), frame=3)
-    assert empty.summary() == "no detections" and "v.mp4 frame 3" in repr(empty)
+                   (4, 6), torch.zeros(3, 4, 6, dtype=torch.uint8), frame=3)
+    assert empty.summary() == "no detections" and repr(empty) == "Result(path='v.mp4', frame=3, 6x4, no detections)"
     assert empty.txt_lines() == [] and empty.crops() == [] and empty.to_json() == "[]"
+
+
+def test_repr_stays_one_short_line_with_80_classes():
+    names = [f"a long class name {k}" for k in range(80)]
+    labels = torch.cat([torch.arange(80), torch.zeros(5, dtype=torch.long)])        # class 0 six times
+    result = Result(torch.zeros(85, 4), torch.full((85,), 0.5), labels, names, "images/x.jpg", "x.jpg", (480, 640),
+                    torch.zeros(3, 480, 640, dtype=torch.uint8))
+    text = repr(result)
+    assert len(text) < 300 and "\n" not in text and str(result) == text
+    assert text.startswith("Result(path='images/x.jpg', 640x480, 85 detections: 6 a long class name 0, 1 a long")
+    assert text.endswith(", +75 classes)")        # five classes named, the count of the others
+    assert result.summary().count(",") == 79      # summary() alone lists them all
+
+
+def test_repr_png_is_the_drawn_image():
+    result = make_result()
+    png = result._repr_png_()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    decoded = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+    np.testing.assert_array_equal(decoded, result.plot())          # lossless, RGB as plot() returns it
+    result.image = None
+    assert result._repr_png_() is None           # a notebook shows the repr line instead
+
+
+def test_show_outside_ipython_draws_the_plot_with_matplotlib(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)       # a plain Python session
+    result = make_result()
+    assert result.show() is None                                      # Agg: plt.show() returns at once
+    try:
+        images = plt.gca().get_images()
+        assert len(images) == 1
+        np.testing.assert_array_equal(images[0].get_array(), result.plot())
+        assert plt.gca().get_title() == "in/x.jpg"
+    finally:
+        plt.close("all")
+
+
+def test_show_in_ipython_displays_the_result(monkeypatch):
+    shown = []
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    monkeypatch.setitem(sys.modules, "IPython.display", types.SimpleNamespace(display=shown.append))
+    result = make_result()
+    assert result.show() is None and shown == [result]       # IPython then asks it for _repr_png_

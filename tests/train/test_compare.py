@@ -1,11 +1,13 @@
-"""compare_runs / yolokit compare: two run folders side by side, from results.csv and config.yaml."""
+"""compare_runs / yolokit compare: two run folders side by side, from results.csv and config.yaml; one run's
+results (read_results), printed, as HTML and as curves."""
 
 import csv
 
+import numpy as np
 import pytest
 
 from yolokit.cli import main
-from yolokit.train import TrainConfig, compare_runs
+from yolokit.train import RunResults, TrainConfig, compare_runs, read_results
 
 
 def fake_run(folder, config, fitness_and_maps):
@@ -46,3 +48,34 @@ def test_yolokit_compare_prints_the_table_and_names_a_folder_that_is_no_run(tmp_
     assert main(["compare", str(a), str(tmp_path / "empty")]) == 2
     assert f"{tmp_path / 'empty'} is not a training run folder with an epoch done: config.yaml is missing" in \
         capsys.readouterr().err
+
+
+def test_a_comparison_shows_as_its_text_and_as_html_tables(tmp_path):
+    base = TrainConfig(model="yolov8s", data="d.yaml", epochs=4)
+    a = fake_run(tmp_path / "a", base.replace(freeze=10), [(0.5, 0.3), (0.7, 0.4)])
+    b = fake_run(tmp_path / "<b>", base.replace(lr0=0.02), [(0.2, 0.1)])
+    got = compare_runs([a, b])
+    assert repr(got) == str(got) and len(repr(got).splitlines()) == 4     # the short table, not the dataclass's
+    page = got._repr_html_()
+    assert page.count("<table>") == 2 and "<th>last mAP50-95</th><th>time</th>" in page
+    assert f"<tr><td>{a}</td><td>yolov8s</td><td>2/4</td><td>2</td><td>0.4000</td><td>0.7000</td><td>0.4000</td>" \
+           "<td>1.00h</td></tr>" in page
+    assert f"<th>differs</th><th>{a}</th><th>{tmp_path}/&lt;b&gt;</th>" in page and "<b>" not in page
+    assert "<tr><td>freeze</td><td>10</td><td>None</td></tr><tr><td>lr0</td><td>0.01</td><td>0.02</td></tr>" in page
+    assert compare_runs([a, a])._repr_html_().endswith("</table><p>the configs are the same</p>")
+
+
+def test_read_results_holds_a_run_and_shows_it_short_as_a_table_and_as_curves(tmp_path):
+    run = fake_run(tmp_path / "run", TrainConfig(epochs=10), [(0.5, 0.3), (0.7, 0.4), (0.6, 0.35)])
+    got = read_results(run)
+    assert isinstance(got, RunResults) and got.run_dir == run and got.config["epochs"] == 10
+    assert [r["mAP50-95"] for r in got.rows] == [0.3, 0.4, 0.35] and got.best["epoch"] == 2
+    assert repr(got) == f"RunResults('{run}', 3/10 epochs, best epoch 2 mAP50-95 0.4000)"
+    page = got._repr_html_()
+    assert page.startswith(f"<p>RunResults(&#x27;{run}&#x27;, 3/10 epochs")
+    assert "<tr><th>epoch</th><th>train/box</th><th>mAP50</th><th>mAP50-95</th><th>seconds</th></tr>" in page
+    assert "<tr><td>2</td><td>0.5000</td><td>0.7000</td><td>0.4000</td><td>1800.0</td></tr>" in page  # no data%
+    assert page.count("<tr>") == 4
+    fig = got.plot()
+    assert [ax.get_title() for ax in fig.axes] == ["train/box", "mAP50", "mAP50-95"]
+    np.testing.assert_allclose(fig.axes[2].get_lines()[0].get_ydata(), [0.3, 0.4, 0.35])

@@ -1,14 +1,16 @@
 import contextlib
 import csv
+import dataclasses
 import io
 import json
+import pickle
 
 import numpy as np
 import pytest
 import torch
 
 from yolokit.ops.nms import Detections
-from yolokit.val import coco_evaluate
+from yolokit.val import EvalResult, coco_evaluate
 
 
 def handmade():
@@ -130,3 +132,45 @@ def test_table_csv_and_text(tmp_path):
     written = list(csv.DictReader(result.write_csv(tmp_path / "per_class.csv", ["cat", "dog", "emu"]).open()))
     assert [r["class"] for r in written] == ["all", "cat", "dog"]
     assert float(written[0]["mAP50"]) == pytest.approx(result.map50, abs=1e-5)
+
+
+def eighty_classes():
+    """An EvalResult of 80 classes (as COCO's), each with ground truth, class 1 named ``<b>``."""
+    k = np.arange(80)
+    return EvalResult(map50_95=0.3012, map50=0.45678, precision=0.5123, recall=0.4311, images=5000,
+                      per_class_ap=k / 200, per_class_ap50=k / 100, per_class_precision=np.full(80, 0.5),
+                      per_class_recall=np.full(80, 0.25), class_images=k + 1, class_instances=2 * k + 1,
+                      names=["person", "<b>", *(f"class {i}" for i in range(2, 80))])
+
+
+def test_repr_is_one_short_line_of_the_all_row():
+    result = eighty_classes()
+    assert repr(result) == "EvalResult(5000 images, 6400 instances: P 0.512, R 0.431, mAP50 0.457, mAP50-95 0.301)"
+    assert len(repr(result)) < 300 and len(str(result)) < 300      # the dataclass's own repr: ~17,000
+    assert repr(EvalResult()).startswith("EvalResult(0 images, 0 instances: P 0.000")
+
+
+def test_repr_html_is_the_per_class_table_with_names_escaped():
+    page = eighty_classes()._repr_html_()
+    assert page.startswith("<table>") and page.count("<tr>") == 1 + 81    # header, "all", 80 classes
+    assert "<th>class</th><th>images</th><th>instances</th><th>P</th><th>R</th><th>mAP50</th>" in page
+    assert "<tr><td>all</td><td>5000</td><td>6400</td><td>0.512</td><td>0.431</td><td>0.457</td><td>0.301</td></tr>" \
+        in page
+    assert "<tr><td>person</td><td>1</td><td>1</td><td>0.500</td><td>0.250</td><td>0.000</td><td>0.000</td></tr>" \
+        in page
+    assert "<tr><td>&lt;b&gt;</td><td>2</td><td>3</td><td>0.500</td><td>0.250</td><td>0.010</td><td>0.005</td>" \
+        in page and "<b>" not in page
+    assert all(f"<tr><td>class {i}</td><td>{i + 1}</td><td>{2 * i + 1}</td>" in page for i in range(2, 80))
+    unnamed = dataclasses.replace(eighty_classes(), names=None)._repr_html_()
+    assert "<tr><td>79</td><td>80</td><td>159</td>" in unnamed            # class indices without names
+
+
+def test_names_travel_with_the_result():
+    preds, targets, shapes = handmade()
+    result = coco_evaluate(preds, targets, shapes, num_classes=3, names=("cat", "dog", "emu"))
+    assert result.names == ["cat", "dog", "emu"] and [r["class"] for r in result.table()] == ["all", "cat", "dog"]
+    assert [r["class"] for r in result.table(["x", "y", "z"])] == ["all", "x", "y"]    # given names win
+    again = pickle.loads(pickle.dumps(result))
+    assert again.names == result.names and again.as_dict() == result.as_dict()
+    assert dataclasses.replace(result, map50=1.0).names == ["cat", "dog", "emu"]
+    assert coco_evaluate(preds, targets, shapes, num_classes=3).names is None

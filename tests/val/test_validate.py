@@ -1,5 +1,7 @@
 """The validation pass: the protocol's keywords, ground truth in original pixels, samples, per-image sink."""
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -54,3 +56,24 @@ def test_validate_hands_each_image_to_on_image():
     assert [d.scores.tolist() for *_, d in seen] == [[pytest.approx(0.9)], [pytest.approx(0.8)]]
     assert all(d.boxes.device.type == "cpu" for *_, d in seen)
     assert result.images == 2  # scored as before
+
+
+class Loader(list):
+    """Batches with a ``dataset`` beside them, as a DataLoader has."""
+
+    def __init__(self, batches, dataset):
+        super().__init__(batches)
+        self.dataset = dataset
+
+
+def test_the_result_is_named_by_the_split_else_by_the_model():
+    batch = {"images": torch.zeros(1, 3, 32, 32), "orig_shapes": [(20, 20)], "ratio_pad": [((1.0, 1.0), (0.0, 0.0))],
+             "paths": ["a.png"], "indices": [0], "targets": torch.tensor([[0, 1, 0.0, 0.0, 10.0, 10.0]])}
+    model = FakeDetector()
+    split = types.SimpleNamespace(names={0: "cat", 1: "<dog>"})           # a data.yaml's names by id
+    result, _ = validate(model, Loader([batch], split), num_classes=2)
+    assert result.names == ["cat", "<dog>"] and "<td>&lt;dog&gt;</td>" in result._repr_html_()
+    model.names = ["a", "b"]
+    assert validate(model, [batch], num_classes=2)[0].names == ["a", "b"]               # no dataset: the model's
+    assert validate(model, Loader([batch], split), num_classes=2)[0].names == ["cat", "<dog>"]  # the split's first
+    assert validate(model, [batch], num_classes=3)[0].names is None    # names of another number of classes

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch import Tensor
@@ -32,6 +34,9 @@ class Result:
             None for a result without pixels (``yolokit val``'s), which cannot be drawn or cropped.
         frame: index of the frame in its video or stream; None for a still image.
         fps: the video's frame rate; None for a still image.
+
+    Printed, it is one line (``Result(path='a.jpg', 640x480, 3 detections: 2 circle, 1 square)``, width
+    first); in a notebook, its drawn image (``_repr_png_``); ``show()`` shows that anywhere.
     """
 
     boxes: Tensor
@@ -116,11 +121,41 @@ class Result:
             out.append((c, image[top:bottom, left:right].copy()))
         return out
 
-    def summary(self) -> str:
-        """``"2 circle, 1 star"`` (or ``"no detections"``), most frequent first."""
-        counts = Counter(self.class_name(c) for c in self.labels.tolist())
-        return ", ".join(f"{n} {name}" for name, n in counts.most_common()) or "no detections"
+    def summary(self, most: int | None = None) -> str:
+        """``"2 circle, 1 star"`` (or ``"no detections"``), most frequent first; with ``most``, that many
+        classes at most, then how many more (``"5 car, 2 dog, +3 classes"``)."""
+        counts = Counter(self.class_name(c) for c in self.labels.tolist()).most_common()
+        parts = [f"{n} {name}" for name, n in counts[:most]]
+        more = len(counts) - len(parts)
+        return ", ".join(parts + ([f"+{more} classes"] if more else [])) or "no detections"
 
     def __repr__(self) -> str:
-        where = self.path if self.frame is None else f"{self.path} frame {self.frame}"
-        return f"Result({where}, {self.orig_shape[0]}x{self.orig_shape[1]}: {self.summary()})"
+        frame = "" if self.frame is None else f", frame={self.frame}"
+        (h, w), n = self.orig_shape, len(self)
+        found = f"{n} detection{'s' if n > 1 else ''}: {self.summary(most=5)}" if n else "no detections"
+        return f"Result(path={self.path!r}{frame}, {w}x{h}, {found})"
+
+    def _repr_png_(self) -> bytes | None:
+        """``plot()`` as PNG bytes, what a notebook shows for the result; None when it holds no image."""
+        if self.image is None:
+            return None
+        ok, png = cv2.imencode(".png", cv2.cvtColor(self.plot(), cv2.COLOR_RGB2BGR))
+        return png.tobytes() if ok else None
+
+    def show(self) -> None:
+        """Shows ``plot()``: in IPython (a notebook) as the cell's output, elsewhere in a matplotlib
+        figure (``plt.show()``: a window, or nothing with a non-interactive backend such as Agg)."""
+        ipython = sys.modules.get("IPython")   # loaded in every IPython session; never imported here
+        if ipython is not None and ipython.get_ipython() is not None:
+            from IPython.display import display
+
+            display(self)
+            return
+        import matplotlib.pyplot as plt
+
+        drawn = self.plot()
+        plt.figure()
+        plt.imshow(drawn)
+        plt.axis("off")
+        plt.title(self.path if self.frame is None else f"{self.path} frame {self.frame}", fontsize=9)
+        plt.show()

@@ -1,6 +1,7 @@
 """Charts of a run and of a validation, drawn with matplotlib (Agg, no display needed).
 
-- ``results_plot``: losses and metrics per epoch, raw and smoothed, one panel each;
+- ``results_plot``: losses and metrics per epoch, raw and smoothed, one panel each
+  (``yolokit.viz.run_curves``' figure);
 - ``pr_curve_plot``: precision-recall at IoU 0.5 per class and for all classes;
 - ``confidence_curve_plot``: F1 (or precision, recall) against confidence;
 - ``confusion_matrix_plot``: the confusion matrix, normalized per true class;
@@ -20,10 +21,8 @@ from typing import Any
 import numpy as np
 
 from yolokit.ops.nms import Detections
-from yolokit.viz import class_colour, draw_detections
+from yolokit.viz import class_colour, curve_keys, draw_detections, run_curves
 
-LOSS_KEYS = ("train/box", "train/cls", "train/dfl", "train/obj")
-METRIC_KEYS = ("precision", "recall", "mAP50", "mAP50-95")
 MAX_LEGEND = 20  # classes listed in a curve's legend; more are drawn in grey
 
 
@@ -41,45 +40,10 @@ def _save(fig: Any, path: str | Path) -> Path:
     return path
 
 
-def smooth(values: Sequence[float], sigma: float = 2.0) -> np.ndarray:
-    """Gaussian smoothing over the points that are finite, weights renormalized at the ends
-    (so the curve is not pulled towards zero there); NaNs stay NaN."""
-    y = np.asarray(values, float)
-    ok = np.isfinite(y)
-    idx = np.arange(len(y))
-    weights = np.exp(-0.5 * ((idx[:, None] - idx[None, :]) / sigma) ** 2) * ok[None, :]
-    out = weights @ np.where(ok, y, 0.0) / np.maximum(weights.sum(1), 1e-12)
-    return np.where(ok, out, np.nan)
-
-
 def results_plot(rows: Sequence[dict[str, float]], path: str | Path) -> Path | None:
-    """Losses and metrics per epoch: one panel per quantity, the raw series with markers and
-    a smoothed line, grid, axis titles. None when there are no rows."""
-    if not rows:
-        return None
-    from matplotlib.ticker import MaxNLocator
-
-    keys = [k for k in (*LOSS_KEYS, *METRIC_KEYS) if any(k in r for r in rows)]
-    if not keys:
-        return None
-    epochs = np.array([r.get("epoch", i + 1) for i, r in enumerate(rows)], float)
-    columns = min(4, len(keys))
-    fig = _figure(3.6 * columns, 2.9 * math.ceil(len(keys) / columns))
-    axes = np.atleast_1d(fig.subplots(math.ceil(len(keys) / columns), columns)).reshape(-1)
-    for ax, key in zip(axes, keys, strict=False):
-        y = np.array([r.get(key, np.nan) for r in rows], float)
-        ax.plot(epochs, y, marker=".", markersize=6, linewidth=1.5, label="results", color="#1f77b4")
-        if np.isfinite(y).sum() >= 3:
-            ax.plot(epochs, smooth(y), linestyle=":", linewidth=2, label="smooth", color="#ff7f0e")
-        ax.set_title(key, fontsize=11)
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("loss" if key.startswith("train/") else key)
-        ax.grid(True, alpha=0.4)
-        ax.legend(fontsize=8)
-    for ax in axes[len(keys):]:
-        ax.set_visible(False)
-    return _save(fig, path)
+    """``results.png``: losses and metrics per epoch, the figure ``yolokit.viz.run_curves`` draws.
+    None when no row holds a loss or a metric."""
+    return _save(run_curves(rows), path) if curve_keys(rows) else None
 
 
 def _class_label(names: Sequence[str], k: int) -> str:

@@ -75,7 +75,8 @@ def validate(
             without NMS; ``iou`` and ``multi_label`` do not apply).
 
     Returns:
-        ``(result, samples)``.
+        ``(result, samples)``; ``result.names`` are the class names of the loader's dataset, else the
+        model's, when they number ``num_classes``.
     """
     device = model_device(model)
     records, samples = [], []  # per image: (dataset index, detections, (boxes, labels), shape)
@@ -96,7 +97,19 @@ def validate(
         records = [r for part in distributed.all_gather_object(records) for r in part]
     records.sort(key=lambda r: r[0])
     predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
-    return coco_evaluate(predictions, targets, shapes, num_classes), samples
+    return coco_evaluate(predictions, targets, shapes, num_classes,
+                         names=class_names(model, loader, num_classes)), samples
+
+
+def class_names(model: Any, loader: Any, num_classes: int) -> list[str] | None:
+    """The classes' names: the loader's dataset's (``DetectionDataset.names``), else the model's; None when
+    neither has ``num_classes`` of them."""
+    for names in (getattr(getattr(loader, "dataset", None), "names", None), getattr(model, "names", None)):
+        if isinstance(names, dict):
+            names = [names.get(k, str(k)) for k in range(num_classes)]
+        if isinstance(names, (list, tuple)) and len(names) == num_classes:
+            return [str(n) for n in names]
+    return None
 
 
 def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: torch.device, records: list,

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import html
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,19 @@ import torch
 from yolokit.ops.nms import Detections
 from yolokit.val.cocoeval import RECALL_THRESHOLDS, evaluate_boxes
 from yolokit.val.matching import confusion_matrix, matches_at_iou
+
+COLUMNS = ["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"]  # of EvalResult.table's rows
+SCORES = COLUMNS[3:]
+
+
+def html_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """An HTML ``<table>``: a header row, then one row per item of ``rows``; each cell ``str()``-ed and
+    HTML-escaped (what a notebook's ``_repr_html_`` returns)."""
+    def cells(tag: str, values: Iterable[Any]) -> str:
+        return "".join(f"<{tag}>{html.escape(str(v))}</{tag}>" for v in values)
+
+    body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
+    return f"<table><thead><tr>{cells('th', head)}</tr></thead><tbody>{body}</tbody></table>"
 
 
 @dataclass
@@ -56,6 +70,11 @@ class EvalResult:
         confusion: [C + 1, C + 1] counts, rows predicted class, columns true class; the
             last row and column are background (missed boxes, false detections).
         stats: COCOeval's 12 summary numbers.
+        names: class names by index, when the evaluation knew them (``validate`` takes the split's);
+            ``table()`` and the notebook view use them, else class indices.
+
+    Printed, it is one line (``repr``: images, instances, P, R, mAP50, mAP50-95 of all classes); in a
+    notebook, its per-class table (``_repr_html_``).
     """
 
     map50_95: float = 0.0
@@ -78,6 +97,7 @@ class EvalResult:
     conf_f1: np.ndarray = field(default_factory=lambda: np.zeros((0, len(CONF_POINTS))))
     confusion: np.ndarray = field(default_factory=lambda: np.zeros((1, 1), np.int64))
     stats: np.ndarray = field(default_factory=lambda: np.zeros(12))
+    names: list[str] | None = None
 
     @property
     def fitness(self) -> float:
@@ -89,8 +109,8 @@ class EvalResult:
 
     def table(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Rows ``class, images, instances, P, R, mAP50, mAP50-95``: "all" first, then each class
-        with ground truth."""
-        names = list(names) if names is not None else [str(k) for k in range(len(self.per_class_ap))]
+        with ground truth, named by ``names``, else by ``self.names``, else by its index."""
+        names = list(names if names is not None else self.names or [])
         rows = [{"class": "all", "images": self.images, "instances": int(self.class_instances.sum()),
                  "P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}]
         for k in np.flatnonzero(self.class_instances > 0):
@@ -104,15 +124,25 @@ class EvalResult:
         """``table()`` as aligned text, as the usual YOLO validators print it."""
         head = f"{'Class':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}"
         lines = [head] + [f"{r['class']:>22.22}{r['images']:>11}{r['instances']:>11}" + "".join(
-            f"{r[k]:>11.3f}" for k in ("P", "R", "mAP50", "mAP50-95")) for r in self.table(names)]
+            f"{r[k]:>11.3f}" for k in SCORES) for r in self.table(names)]
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        every = self.table()[0]  # "all"
+        return (f"EvalResult({every['images']} images, {every['instances']} instances: " + ", ".join(
+            f"{k} {every[k]:.3f}" for k in SCORES) + ")")
+
+    def _repr_html_(self) -> str:
+        """``table()`` as an HTML table (a notebook shows it), scores to 3 decimals."""
+        return html_table(COLUMNS, [[r["class"], r["images"], r["instances"], *(f"{r[k]:.3f}" for k in SCORES)]
+                                    for r in self.table()])
 
     def write_csv(self, path: str | Path, names: Sequence[str] | None = None) -> Path:
         """``table()`` as CSV (full precision)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"])
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
             for row in self.table(names):
                 writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
@@ -150,6 +180,7 @@ def coco_evaluate(
     num_classes: int,
     *,
     backend: str = "yolokit",
+    names: Sequence[str] | None = None,
 ) -> EvalResult:
     """Scores detections against ground truth: COCO's box AP, per-class table, curves, confusion.
 
@@ -160,6 +191,7 @@ def coco_evaluate(
         num_classes: number of classes.
         backend: ``"yolokit"`` (array evaluator, pycocotools' numbers) or
             ``"pycocotools"`` (``COCOeval`` itself).
+        names: class names by index, kept as ``EvalResult.names`` for its table.
 
     Returns:
         ``EvalResult``; AP, P and R are zero when there is no ground truth or no detection.
@@ -184,6 +216,7 @@ def coco_evaluate(
     _confidence_metrics(result, _joined_np([d.scores for d in dets], np.float64), _joined_np(tp, bool),
                         _joined_np([d.labels for d in dets], np.int64))
     result.confusion = confusion_matrix(dets, gt_boxes, gt_labels, num_classes)
+    result.names = list(names) if names is not None else None
     return result
 
 
