@@ -28,6 +28,9 @@ ALLOWED = {
     # deploy: a model as another runtime's file, checked, then run and validated again
     "deploy": {"ops", "models", "interop", "data", "val"},
     "cli": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", "predict", "val", "deploy", ""},
+    # testing (the pytest plugin: fixtures and assertions for users' tests) -> anything public but cli
+    "testing": {"ops", "models", "losses", "data", "accel", "interop", "train", "viz", "predict", "val", "deploy",
+                ""},
     "__init__": set(),  # the public face names modules by path and imports them on first use
 }
 # Third-party modules each part may import (the standard library is always allowed).

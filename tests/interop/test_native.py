@@ -11,11 +11,7 @@ import yolokit
 from yolokit.interop.formats import file_format
 from yolokit.interop.native import load_native, save_native
 from yolokit.interop.state import config_from_state_dict
-
-
-def same_state(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+from yolokit.testing import assert_weights_equal
 
 
 @pytest.mark.parametrize("name", yolokit.list_models())
@@ -29,7 +25,7 @@ def test_safetensors_round_trip_of_every_variant(tmp_path, name):
     assert json.loads(metadata["config"]) == json.loads(json.dumps(asdict(model.config)))
     loaded = yolokit.load(path)
     assert loaded.config == model.config and loaded.name == name and not loaded.training
-    assert same_state(model, loaded)
+    assert_weights_equal(model, loaded)
 
 
 @pytest.mark.parametrize("name", ["yolov8n", "yolov3-tiny"])
@@ -39,7 +35,8 @@ def test_torch_round_trip_reads_with_plain_weights_only(tmp_path, name):
     raw = torch.load(path, weights_only=True)  # no allowlist needed: plain containers and tensors
     assert raw["format"] == "yolokit" and raw["config"] == asdict(model.config)
     for loaded in (yolokit.load(path), load_native(path)):
-        assert loaded.config == model.config and same_state(model, loaded)
+        assert loaded.config == model.config
+        assert_weights_equal(model, loaded)
 
 
 @pytest.mark.parametrize("name,classes", [("yolov8m", 1), ("yolov3", 4), ("yolov3-spp", 4), ("yolov3-tiny", 20)])
@@ -56,7 +53,8 @@ def test_plain_state_dict_file_loads_with_or_without_a_name(tmp_path):
     torch.save({"state_dict": model.state_dict(), "epoch": 3}, tmp_path / "wrapped.pt")
     for path, name in ((tmp_path / "sd.pt", None), (tmp_path / "wrapped.pt", "yolov8n")):
         loaded = yolokit.load(path, model=name)
-        assert (loaded.name, loaded.num_classes) == ("yolov8n", 6) and same_state(model, loaded)
+        assert (loaded.name, loaded.num_classes) == ("yolov8n", 6)
+        assert_weights_equal(model, loaded)
 
 
 def test_fused_model_round_trip_keeps_outputs(tmp_path):
@@ -67,7 +65,7 @@ def test_fused_model_round_trip_keeps_outputs(tmp_path):
         yolokit.save(model.fuse(), tmp_path / "fused.safetensors")
         loaded = yolokit.load(tmp_path / "fused.safetensors")
         assert all((a - b).abs().max() < 1e-4 for a, b in zip(loaded(x), expected, strict=True))
-    assert same_state(model, loaded)
+    assert_weights_equal(model, loaded)
 
 
 def test_save_writes_in_place_atomically(tmp_path):

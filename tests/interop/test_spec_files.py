@@ -10,11 +10,7 @@ from torch import nn
 import yolokit
 from yolokit.interop.native import load_native
 from yolokit.models import SpecConfig, SpecError, register_module, unregister_module
-
-
-def same_state(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
-    return list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+from yolokit.testing import assert_weights_equal
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
@@ -27,7 +23,7 @@ def test_a_model_yaml_model_round_trips_through_yolokit_files(tmp_path, suffix):
     for loaded in (yolokit.load(path), load_native(path)):
         assert isinstance(loaded.config, SpecConfig) and loaded.config == model.config
         assert loaded.name == "yolov8n-p2" and loaded.strides == (4, 8, 16, 32) and loaded.names == ["a", "b", "c"]
-        assert same_state(model, loaded)
+        assert_weights_equal(model, loaded)
     with pytest.raises(ValueError, match="holds a yolov8n-p2 but model='yolov8n'"):
         yolokit.load(path, model="yolov8n")
 
@@ -38,13 +34,14 @@ def test_a_training_checkpoint_rebuilds_from_its_model_config(tmp_path):
     torch.save({"epoch": 3, "model": model.state_dict(), "model_config": asdict(model.config),
                 "ema": None, "optimizer": {}}, tmp_path / "last.pt")
     loaded = yolokit.load(tmp_path / "last.pt")
-    assert loaded.config == model.config and same_state(model, loaded)
+    assert loaded.config == model.config
+    assert_weights_equal(model, loaded)
     x = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
         assert all(torch.equal(a, b) for a, b in zip(model.eval()(x), loaded(x), strict=True))
     fused = yolokit.create_model("yolo11n.yaml", num_classes=2).eval().fuse(channels_last=False)
     yolokit.save(fused, tmp_path / "fused.safetensors")
-    assert same_state(fused, yolokit.load(tmp_path / "fused.safetensors"))   # fused files rebuild fused
+    assert_weights_equal(fused, yolokit.load(tmp_path / "fused.safetensors"))   # fused files rebuild fused
 
 
 class Gate(nn.Module):
@@ -67,7 +64,7 @@ def test_a_file_naming_a_users_block_loads_once_it_is_registered(tmp_path):
         yolokit.load(path)
     register_module("Gate", Gate)
     try:
-        assert same_state(model, yolokit.load(path))
+        assert_weights_equal(model, yolokit.load(path))
     finally:
         unregister_module("Gate")
 

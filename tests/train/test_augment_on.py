@@ -9,6 +9,7 @@ import torch
 
 import yolokit.train.step as step_module
 from yolokit.data import make_shapes
+from yolokit.testing import assert_weights_equal
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.config import add_config_flags, config_from_args
 from yolokit.train.plan import Processes, device_settings
@@ -116,10 +117,8 @@ def test_a_crashed_run_on_the_device_path_resumes_bit_for_bit(tmp_path):
     Trainer(TrainConfig(resume=str(tmp_path / "run"))).fit()
     a, b = (load_checkpoint(tmp_path / name / "weights" / "last.pt") for name in ("reference", "run"))
     assert a["steps"] == b["steps"] == 9 and b["train_config"]["augment_on"] == "device"
-    for key, value in a["model"].items():
-        assert torch.equal(b["model"][key], value), key
-    for key, value in a["ema"]["module"].items():
-        assert torch.equal(b["ema"]["module"][key], value), key
+    assert_weights_equal(a["model"], b["model"])
+    assert_weights_equal(a["ema"]["module"], b["ema"]["module"])
     for key, value in a["optimizer"]["state"].items():
         assert torch.equal(b["optimizer"]["state"][key]["momentum_buffer"], value["momentum_buffer"]), key
     rows = [[{k: v for k, v in r.items() if k not in ("seconds", "data%")}

@@ -18,6 +18,7 @@ import torch
 
 from yolokit.accel.launcher import launch
 from yolokit.data import make_shapes
+from yolokit.testing import assert_weights_equal
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.checkpoint import load_checkpoint
 
@@ -65,10 +66,8 @@ def test_a_run_from_the_store_stopped_mid_epoch_resumes_bit_for_bit(store, tmp_p
     Trainer(TrainConfig(resume=str(out))).fit()
     a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(out / "weights" / "last.pt")
     assert a["steps"] == b["steps"] == 9
-    for key, value in a["model"].items():
-        assert torch.equal(b["model"][key], value), key
-    for key, value in a["ema"]["module"].items():
-        assert torch.equal(b["ema"]["module"][key], value), key
+    assert_weights_equal(a["model"], b["model"])
+    assert_weights_equal(a["ema"]["module"], b["ema"]["module"])
     assert workers.timeless_rows(out) == workers.timeless_rows(reference)
     assert "lost_images" in workers.timeless_rows(out)[0]
     for run in (reference, out):       # no credential reaches config.yaml, results, checkpoints
@@ -187,10 +186,8 @@ def test_two_processes_and_a_stopped_store_end_in_one_line_at_a_common_step_and_
             assert resumed.returncode == 0, resumed.stderr[-3000:]
             a, b = load_checkpoint(tmp_path / "reference" / "weights" / "last.pt"), load_checkpoint(last)
             assert a["steps"] == b["steps"] == 20
-            for key, value in a["model"].items():
-                assert torch.equal(b["model"][key], value), key
-            for key, value in a["ema"]["module"].items():
-                assert torch.equal(b["ema"]["module"][key], value), key
+            assert_weights_equal(a["model"], b["model"])
+            assert_weights_equal(a["ema"]["module"], b["ema"]["module"])
     finally:
         store.stop()
 

@@ -24,6 +24,7 @@ from yolokit.data import make_shapes
 from yolokit.losses import YOLO26Loss
 from yolokit.losses.yolo26 import branch_weights
 from yolokit.models.spec_config import CFG
+from yolokit.testing import assert_weights_equal
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.checkpoint import load_checkpoint
 
@@ -93,11 +94,8 @@ def test_yolo26_trains_with_its_loss_and_musgd_resumes_bit_for_bit_and_on_two_pr
     assert load_checkpoint(crashed / "weights" / "last.pt")["steps"] == 4
     Trainer(TrainConfig(resume=str(crashed))).fit()
     a, b = load_checkpoint(reference / "weights" / "last.pt"), load_checkpoint(crashed / "weights" / "last.pt")
-    for part in ("model",):
-        for key, value in a[part].items():
-            assert torch.equal(b[part][key], value), key
-    for key, value in a["ema"]["module"].items():
-        assert torch.equal(b["ema"]["module"][key], value), key
+    assert_weights_equal(a["model"], b["model"])
+    assert_weights_equal(a["ema"]["module"], b["ema"]["module"])
     for key, value in a["optimizer"]["state"].items():
         for name, buffer in value.items():
             assert torch.equal(b["optimizer"]["state"][key][name], buffer), (key, name)
