@@ -95,10 +95,14 @@ def _nav_files(nav) -> list[str]:
 def test_every_page_is_in_the_navigation_and_every_guide_in_the_readme():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     nav = _nav_files(config["nav"])
-    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    pages = sorted(str(p.relative_to(DOCS)) for p in [*DOCS.rglob("*.md"), *DOCS.rglob("*.ipynb")])
     assert sorted(nav) == pages, (set(nav) ^ set(pages))
+    notebooks = sorted(p.name for p in (ROOT / "examples" / "notebooks").glob("*.ipynb"))
+    assert sorted(Path(p).name for p in nav if p.endswith(".ipynb")) == notebooks   # each shown on the site
+    assert all((DOCS / p).resolve() == ROOT / "examples" / "notebooks" / Path(p).name for p in nav
+               if p.endswith(".ipynb"))                  # the examples' files themselves (links), not copies
     readme = (ROOT / "README.md").read_text()
-    guides = [p for p in nav if not p.startswith("reference/") and p != "index.md"]
+    guides = [p for p in nav if not p.startswith("reference/") and p != "index.md" and not p.endswith(".ipynb")]
     unlinked = [p for p in guides if f"docs/{p}" not in readme]
     assert not unlinked, f"README.md links no guide for {unlinked}"
 
@@ -130,6 +134,8 @@ def test_the_site_builds_strict(tmp_path):
     assert "Accumulator" in accel and "sync" in accel         # a rendered class with its methods
     assert not (site / "generate.py").exists() and not (site / "figures.py").exists()   # the scripts stay out
     assert not list(site.rglob("*.pyc"))                     # nor their bytecode (docs/__pycache__)
+    notebook = (site / "notebooks" / "getting_started" / "index.html").read_text()
+    assert "read_results" in notebook and "Interrupt the kernel" in notebook   # the notebook's code and text
 
 
 def test_the_charts_quote_the_benchmarks():

@@ -61,15 +61,21 @@ PUBLIC = {
         Frame Result ResultWriter batches frames next_run_dir predict predict_iter
     """,
     "train": """
-        Callback Comparison Parts Progress TrainConfig Trainer compare_runs train
+        Callback Comparison Parts Progress RunResults TrainConfig Trainer compare_runs read_results train
     """,
     "val": """
         EvalResult coco_evaluate validate
     """,
     "viz": """
-        PALETTE class_colour draw_detections
+        CURVE_KEYS PALETTE class_colour curve_keys draw_detections epoch_rows run_curves smooth
+    """,
+    "testing": """
+        LearningCurve TINY_WIDTH assert_detections_close assert_learns assert_weights_equal tiny_model
     """,
 }
+# Imported by name only (``import yolokit.testing``), not reached lazily as ``yolokit.<name>``: the pytest
+# plugin's package, a tool for tests (its docstring says why); ``cli`` is the command.
+BY_NAME_ONLY = {"cli", "testing"}
 
 
 @pytest.mark.parametrize("package", list(PUBLIC))
@@ -82,8 +88,9 @@ def test_the_public_names_are_pinned_and_each_one_resolves(package):
 
 
 def test_every_subpackage_is_pinned():
-    found = {m.name for m in pkgutil.iter_modules(yolokit.__path__) if not m.name.startswith("_")} - {"cli"}
-    assert found == set(yolokit.SUBPACKAGES) == set(PUBLIC) - {"yolokit"}
+    found = {m.name for m in pkgutil.iter_modules(yolokit.__path__) if not m.name.startswith("_")}
+    assert found - BY_NAME_ONLY == set(yolokit.SUBPACKAGES) == set(PUBLIC) - {"yolokit"} - BY_NAME_ONLY
+    assert found >= BY_NAME_ONLY and not BY_NAME_ONLY & set(yolokit.__all__)
 
 
 # Subpackages inside a part (data.sources, train.sweeps, ...): each says what it offers, though only the

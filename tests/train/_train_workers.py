@@ -202,17 +202,29 @@ def fit_until(config: TrainConfig, at: int | None = None, how: str = "crash", ra
     """``Trainer(config, model=model).fit()``, ended at loader batch ``at`` as ``_CrashAt`` says (None: to the end).
 
     Returns the rank, how the run ended ("finished" or "KeyboardInterrupt"; a crash raises), and
-    a digest of the RNG states when it ended.
+    a digest of the RNG states when it ended (in the run's last hook: ``fit`` then restores the caller's).
     """
-    seen = _Seen()          # no all_ranks: on rank 0 only
-    callbacks = [seen] + ([_CrashAt(at, how, rank)] if at else [])
+    seen, end = _Seen(), _RngAtEnd()    # _Seen has no all_ranks: on rank 0 only
+    callbacks = [seen, end] + ([_CrashAt(at, how, rank)] if at else [])
     try:
         Trainer(config, callbacks=callbacks, model=model).fit()
         ended = "finished"
     except KeyboardInterrupt:
         ended = "KeyboardInterrupt"
         distributed.teardown()
-    return {"rank": distributed.rank(), "ended": ended, "rng": rng_digest(), "hooks": seen.calls}
+    return {"rank": distributed.rank(), "ended": ended, "rng": end.digest, "hooks": seen.calls}
+
+
+class _RngAtEnd(Callback):
+    """The RNG states as the run ends (``on_train_end``, inside the run: ``fit`` then puts back the caller's)."""
+
+    all_ranks = True
+
+    def __init__(self):
+        self.digest = None
+
+    def on_train_end(self):
+        self.digest = rng_digest()
 
 
 class _Seen(Callback):
@@ -307,3 +319,15 @@ def validate_with_the_store_stopping(data: str, weights: str, rank: int) -> dict
         raised = f"{type(exc).__name__}: {exc}"
     distributed.teardown()
     return {"raised": raised, "ran": len(ran)}
+
+
+class EpochLine(Callback):
+    """Appends ``rank R epoch E`` to ``path`` at each epoch's end (a file: the ranks are other processes);
+    ``every_rank``: on every rank (``all_ranks``), its lines prefixed ``all ranks:``."""
+
+    def __init__(self, path, every_rank: bool = False):
+        self.path, self.all_ranks = path, every_rank
+
+    def on_epoch_end(self, row):
+        with open(self.path, "a") as f:
+            f.write(f"{'all ranks: ' if self.all_ranks else ''}rank {distributed.rank()} epoch {int(row['epoch'])}\n")

@@ -7,7 +7,7 @@ import torch
 
 from yolokit.ops.nms import Detections
 from yolokit.train.callbacks import CSVLogger, Plotter, ProgressBar
-from yolokit.train.plots import results_plot, smooth, validation_plots
+from yolokit.train.plots import results_plot, validation_plots
 from yolokit.val.metrics import EvalResult
 from yolokit.viz import class_colour
 
@@ -41,6 +41,71 @@ def test_progress_bar_shows_the_running_means_then_the_epoch_row(capsys):
     assert "mAP50 0.400" in captured.out and "box=2.500" in captured.err
 
 
+SUMMARY = dict(model="yolov8n", data="shapes", classes=4, world=1, device="cpu", batch=8, per_process=8,
+               accumulate=8, step_batch=64, optimizer="adamw", lr0=0.00125, precision="fp32", layout="nchw",
+               sync_bn=False, workers=2, config="model: yolov8n\n" * 80, config_file="runs/a/config.yaml",
+               changed="epochs=2, imgsz=64", notes=["resuming at epoch 2"], shard_cache=False)
+ROW = {"epoch": 1, "train/box": 2.5, "train/cls": 1.25, "data%": 40.0, "precision": 0.5, "recall": 0.25,
+       "mAP50": 0.4, "mAP50-95": 0.2, "seconds": 12.34}
+
+
+def _epoch(bar, batches=30, row=ROW):
+    bar.on_setup_end(SUMMARY)
+    bar.on_train_start("runs/a", {})
+    bar.on_epoch_start(0, 2, batches)
+    for _ in range(batches):
+        bar.on_batch_end({"box": 1.0, "cls": 2.0}, 8, 0.5, 0.25)
+    bar.on_epoch_end(row)
+
+
+def test_the_header_is_two_lines_and_names_the_config_file(capsys):
+    """The run's YAML is in its folder: the console names the file and the fields set, in one line."""
+    _epoch(ProgressBar(notebook=False), batches=2)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("yolokit train: yolov8n on shapes (4 classes)")
+    assert out[1:3] == ["config: runs/a/config.yaml (epochs=2, imgsz=64)", "resuming at epoch 2"]
+    assert "model: yolov8n" not in "\n".join(out)
+
+
+def test_quiet_prints_one_line_per_epoch_and_the_final_metrics(capsys):
+    bar = ProgressBar(verbose=False, notebook=False)
+    _epoch(bar)
+    bar.on_export("runs/a/weights/model.pt")
+    bar.on_train_end()
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "epoch 1/2: box 2.500 cls 1.250  P 0.500  R 0.250  mAP50 0.400  mAP50-95 0.200  12.3 s",
+        "results in runs/a: P 0.500  R 0.250  mAP50 0.400  mAP50-95 0.200"]
+    assert captured.err == ""                                  # no bar
+
+
+def test_in_a_notebook_the_text_bar_is_on_stdout_and_redraws_at_most_once_a_second(capsys, monkeypatch):
+    """Without ipywidgets the notebook's bar is text; each redraw is kept in the notebook, so they are few:
+    30 batches in well under a second draw the bar's start, its end and the epoch's row, nothing between."""
+    from tqdm import tqdm
+
+    from yolokit.train import callbacks
+
+    monkeypatch.setattr(callbacks, "notebook_bar_class", lambda: tqdm)
+    bar = ProgressBar(notebook=True)
+    _epoch(bar)
+    bar.on_interrupt(5, "runs/a")                              # the exception's one line says it instead
+    captured = capsys.readouterr()
+    assert captured.err == "" and "interrupted" not in captured.out
+    draws = captured.out.count("epoch 1/2:")
+    assert 2 <= draws <= 4, captured.out
+    assert len(captured.out) < 1500 and "box=2.500" in captured.out and "mAP50 0.400" in captured.out
+
+
+def test_the_notebook_bar_is_the_widget_where_ipywidgets_is_installed():
+    pytest.importorskip("ipywidgets")
+    from tqdm.notebook import tqdm as widget
+
+    from yolokit.train.callbacks import in_notebook, notebook_bar_class
+
+    assert notebook_bar_class() is widget and not in_notebook()   # pytest is no kernel
+
+
 def fake_result(num_classes=2):
     """An EvalResult as coco_evaluate fills it, for two classes."""
     r = np.linspace(0, 1, 101)
@@ -59,14 +124,6 @@ def ink(path):
     image = cv2.imread(str(path))
     assert image is not None, path
     return (image.min(-1) < 200).mean(), image.shape
-
-
-def test_smooth_keeps_ends_and_nans():
-    y = np.array([1.0, 1.0, 1.0, np.nan, 1.0, 1.0])
-    np.testing.assert_allclose(smooth(y)[[0, 1, 2, 4, 5]], 1.0)  # a constant stays constant, ends included
-    assert np.isnan(smooth(y)[3])
-    noisy = np.array([0.0, 1.0] * 10)
-    assert smooth(noisy).std() < 0.2 * noisy.std()
 
 
 def test_results_plot_has_a_panel_per_quantity(tmp_path):

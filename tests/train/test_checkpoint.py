@@ -47,7 +47,7 @@ def test_resuming_a_run_of_two_processes_starts_two_again(tmp_path, monkeypatch,
     """`yolokit train --resume RUN` of a `--devices 2` run: two processes again (one process would restore no
     rank's RNG state, and the run would no longer be the one that stopped), whatever --devices says now."""
     from yolokit.accel import launcher
-    from yolokit.train import TrainConfig, trainer
+    from yolokit.train import TrainConfig, entry
 
     run = tmp_path / "run"
     (run / "weights").mkdir(parents=True)
@@ -56,8 +56,8 @@ def test_resuming_a_run_of_two_processes_starts_two_again(tmp_path, monkeypatch,
     started = []
     monkeypatch.setattr(launcher, "launch", lambda fn, n, *args, **kw: started.append(n) or [{}])
     config = TrainConfig(resume=str(run)) if resume == "folder" else TrainConfig(resume="auto", out=str(run))
-    trainer.train(config)
+    entry.train(config)
     assert started == [2]
     started.clear()
-    trainer.train(TrainConfig(data="shapes", devices=3, out=str(tmp_path / "new"), resume="auto"))
+    entry.train(TrainConfig(data="shapes", devices=3, out=str(tmp_path / "new"), resume="auto"))
     assert started == [3]                          # auto with nothing to resume: the flags' count

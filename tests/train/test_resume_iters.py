@@ -13,17 +13,25 @@ resumed, and every tensor of the final ``last.pt`` must equal the uninterrupted 
 from __future__ import annotations
 
 import csv
+import gc
+import os
 import signal
+import traceback
 
 import _train_workers as workers
 import pytest
 import torch
+from _processes import alive, descendants
 
+from yolokit.accel import Interrupted
 from yolokit.accel.launcher import LaunchError, launch
 from yolokit.data import DetectionDataset, ShardedBatchSampler, make_shapes
-from yolokit.train import TrainConfig, Trainer
+from yolokit.models import Detector
+from yolokit.testing import assert_weights_equal
+from yolokit.train import Callback, TrainConfig, Trainer, train
 from yolokit.train.checkpoint import load_checkpoint
 from yolokit.train.ema import ModelEMA
+from yolokit.train.process_state import ProcessState
 
 pytestmark = pytest.mark.usefixtures("clean_env")   # no torchrun variables: one process unless told
 
@@ -58,11 +66,8 @@ def assert_same_run(reference, resumed, *, steps: int = 9, epochs: int = 3):
     b = load_checkpoint(resumed / "weights" / "last.pt")
     assert a["epoch"] == b["epoch"] == epochs and a["steps"] == b["steps"] == steps
     assert a["ema"]["updates"] == b["ema"]["updates"] == steps
-    for part in ("model",):
-        for key, value in a[part].items():
-            assert torch.equal(b[part][key], value), key            # weights and BatchNorm statistics
-    for key, value in a["ema"]["module"].items():
-        assert torch.equal(b["ema"]["module"][key], value), key
+    assert_weights_equal(a["model"], b["model"])                    # weights and BatchNorm statistics
+    assert_weights_equal(a["ema"]["module"], b["ema"]["module"])
     for key, value in a["optimizer"]["state"].items():
         assert torch.equal(b["optimizer"]["state"][key]["momentum_buffer"], value["momentum_buffer"]), key
     assert a["best_fitness"] == b["best_fitness"]
@@ -130,14 +135,59 @@ def test_crash_after_an_iteration_checkpoint_resumes_bit_for_bit(shapes, referen
 
 @pytest.mark.slow
 def test_ctrl_c_between_steps_drops_the_partial_step(shapes, reference, tmp_path):
-    """SIGINT after the first micro-batch of step 5: its gradients and its BatchNorm updates are dropped."""
+    """SIGINT after the first micro-batch of step 5: its gradients and its BatchNorm updates are dropped.
+
+    Through ``train()``, as in a notebook: the stop is one line naming the resume in Python, it holds
+    nothing of the run (no trainer frame, no chained exception; no Trainer or Detector left, the memory
+    back), a second Ctrl-C during the cleanup still closes the loaders and reaches every ``on_train_end``,
+    the process is as it was, and the same process then resumes to the uninterrupted run's bits."""
     out = tmp_path / "run"
-    ended = workers.fit_until(config(shapes, out, save_period_iters=0), at=11, how="SIGINT")
-    assert ended["ended"] == "KeyboardInterrupt"
+    ended = _Ended()
+    torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())   # torch's first-use imports
+    gc.collect()
+    before, memory = ProcessState.capture(), resident_mb()
+    with pytest.raises(Interrupted) as stopped:
+        train(config(shapes, out, save_period_iters=0, workers=1), callbacks=[workers._CrashAt(11, "SIGINT"),
+                                                                               _AgainAtInterrupt(), ended])
+    stop = stopped.value
+    assert str(stop) == (f"stopped by SIGINT after 4 optimizer steps, saved in {out}; resume with "
+                         f'train(TrainConfig(resume="{out}"))')
+    assert stop.exit_code == 130 and stop._render_traceback_() == [f"Interrupted: {stop}"]   # a notebook's cell
+    assert stop.__context__ is None and stop.__cause__ is None
+    frames = [f.f_code.co_name for f, _ in traceback.walk_tb(stop.__traceback__)]
+    assert frames[1:] == ["train"], frames                    # no frame of the trainer, none holding it
+    del stopped
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) in (Trainer, Detector, ModelEMA)]
+    assert resident_mb() - memory < 100, (memory, resident_mb())
+    assert ended.calls == 1 and ended.children == set()      # the workers ended before on_train_end
+    assert ProcessState.capture().differences(before) == []
     state = load_checkpoint(out / "weights" / "last.pt")     # written by the interrupt, not periodically
     assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 1, 4)
-    Trainer(TrainConfig(resume=str(out))).fit()
+    train(TrainConfig(resume=str(out)))
     assert_same_run(reference, out)
+
+
+class _AgainAtInterrupt(Callback):
+    """A second Ctrl-C as the stop is handled: it cuts the callbacks' ``on_interrupt`` short, not the cleanup."""
+
+    def on_interrupt(self, steps, run_dir):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+class _Ended(Callback):
+    """Counts ``on_train_end`` and sees which processes this one still has then."""
+
+    def __init__(self):
+        self.calls, self.children = 0, None
+
+    def on_train_end(self):
+        self.calls += 1
+        self.children = alive(descendants(os.getpid()))
+
+
+def resident_mb() -> float:
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 import csv
 import re
 
+import _train_workers as workers
 import pytest
 import torch
 
@@ -221,7 +222,9 @@ def test_everything_a_run_reports_goes_through_the_callbacks(shapes, tmp_path, m
     assert all(set(values) == {"step/box", "step/cls", "step/dfl", "step/lr"} for _, values in logs)
     assert written[0].startswith("yolokit train: yolov8n on ") and "batch 8 (8 per process) x 2 accumulation" in \
         written[0]
-    assert written[1] == summary["notes"][0]
+    config_line = f"config: {tmp_path / 'run' / 'config.yaml'} (model=yolov8n, data="   # the fields set, one line
+    assert written[1].startswith(config_line) and "\n" not in written[1]
+    assert written[2] == summary["notes"][0]
     assert f"early stop after epoch {epoch + 1}: no improvement for 1 validations" in written
     assert written[-1] == f"results in {tmp_path / 'run'}"
 
@@ -233,7 +236,13 @@ def test_bad_inputs_are_named(shapes, tmp_path):
         train(tiny(str(tmp_path / "missing.yaml"), tmp_path / "b"))
 
 
-def test_two_processes_with_gloo(shapes, tmp_path):
-    result = train(tiny(shapes, tmp_path / "ddp", epochs=1, devices=2, batch=4))
+def test_two_processes_with_gloo_and_your_callbacks(shapes, tmp_path):
+    """``train(config, callbacks=...)`` with ``devices=2``: yours reach the ranks, on rank 0 unless they ask
+    for every rank."""
+    log = tmp_path / "epochs.txt"
+    result = train(tiny(shapes, tmp_path / "ddp", epochs=1, devices=2, batch=4),
+                   callbacks=[workers.EpochLine(log), workers.EpochLine(log, every_rank=True)])
     assert (tmp_path / "ddp" / "weights" / "last.pt").is_file()
     assert 0.0 <= result["mAP50"] <= 1.0
+    assert sorted(log.read_text().splitlines()) == ["all ranks: rank 0 epoch 1", "all ranks: rank 1 epoch 1",
+                                                    "rank 0 epoch 1"]

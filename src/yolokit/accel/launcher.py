@@ -7,8 +7,7 @@ on a free port) and calls ``fn(*args)``; ``fn`` itself calls
 ``torchrun`` (several machines go through torchrun), where :func:`launch` simply calls
 it once in the current process.
 
-Example (``fn`` must be importable: defined at module level in a file, not in a notebook
-cell, because processes are started with the ``spawn`` method)::
+Example::
 
     def train(epochs):
         device = distributed.setup()
@@ -17,19 +16,29 @@ cell, because processes are started with the ``spawn`` method)::
         return final_loss
 
     losses = launch(train, 2, 10)        # [loss of rank 0, loss of rank 1]
+
+How the processes start: by ``spawn`` (a fresh interpreter, which imports ``fn`` and unpickles the
+arguments) when it can import everything they name, which a function defined in a notebook cell (or
+a REPL) is not: ``fn`` and the arguments then go by ``fork``, which copies this process and pickles
+nothing, as notebook launchers do. A forked process cannot use CUDA initialized in its parent, so
+fork is refused once CUDA is initialized here. ``start_method`` chooses either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import io
 import multiprocessing
 import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -74,7 +83,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, port: int, results: Any) -> None:
+def _entry(local_rank: int, call: bytes | tuple, nprocs: int, port: int, results: Any) -> None:
     # A session of its own, as torchrun gives its ranks: Ctrl-C in the terminal reaches the launcher
     # alone, which passes each signal on once (the second one it sends is a hard stop). PyTorch's
     # wrapper makes the launcher's death a SIGINT here.
@@ -91,6 +100,7 @@ def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, po
     if "OMP_NUM_THREADS" not in os.environ:  # do not oversubscribe the CPU cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
     try:
+        fn, args = pickle.loads(call) if isinstance(call, bytes) else call   # a failure here is reported too
         result = fn(*args)
     except KeyboardInterrupt as exc:     # a signal: the rank stopped where it could; no traceback
         failure = exc.__context__        # unless it cut short the handling of a failure: that is what counts
@@ -98,7 +108,7 @@ def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, po
             results.put((local_rank, "error", ("".join(traceback.format_exception(failure)), _sendable(failure))))
             raise failure from None
         stop = Interrupted.of(exc)
-        results.put((local_rank, "interrupted", (stop.signum, stop.reported)))
+        results.put((local_rank, "interrupted", (stop.signum, stop.reported, stop.run_dir, stop.steps)))
         return
     except BaseException as exc:
         results.put((local_rank, "error", (traceback.format_exc(), _sendable(exc))))
@@ -107,12 +117,13 @@ def _entry(local_rank: int, fn: Callable[..., Any], args: tuple, nprocs: int, po
     results.put((local_rank, "ok", result))
 
 
-def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | None = None) -> list[Any]:
+def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | None = None,
+           start_method: str | None = None) -> list[Any]:
     """Run ``fn(*args)`` in ``nprocs`` processes on this machine and collect the results.
 
     Under torchrun, or with ``nprocs <= 1``, ``fn`` runs once in this process. When a
     process raises or dies, the remaining ones are terminated and :class:`LaunchError`
-    is raised here, so no rank is left waiting in a collective.
+    is raised here, with each failed rank's traceback, so no rank is left waiting in a collective.
 
     Signals: each process runs in a session of its own, as under torchrun. Ctrl-C or SIGTERM
     sent to this process is passed on to every process once (a training loop stops them at
@@ -121,20 +132,29 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
     signal kills them at once, with their loader workers.
 
     Args:
-        fn: Picklable function (module level) that calls ``distributed.setup()``.
+        fn: The function each process runs; it calls ``distributed.setup()``. Defined in a file, or in a
+            notebook cell (see the module docstring).
         nprocs: Number of processes, usually one per GPU.
-        *args: Picklable arguments passed to every process.
+        *args: Arguments passed to every process: pickled once here (by value: tensors are copied)
+            unless the processes are forked.
         timeout: Seconds after which all processes are terminated and TimeoutError is
             raised; ``None`` waits for ever.
+        start_method: "spawn", "forkserver" or "fork"; None: "fork" when a fresh interpreter could not
+            import ``fn`` or what the arguments name (a notebook's), else "spawn".
 
     Returns:
         The return values of ``fn`` by local rank (one value when run in place).
+
+    Raises:
+        RuntimeError: fork is needed, and CUDA is already initialized in this process.
+        pickle.PicklingError: ``fn`` or the arguments cannot be sent to spawned processes.
     """
     if under_torchrun() or nprocs <= 1:
         return [fn(*args)]
-    results = multiprocessing.get_context("spawn").SimpleQueue()
+    method, call = _start(fn, args, start_method)
+    results = multiprocessing.get_context(method).SimpleQueue()
     ctx = tmp.start_processes(
-        _entry, args=(fn, args, nprocs, free_port(), results), nprocs=nprocs, join=False, start_method="spawn"
+        _entry, args=(call, nprocs, free_port(), results), nprocs=nprocs, join=False, start_method=method
     )
     collected: dict[int, Any] = {}
     errors: dict[int, str] = {}
@@ -189,6 +209,68 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
     return [collected.get(r) for r in range(nprocs)]
 
 
+class _Pickler(pickle.Pickler):
+    """Pickles by reference, as spawn does, noting the first class or function it names that only this
+    interpreter has: one of a ``__main__`` that a fresh interpreter cannot import (a notebook, a REPL)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        main = sys.modules.get("__main__")
+        self.main_importable = os.path.isfile(getattr(main, "__file__", None) or "") or \
+            getattr(getattr(main, "__spec__", None), "name", None) is not None   # a script, or -m
+        self.unimportable: str | None = None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if self.unimportable is None and isinstance(obj, (type, types.FunctionType)) \
+                and obj.__module__ == "__main__" and not self.main_importable:
+            self.unimportable = obj.__qualname__
+        return NotImplemented
+
+
+def _start(fn: Callable[..., Any], args: tuple, start_method: str | None) -> tuple[str, bytes | tuple]:
+    """The start method, and what each process gets: ``(fn, args)`` pickled (``_entry`` unpickles it, where
+    a failure is reported), or as it is when forked."""
+    why = None
+    if start_method != "fork":
+        buffer = io.BytesIO()
+        pickler = _Pickler(buffer)
+        try:
+            pickler.dump((fn, args))
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        else:
+            why = pickler.unimportable and f"{pickler.unimportable} is defined in a notebook or an interactive session"
+    forkable = "fork" in multiprocessing.get_all_start_methods()
+    method = start_method or ("fork" if why and forkable else "spawn")
+    if method != "fork":
+        if why:
+            fork = ', or start_method="fork"' if forkable else ""
+            raise pickle.PicklingError(f"launch cannot send {getattr(fn, '__qualname__', fn)} and its arguments to "
+                                       f"processes started by {method}: {why}; define them in a .py file and import "
+                                       f"them{fork}")
+        return method, buffer.getvalue()
+    if torch.cuda.is_initialized():
+        raise RuntimeError(f"launch forks here ({why or 'start_method=fork'}), but CUDA is already initialized in "
+                           "this kernel: a forked process cannot use it; restart the kernel and call launch before "
+                           "any CUDA work, or put fn in a .py file")
+    _release_openmp_threads()
+    return method, (fn, args)
+
+
+def _release_openmp_threads() -> None:
+    """End this thread's OpenMP thread pool before a fork (``omp_pause_resource_all``, OpenMP 5).
+
+    A forked process inherits GNU OpenMP's record of the pool but not its threads, and its first
+    multi-threaded operation waits for them for ever; the pool is made again here when next needed.
+    """
+    try:
+        pause = ctypes.CDLL(None).omp_pause_resource_all
+    except (AttributeError, OSError):    # no OpenMP runtime loaded, or one without the call
+        return
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    pause(2)                             # omp_pause_hard
+
+
 def _sendable(exc: BaseException) -> BaseException | None:
     """``exc`` if it survives pickling (to cross to the launcher), else None."""
     try:
@@ -197,11 +279,14 @@ def _sendable(exc: BaseException) -> BaseException | None:
         return None
 
 
-def _interrupted(signals: list[int], stopped: dict[int, tuple[int, bool]]) -> Interrupted:
-    """The launcher's stop: the first signal it got (else the ranks'), reported if a rank said where it stopped."""
-    signum = signals[0] if signals else max(s for s, _ in stopped.values())
+def _interrupted(signals: list[int], stopped: dict[int, tuple]) -> Interrupted:
+    """The launcher's stop: the first signal it got (else the ranks'), reported if a rank said where it stopped,
+    with the lowest rank's saved run (``run_dir`` and ``steps``: a training run's checkpoint) if it has one."""
+    signum = signals[0] if signals else max(s[0] for s in stopped.values())
     stop = Interrupted(signum)
-    stop.reported = any(reported for _, reported in stopped.values())
+    stop.reported = any(s[1] for s in stopped.values())
+    stop.run_dir, stop.steps = next(((s[2], s[3]) for _, s in sorted(stopped.items()) if s[2] is not None),
+                                    (None, None))
     return stop
 
 

@@ -2,7 +2,8 @@
 
 :class:`Interrupted` is the ``KeyboardInterrupt`` a stop raises (it carries the signal and
 the exit code a shell expects); :class:`GracefulStop` installs the handlers around a
-training loop; :func:`raise_interrupted` is a handler that makes SIGTERM act like Ctrl-C.
+training loop; :func:`deferred_signals` holds a signal back until a cleanup is done;
+:func:`raise_interrupted` is a handler that makes SIGTERM act like Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,17 +19,28 @@ from typing import Any
 class Interrupted(KeyboardInterrupt):
     """A stop asked for by a signal (a ``KeyboardInterrupt``, so code that handles Ctrl-C handles it).
 
+    In a Jupyter notebook it shows as its one line, not as a traceback (IPython's
+    ``_render_traceback_``): the cell that was interrupted ends with where it stopped.
+
     Attributes:
         signum: The signal, ``SIGINT`` (Ctrl-C) or ``SIGTERM``.
         exit_code: What the process should exit with: 128 + ``signum``, as a shell reports a
             process a signal ended (130 for Ctrl-C, 143 for SIGTERM).
         reported: Whether the line that says where the run stopped was already written.
+        run_dir: A training run's folder, once its ``last.pt`` holds ``steps`` (None otherwise).
+        steps: The optimizer steps that checkpoint holds.
     """
 
     def __init__(self, signum: int = signal.SIGINT, message: str | None = None) -> None:
         self.signum = int(signum)
         self.reported = False
+        self.run_dir: str | None = None
+        self.steps: int | None = None
         super().__init__(message or f"{signal.Signals(self.signum).name} received")
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it: one line (the frames it came through say nothing a user can act on)."""
+        return [f"{type(self).__name__}: {self}"]
 
     @classmethod
     def of(cls, exc: BaseException) -> Interrupted:
@@ -44,6 +56,28 @@ class Interrupted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """A section that SIGINT and SIGTERM do not cut short: a cleanup that must finish (loaders closed,
+    callbacks told). A signal that arrives meanwhile is raised as :class:`Interrupted` when the section
+    ends, unless an exception already leaves it (a stop being handled: the signal asked for what is
+    happening). Handlers can only be changed from the main thread; elsewhere the section is plain."""
+    received: list[int] = []
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: received.append(signum))
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)   # None: set outside Python
+    if ok and received:
+        raise Interrupted(received[0])
 
 
 def raise_interrupted(signum: int, frame: Any = None) -> None:

@@ -36,6 +36,7 @@ from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
     epoch_steps,
 )
 from yolokit.data.sources.images import PAD_VALUE
+from yolokit.data.start_method import worker_context
 from yolokit.data.store.prefetch import Prefetching, prefetching
 from yolokit.data.workers import init_worker, signals_deferred
 
@@ -165,6 +166,9 @@ class DetectionLoader(DataLoader):
     An iteration draws the workers' base seed from the loader's own generator, seeded
     from (`seed`, epoch), not from the global torch RNG: loading leaves the global RNG
     as it was, and an epoch's workers get the same seeds whether or not it is resumed.
+
+    Workers start by the method `yolokit.data.start_method.worker_context` picks when they start
+    (a dataset defined in a notebook reaches them by fork, or by value), from the one it was given.
     """
 
     seed: int = 0
@@ -174,6 +178,7 @@ class DetectionLoader(DataLoader):
     _start_step: int = 0
     _buffers: BatchBuffers | None = None     # the workers' reused batch buffers (build_dataloader)
     chunks_ahead: int = 0                    # remote shards: chunks fetched ahead of the workers (prefetch.py)
+    _asked: tuple = ()                       # (the multiprocessing_context given,) once workers have started
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Use this epoch for the next iteration, from optimizer step ``start_step`` on."""
@@ -193,6 +198,13 @@ class DetectionLoader(DataLoader):
         iterator, self._iterator = self._iterator, None
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+    def _get_iterator(self):
+        if self.num_workers > 0:                   # before any worker starts: how they start
+            self._asked = self._asked or (self.multiprocessing_context,)
+            self.multiprocessing_context = worker_context(self._asked[0], (self.dataset, self.collate_fn,
+                                                                           self.worker_init_fn))
+        return super()._get_iterator()
 
     def __iter__(self):
         if not self._epoch_given:
@@ -262,8 +274,9 @@ def build_dataloader(
             workers, in the sampler's order and within the cache cap (`data.store.prefetch`); 0: none.
         uint8_images: batches carry `images_uint8` (see `collate_uint8`) for conversion on
             the device with `to_device`; much faster loading, same training input.
-        multiprocessing_context: "fork", "spawn" or "forkserver" for the workers; default
-            the platform's. The shared epoch / Mosaic switch works with all three.
+        multiprocessing_context: "fork", "spawn" or "forkserver" for the workers; default the platform's,
+            unless the dataset refers to a notebook's classes or functions: then fork, or the dataset by
+            value (`yolokit.data.start_method`). The shared epoch / Mosaic switch works with all three.
         accumulate: micro-batches per rank per optimizer step (see `ShardedBatchSampler`).
         whole_steps: every rank gets the same number of micro-batches (see `ShardedBatchSampler`).
         rank, world_size: this process and the number of processes, when the caller has

@@ -1,4 +1,5 @@
-"""Loader worker processes: how they start, and how signals reach them.
+"""Loader worker processes: how they start, and how signals reach them (the start method they get, and how
+a notebook's dataset reaches them: `yolokit.data.start_method`).
 
 Ctrl-C reaches a whole process group and torchrun stops a rank by signalling its whole
 group, so the workers ignore both and the training process, which stops at a step

@@ -10,9 +10,11 @@ Examples:
 """
 
 from yolokit.train.callbacks import Callback
-from yolokit.train.compare import Comparison, compare_runs
+from yolokit.train.compare import Comparison, RunResults, compare_runs, read_results
 from yolokit.train.config import TrainConfig
+from yolokit.train.entry import train
 from yolokit.train.state import Parts, Progress
-from yolokit.train.trainer import Trainer, train
+from yolokit.train.trainer import Trainer
 
-__all__ = ["Callback", "Comparison", "Parts", "Progress", "TrainConfig", "Trainer", "compare_runs", "train"]
+__all__ = ["Callback", "Comparison", "Parts", "Progress", "RunResults", "TrainConfig", "Trainer", "compare_runs",
+           "read_results", "train"]

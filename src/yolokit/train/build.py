@@ -66,7 +66,8 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     seed_everything(cfg.seed + procs.rank)
     settings = device_settings(cfg, procs)       # precision, layout, kernels, workers: what the device decides
     settings.apply()                             # CUDA: benchmark, TF32, fast kernels; CPU: deterministic
-    callbacks = run_callbacks(run_dir, main=procs.main, plots=cfg.plots, trackers=cfg.tracker, user=user_callbacks)
+    callbacks = run_callbacks(run_dir, main=procs.main, plots=cfg.plots, trackers=cfg.tracker, user=user_callbacks,
+                              verbose=cfg.verbose)
     notes: list[str] = []                        # lines for on_setup_end
 
     train_set, val_set = build_datasets(cfg, procs, notes.append)   # every rank scans: none waits in a collective
@@ -157,7 +158,8 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
                    batch=batch, per_process=plan.per_rank, accumulate=plan.accumulate,
                    step_batch=plan.images_per_step, optimizer=opt_name, lr0=lr0, precision=precision.precision,
                    layout=perf.describe(train_net), workers=settings.workers, sync_bn=settings.sync_bn,
-                   config=cfg.to_yaml(), notes=notes,
+                   config=cfg.to_yaml(), config_file=str(run_dir / "config.yaml"), changed=changes_line(cfg),
+                   notes=notes,
                    shard_cache=CacheUse([d.index.store for d in (train_set, val_set) if d.index.store is not None]))
     return Built(parts, progress, resume_meter, summary)
 
@@ -238,6 +240,19 @@ def resume_note(parts: Parts, progress: Progress) -> str:
         note += (" (mosaic_buffer > 0: the rest of this epoch draws Mosaic partners from a buffer that starts "
                  "empty here, so it differs from an uninterrupted run; later epochs do not)")
     return note
+
+
+def changes_line(cfg: TrainConfig, limit: int = 160) -> str:
+    """The config's fields set away from their defaults, as ``name=value`` pairs on one line of at most
+    ``limit`` characters (the rest counted: the whole config is the run's config.yaml)."""
+    pairs = [f"{k}={v}" for k, v in cfg.changes().items() if k not in ("verbose",)]
+    line = ""
+    for i, pair in enumerate(pairs):
+        more = f", and {len(pairs) - i} more"
+        if len(line) + len(pair) + 2 + len(more) > limit and i < len(pairs) - 1:
+            return line + more
+        line = f"{line}, {pair}" if line else pair
+    return line
 
 
 def seed_everything(seed: int) -> None:

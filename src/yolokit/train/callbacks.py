@@ -1,4 +1,5 @@
-"""Training callbacks: a tqdm progress bar, a CSV log and end-of-run plots (trackers: ``yolokit.train.trackers``).
+"""Training callbacks: the console (a progress bar, in a terminal or a notebook), a CSV log and end-of-run plots
+(trackers: ``yolokit.train.trackers``).
 
 A callback receives plain values (numbers, dicts, arrays), never the trainer, so each
 one can be tested and reused on its own. The trainer prints nothing itself: what a run
@@ -12,12 +13,22 @@ loss meter's read points) ... / ``on_validation_end`` / ``on_epoch_end`` (with t
 Callbacks run on rank 0 only when several processes train: the console, the files and the
 trackers are written once. A callback whose class sets ``all_ranks = True`` runs on every
 rank (each sees its own rank's batches; ``on_epoch_end`` rows are the same everywhere).
+
+The console (``ProgressBar``), in a terminal: a two-line header (the run, then its config file and
+the fields set), one tqdm bar per epoch on stderr, the validation line, and early stop / interrupt /
+results lines on stdout. In a Jupyter kernel the bar is the one ``tqdm.auto`` would choose: a widget
+when ipywidgets is installed, else text on stdout redrawn at most once a second (a notebook run
+headless stores a few KB per epoch), and the interrupt's line is the exception ``train()`` raises,
+which a notebook shows as one line. ``TrainConfig(verbose=False)`` (``yolokit train --quiet``): one
+line per epoch (its losses, the validation metrics, its seconds) and the final metrics, nothing else.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import multiprocessing
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -48,7 +59,8 @@ class Callback:
     def on_setup_end(self, summary: dict[str, Any]) -> None:
         """What setup built: ``model``, ``data``, ``classes``, ``world``, ``device``, ``batch``,
         ``per_process``, ``accumulate``, ``step_batch``, ``optimizer``, ``lr0``, ``precision``,
-        ``layout``, ``sync_bn``, ``workers``, ``config`` (YAML text), ``notes`` (lines from the batch
+        ``layout``, ``sync_bn``, ``workers``, ``config`` (YAML text), ``config_file`` (its path in the run
+        folder), ``changed`` (the fields set away from their defaults, one line), ``notes`` (lines from the batch
         finder, pretrained weights and resume) and ``shard_cache`` (data from remote shards: a callable
         that says what their local cache holds against its cap, "1.2G/25.0G"; false otherwise)."""
 
@@ -93,20 +105,52 @@ class Callback:
 
 GPU_COLUMNS = {"gpu_busy%": "busy {:.0f}%", "gpu_mem_peak_gb": "peak {:.2f} GB", "gpu_temp_c": "max {:.0f} C",
                "gpu_power_w": "{:.0f} W"}   # train.feeding's results columns, as the console shows them
+TEXT_BAR_SECONDS = 1.0   # a text bar in a notebook: at most one redraw a second (each is stored)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel with a notebook front end (not a console: tqdm.auto's test)."""
+    if "ipykernel.zmqshell" not in sys.modules or "IPython" not in sys.modules:
+        return False
+    shell = sys.modules["IPython"].get_ipython()
+    name = type(shell).__name__.lower()
+    return shell is not None and "qt" not in name and "spyder" not in name
+
+
+def notebook_bar_class() -> type[tqdm]:
+    """The bar class of a notebook: tqdm's widget bar when ipywidgets is installed, else the text bar. The
+    text bar in a process the kernel started (a rank ``launch`` forked): a widget speaks through the kernel's
+    own connection, which only the kernel may use."""
+    if multiprocessing.parent_process() is not None:
+        return tqdm
+    try:
+        from tqdm.notebook import IProgress
+        from tqdm.notebook import tqdm as widget_bar
+    except ImportError:
+        return tqdm
+    return widget_bar if IProgress is not None else tqdm
 
 
 class ProgressBar(Callback):
-    """The console: the run header, one tqdm bar per epoch (it/s, images/s, running mean
-    losses, memory, the share of time spent waiting for data), the validation line, and early
-    stop / interrupt / results lines. At an epoch's end the bar shows the results row's losses."""
+    """The console: the run header, one tqdm bar per epoch (it/s, images/s, running mean losses,
+    memory, the share of time spent waiting for data), the validation line, and early stop /
+    interrupt / results lines. At an epoch's end the bar shows the results row's losses.
 
-    def __init__(self, enabled: bool = True):
-        self.enabled, self.bar, self.run_dir, self.postfix = enabled, None, None, {}
-        self.shard_cache = None
+    Args:
+        enabled: False: prints nothing.
+        verbose: False: one line per epoch and the final metrics only (no header, no bar).
+        notebook: the notebook's bar and lines (see the module); None: when in a Jupyter kernel.
+    """
 
-    def _write(self, text: str) -> None:
-        if self.enabled:
-            tqdm.write(text)
+    def __init__(self, enabled: bool = True, *, verbose: bool = True, notebook: bool | None = None):
+        self.enabled, self.verbose, self.bar, self.run_dir, self.postfix = enabled, verbose, None, None, {}
+        self.notebook = in_notebook() if notebook is None else notebook
+        self.bar_class = notebook_bar_class() if self.notebook else tqdm
+        self.shard_cache, self.metrics = None, {}
+
+    def _write(self, text: str, *, always: bool = False) -> None:
+        if self.enabled and (self.verbose or always):
+            self.bar_class.write(text, file=sys.stdout)
 
     def on_setup_end(self, summary: dict[str, Any]) -> None:
         s = summary
@@ -114,8 +158,8 @@ class ProgressBar(Callback):
                     f"{s['device']}, batch {s['batch']} ({s['per_process']} per process) x {s['accumulate']} "
                     f"accumulation = {s['step_batch']} per step, {s['optimizer']} lr {s['lr0']:g}, "
                     f"{s['precision']}, {s['layout']}{', SyncBatchNorm' if s['sync_bn'] else ''}, "
-                    f"{s['workers']} loader workers per process\n"
-                    f"config:\n{s['config']}")
+                    f"{s['workers']} loader workers per process")
+        self._write(f"config: {s['config_file']}" + (f" ({s['changed']})" if s.get("changed") else ""))
         for note in s["notes"]:
             self._write(note)
         self.shard_cache = s.get("shard_cache") or None
@@ -124,9 +168,13 @@ class ProgressBar(Callback):
         self.run_dir = run_dir
 
     def on_epoch_start(self, epoch: int, epochs: int, batches: int) -> None:
-        self.images, self.start, self.postfix = 0, time.perf_counter(), {}
-        self.bar = tqdm(total=batches, desc=f"epoch {epoch + 1}/{epochs}", disable=not self.enabled,
-                        dynamic_ncols=True, leave=True)
+        self.images, self.start, self.postfix, self.epochs = 0, time.perf_counter(), {}, epochs
+        shown = self.enabled and self.verbose
+        text = {} if self.bar_class is not tqdm else (   # a text bar in a notebook: each redraw is kept
+            dict(file=sys.stdout, mininterval=TEXT_BAR_SECONDS, ncols=140) if self.notebook else
+            dict(dynamic_ncols=True))
+        self.bar = self.bar_class(total=batches, desc=f"epoch {epoch + 1}/{epochs}", disable=not shown,
+                                  leave=True, **text)
 
     def on_batch_end(self, losses: dict[str, float], images: int, memory_gb: float, data_share: float) -> None:
         self.images += images
@@ -139,19 +187,25 @@ class ProgressBar(Callback):
         self.bar.update(1)
 
     def on_epoch_end(self, row: dict[str, float]) -> None:
+        means = {k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items() if k.startswith("train/")}
         if self.bar is not None:      # the epoch's means over every process, as results.csv has them
-            means = {k.split("/", 1)[1]: f"{v:.3f}" for k, v in row.items() if k.startswith("train/")}
             self.postfix = {**self.postfix, **means, "data": f"{row.get('data%', 0):.0f}%"}
             self.bar.set_postfix(self.postfix, refresh=True)
             self.bar.close()
-        if self.enabled and "mAP50" in row:
-            tqdm.write(f"  val: P {row['precision']:.3f}  R {row['recall']:.3f}  "
-                       f"mAP50 {row['mAP50']:.3f}  mAP50-95 {row['mAP50-95']:.3f}")
-        if self.enabled and row.get("lost_images"):
-            tqdm.write(f"  data: {int(row['lost_images'])} images of unreadable shards skipped (named above)")
+        if "mAP50" in row:
+            self.metrics = {k: row[k] for k in ("precision", "recall", "mAP50", "mAP50-95")}
+        val = _metrics_line(row) if "mAP50" in row else ""
+        if not self.verbose:          # quiet: the epoch's one line
+            losses = " ".join(f"{k} {v}" for k, v in means.items())
+            self._write(f"epoch {int(row['epoch'])}/{self.epochs}: {losses}{'  ' + val if val else ''}  "
+                        f"{row.get('seconds', 0.0):.1f} s", always=True)
+        elif val:
+            self._write(f"  val: {val}")
+        if row.get("lost_images"):
+            self._write(f"  data: {int(row['lost_images'])} images of unreadable shards skipped (named above)")
         gpu = [text.format(row[key]) for key, text in GPU_COLUMNS.items() if key in row]
-        if self.enabled and gpu:      # is the GPU fed? next to data%
-            tqdm.write(f"  gpu: {'  '.join(gpu)}  data {row['data%']:.0f}%")
+        if gpu:                       # is the GPU fed? next to data%
+            self._write(f"  gpu: {'  '.join(gpu)}  data {row['data%']:.0f}%")
 
     def on_early_stop(self, epoch: int, patience: int) -> None:
         self._write(f"early stop after epoch {epoch + 1}: no improvement for {patience} validations")
@@ -159,23 +213,31 @@ class ProgressBar(Callback):
     def on_interrupt(self, steps: int, run_dir: Path) -> None:
         if self.bar is not None:
             self.bar.close()
-        self._write(f"\ninterrupted after {steps} optimizer steps: resume with `yolokit train --resume {run_dir}`")
+        if not self.notebook:         # a notebook shows the exception's one line instead
+            self._write(f"\ninterrupted after {steps} optimizer steps: resume with `yolokit train --resume "
+                        f"{run_dir}`", always=True)
 
     def on_time_up(self, steps: int, run_dir: Path, hours: float, metrics: dict[str, float] | None) -> None:
         if self.bar is not None:
             self.bar.close()
         if metrics is not None:
-            self._write(f"\n  val: P {metrics['precision']:.3f}  R {metrics['recall']:.3f}  "
-                        f"mAP50 {metrics['mAP50']:.3f}  mAP50-95 {metrics['mAP50-95']:.3f}")
+            self.metrics = metrics
+            self._write(f"\n  val: {_metrics_line(metrics)}")
         self._write(f"time budget of {hours:g} h used after {steps} optimizer steps: continue with "
-                    f"`yolokit train --resume {run_dir}`")
+                    f"`yolokit train --resume {run_dir}`", always=True)
 
     def on_export(self, weights: Path) -> None:
-        self._write(f"results in {self.run_dir}")
+        final = f": {_metrics_line(self.metrics)}" if self.metrics and not self.verbose else ""
+        self._write(f"results in {self.run_dir}{final}", always=True)
 
     def on_train_end(self) -> None:
         if self.bar is not None:      # a run that failed mid-epoch: the bar's line ends before the error's
             self.bar.close()
+
+
+def _metrics_line(values: dict[str, float]) -> str:
+    return (f"P {values['precision']:.3f}  R {values['recall']:.3f}  mAP50 {values['mAP50']:.3f}  "
+            f"mAP50-95 {values['mAP50-95']:.3f}")
 
 
 class CSVLogger(Callback):

@@ -126,10 +126,11 @@ def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None
     """(config, resume state, run folder) of a training run.
 
     ``resume`` a folder or a ``last.pt``: that run, with its saved config (``epochs`` may
-    be raised). ``resume="auto"``: the run folder is ``out`` itself, never numbered, and the
-    run resumes from ``out/weights/last.pt`` when there is one; so every (re)start of the same
-    command, as torchrun's ``--max-restarts`` makes, finds the same folder. Otherwise a new
-    run in ``out``, or ``out2``, ``out3``... when ``out`` holds a run already.
+    be raised; ``verbose`` is the resuming config's). ``resume="auto"``: the run folder is ``out``
+    itself, never numbered, and the run resumes from ``out/weights/last.pt`` when there is one;
+    so every (re)start of the same command, as torchrun's ``--max-restarts`` makes, finds the
+    same folder. Otherwise a new run in ``out``, or ``out2``, ``out3``... when ``out`` holds a
+    run already.
     """
     path = Path(config.out) / "weights" / "last.pt" if config.resume == "auto" else None
     if path is not None and not path.is_file():
@@ -140,7 +141,7 @@ def resolve_run(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None
         state = load_checkpoint(path)
         saved = TrainConfig.from_dict({**state["train_config"], "resume": str(path)})
         epochs = max(config.epochs, saved.epochs) if config.epochs != TrainConfig.epochs else saved.epochs
-        return saved.replace(epochs=epochs), state, path.parent.parent
+        return saved.replace(epochs=epochs, verbose=config.verbose), state, path.parent.parent   # output: yours
     out = Path(config.out)
     run, n = out, 2
     while (run / "results.csv").exists() or (run / "weights").exists():

@@ -116,6 +116,8 @@ class TrainConfig:
     #                             inf/NaN gradients (fp16: once the loss scale fell below 1), stop the run; 0: never
     clip_grad_norm: float = 10.0  # the gradients' total norm is clipped to this before each step; 0: no clipping
     plots: bool = True            # draw results.png and the last validation's curves and images
+    verbose: bool = True          # the header, a bar per epoch and the validation lines; False (--quiet): one
+    #                               line per epoch and the final metrics
     tracker: str | list[str] | None = None   # experiment trackers: wandb, mlflow, tensorboard, csv ("wandb,csv")
 
     def __post_init__(self) -> None:
@@ -217,6 +219,13 @@ class TrainConfig:
             raise ValueError(f"{path}: a config file must hold a mapping of field names to values")
         return cls.from_dict({**data, **overrides})
 
+    def changes(self) -> dict[str, Any]:
+        """The fields set to other values than their defaults (augmentation fields flat, as the flags name them)."""
+        default, mine = TrainConfig(), self.to_dict()
+        flat = {**{k: v for k, v in mine.items() if k != "augment"}, **mine["augment"]}
+        base = {**{k: v for k, v in default.to_dict().items() if k != "augment"}, **asdict(default.augment)}
+        return {k: v for k, v in flat.items() if v != base[k]}
+
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes``; augmentation fields may be named flat (``mosaic=0.0``)."""
         flat = {k: changes.pop(k) for k in list(changes) if k in AUGMENT_FIELDS}
@@ -313,6 +322,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         else:
             parser.add_argument(*flags, dest=f.name, type=kind, default=None,
                                 help=f"{text} (default: {f.default})".lstrip())
+    parser.add_argument("--quiet", dest="verbose", action="store_false", default=None,
+                        help="one line per epoch and the final metrics (the same as --no-verbose)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

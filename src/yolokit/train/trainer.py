@@ -10,7 +10,9 @@ validates, checkpoints and reports. What a step means on any number of processes
 
 Resume is exact at any optimizer step (see :mod:`yolokit.train.checkpoint`): ``last.pt``
 is written at epoch ends, every ``save_period_iters`` steps, and on Ctrl-C / SIGTERM at
-the last completed step.
+the last completed step; :meth:`Trainer.close` ends the workers and tells the callbacks (a second
+Ctrl-C waits for it). ``fit()`` leaves the process as it found it (:mod:`yolokit.train.process_state`);
+``train(config)`` (:mod:`yolokit.train.entry`) starts the processes and makes a stop one line.
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from yolokit.accel import Interrupted, distributed
 from yolokit.accel.devices import DeviceFailure, is_device_error
 from yolokit.accel.monitor import memory_in_use
 from yolokit.accel.oom import resync
+from yolokit.accel.stop import deferred_signals
 from yolokit.data.store.remote import StoreError, StoreStopped
 from yolokit.models import Detector
 from yolokit.train.build import build_run
 from yolokit.train.callbacks import Callback
 from yolokit.train.callbacks import call_hook as _call
-from yolokit.train.checkpoint import WeightsFolder, rank_states, resolve_run
+from yolokit.train.checkpoint import WeightsFolder, rank_states
 from yolokit.train.config import TrainConfig
 from yolokit.train.feeding import DataWait, EpochMonitor
 from yolokit.train.files import SaveError
 from yolokit.train.freeze import hold_frozen
 from yolokit.train.incidents import BatchTrail, diverged_where, lost_images, store_stopped
 from yolokit.train.meter import LossMeter
+from yolokit.train.process_state import left_as_found
 from yolokit.train.state import Parts, Progress, StepVotes
 from yolokit.train.step import loader_batches, train_step
 from yolokit.train.weights import export_final
@@ -57,7 +61,15 @@ class Trainer:
         self.user_callbacks = list(callbacks or [])
 
     def fit(self) -> dict[str, Any]:
-        self.setup()
+        with left_as_found():                    # generators, kernels, threads, handlers: as before the run
+            self.setup()
+            try:
+                return self.run()
+            finally:
+                self.close()
+
+    def run(self) -> dict[str, Any]:
+        """The epochs, from where :meth:`setup` left the run; the final metrics."""
         parts, progress = self.parts, self.progress
         epoch = progress.epoch
         try:
@@ -83,6 +95,7 @@ class Trainer:
             parts.accumulator.rewind()           # a partial step leaves no trace (gradients, BatchNorm stats)
             if progress.epoch == epoch:          # mid-epoch: a checkpoint at the last completed step
                 self.weights.save_position(self.meter)
+            stop.run_dir, stop.steps = str(parts.run_dir), progress.steps   # what last.pt holds now
             _call(parts.callbacks, "on_interrupt", progress.steps, parts.run_dir)
             stop.reported = True                 # the callbacks said where it stopped
             raise stop from None
@@ -100,15 +113,20 @@ class Trainer:
             if not is_device_error(exc) or isinstance(exc, DeviceFailure):
                 raise
             raise self.trail.device_failure(exc, len(parts.loader), parts.run_dir) from exc
-        finally:
-            parts.loader.close()                 # workers end now, not at interpreter exit
-            parts.val_loader.close()
-            if self.monitor is not None:         # its thread too
-                self.monitor.close()
-            _call(parts.callbacks, "on_train_end")
         distributed.teardown()
         result = progress.result
         return {**result.as_dict(), "fitness": result.fitness, "run_dir": str(parts.run_dir)}
+
+    def close(self) -> None:
+        """Ends what the run started, however it ended: the loaders' workers now (not at interpreter exit),
+        the monitor's thread, then ``on_train_end``. A Ctrl-C meanwhile waits until all of it is done."""
+        parts = self.parts
+        with deferred_signals():
+            parts.loader.close()
+            parts.val_loader.close()
+            if self.monitor is not None:
+                self.monitor.close()
+            _call(parts.callbacks, "on_train_end")
 
     def setup(self) -> Parts:
         """Builds the run (:func:`yolokit.train.build.build_run`) and tells the callbacks."""
@@ -240,20 +258,3 @@ class Trainer:
             _call(parts.callbacks, "on_early_stop", epoch, cfg.patience)
         self.agree(epoch)
         return stop
-
-
-def _train_worker(config: TrainConfig, model: Detector | None) -> dict[str, Any]:
-    return Trainer(config, model=model).fit()
-
-
-def train(config: TrainConfig, *, model: Detector | None = None) -> dict[str, Any]:
-    """Trains and returns the final metrics (of rank 0 when several processes train).
-
-    ``model``: a Detector of yours to train instead of the one ``config.model`` names. Under torchrun
-    every process trains as one rank of the group (the world comes from the environment). Otherwise
-    ``config.devices`` > 1 (a resumed run: its saved config's) starts that many local processes."""
-    devices = resolve_run(config)[0].devices if config.resume else config.devices   # a resumed run: its own
-    if devices > 1 and distributed.world_size() == 1:
-        from yolokit.accel.launcher import launch
-        return launch(_train_worker, devices, config, model)[0]
-    return Trainer(config, model=model).fit()

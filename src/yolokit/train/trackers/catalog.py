@@ -59,12 +59,12 @@ def tracker_names(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
 
 
 def run_callbacks(run_dir: Path, *, main: bool, plots: bool, trackers: list[str] | None,
-                  user: list[Callback]) -> list[Callback]:
+                  user: list[Callback], verbose: bool = True) -> list[Callback]:
     """A run's callbacks, in order. Rank 0: the console, ``results.csv``, the charts, the trackers,
     then the user's. Other ranks: only the user's that set ``all_ranks = True``."""
     if not main:
         return [cb for cb in user if getattr(cb, "all_ranks", False)]
-    built: list[Callback] = [ProgressBar(), CSVLogger(run_dir / "results.csv")]
+    built: list[Callback] = [ProgressBar(verbose=verbose), CSVLogger(run_dir / "results.csv")]
     if plots:
         built.append(Plotter(run_dir))               # before the trackers: they send its charts
     return built + build_trackers(tracker_names(trackers), run_dir) + list(user)
