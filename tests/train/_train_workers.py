@@ -5,11 +5,13 @@ Kept out of the test files so spawned children import a plain module by name.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import os
 import random
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from yolokit.data import DetectionDataset, build_dataloader
 from yolokit.train import TrainConfig, Trainer, autobatch
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import load_checkpoint
+from yolokit.train.process_state import ProcessState
 from yolokit.val import validate
 
 TIMEOUT_S = 60.0
@@ -331,3 +334,27 @@ class EpochLine(Callback):
     def on_epoch_end(self, row):
         with open(self.path, "a") as f:
             f.write(f"{'all ranks: ' if self.all_ranks else ''}rank {distributed.rank()} epoch {int(row['epoch'])}\n")
+
+
+@contextlib.contextmanager
+def odd_process() -> Iterator[ProcessState]:
+    """Inside: what no run sets (seeds, switches, threads, a SIGTERM handler), so that a run that changed one
+    and did not put it back is seen; yields that state. On exit the state from before is back."""
+    saved = ProcessState.capture()
+    try:
+        random.seed(11)
+        np.random.seed(12)
+        torch.manual_seed(13)
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.deterministic = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_num_threads(2)
+        signal.signal(signal.SIGTERM, _ignore)
+        yield ProcessState.capture()
+    finally:
+        saved.restore()
+
+
+def _ignore(signum, frame):
+    pass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from yolokit.accel import Interrupted
 from yolokit.train.entry import stopped
 
@@ -48,3 +50,26 @@ def test_plain_ctrl_c_before_the_loop():
     """Python's own KeyboardInterrupt (during setup: nothing saved)."""
     stop = stopped(KeyboardInterrupt())
     assert str(stop) == "stopped by SIGINT" and stop.run_dir is None and not stop.reported
+
+
+@pytest.mark.gpu
+def test_an_interrupted_cuda_run_gives_back_its_device_memory(tmp_path):
+    """On CUDA, after the stop: ``memory_allocated`` as before the run (nothing of the run held), and the
+    cached blocks given back (``memory_reserved`` no higher than before)."""
+    import _train_workers as workers
+    import torch
+
+    from yolokit.data import make_shapes
+    from yolokit.train import TrainConfig, train
+
+    data = make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64)
+    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")   # the context and cuBLAS's workspace (kept
+    torch.cuda.synchronize()                                          # by torch for its stream), before measuring
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    with pytest.raises(Interrupted) as stopped:
+        train(TrainConfig(data=str(data), imgsz=64, epochs=2, batch=4, nbs=4, workers=0, plots=False, device="cuda",
+                          out=str(tmp_path / "run")), callbacks=[workers._CrashAt(3, "SIGINT")])
+    assert stopped.value.steps == 3
+    del stopped
+    assert torch.cuda.memory_allocated() == allocated
+    assert torch.cuda.memory_reserved() <= reserved

@@ -145,7 +145,7 @@ def test_ctrl_c_between_steps_drops_the_partial_step(shapes, reference, tmp_path
     ended = _Ended()
     torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())   # torch's first-use imports
     gc.collect()
-    before, memory = ProcessState.capture(), resident_mb()
+    before, memory, children = ProcessState.capture(), resident_mb(), alive(descendants(os.getpid()))
     with pytest.raises(Interrupted) as stopped:
         train(config(shapes, out, save_period_iters=0, workers=1), callbacks=[workers._CrashAt(11, "SIGINT"),
                                                                                _AgainAtInterrupt(), ended])
@@ -160,7 +160,7 @@ def test_ctrl_c_between_steps_drops_the_partial_step(shapes, reference, tmp_path
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) in (Trainer, Detector, ModelEMA)]
     assert resident_mb() - memory < 100, (memory, resident_mb())
-    assert ended.calls == 1 and ended.children == set()      # the workers ended before on_train_end
+    assert ended.calls == 1 and ended.children <= children   # the run's workers ended before on_train_end
     assert ProcessState.capture().differences(before) == []
     state = load_checkpoint(out / "weights" / "last.pt")     # written by the interrupt, not periodically
     assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 1, 4)

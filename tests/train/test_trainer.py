@@ -14,6 +14,7 @@ from yolokit.interop.safe_load import pickle_globals
 from yolokit.train import TrainConfig, Trainer, train
 from yolokit.train.callbacks import Callback
 from yolokit.train.checkpoint import load_checkpoint
+from yolokit.train.process_state import ProcessState
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,9 @@ def tiny(shapes, out, **kw):
 
 @pytest.mark.parametrize("model", ["yolov8n", "yolov3-tiny"])
 def test_two_epochs_write_the_run_folder(shapes, tmp_path, model, capsys):
-    result = train(tiny(shapes, tmp_path / "run", model=model, plots=True))
+    with workers.odd_process() as before:
+        result = train(tiny(shapes, tmp_path / "run", model=model, plots=True))
+        assert ProcessState.capture().differences(before) == []  # the process as the run found it
     printed = capsys.readouterr()
     assert "channels_last=on" in printed.out  # the CPU default
     run = tmp_path / "run"

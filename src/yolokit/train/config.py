@@ -2,7 +2,8 @@
 
 A config comes from keyword arguments, a YAML file, or command-line flags named like the
 fields (``--lr0 0.02``); later sources override earlier ones. The resolved config is
-printed and saved with the run as ``config.yaml``.
+saved with the run as ``config.yaml``; the console names that file and the fields set away from their
+defaults, on one line.
 """
 
 from __future__ import annotations
