@@ -282,14 +282,6 @@ def rank_one_raises() -> None:
     distributed.all_reduce_mean(torch.ones(3))
 
 
-def rank_one_raises_while_rank_zero_sleeps() -> None:
-    """Rank 1 fails; rank 0 sleeps in Python, so the launcher's SIGTERM stops it cleanly."""
-    if int(os.environ["RANK"]) == 1:
-        raise ValueError("boom on rank 1")
-    while True:
-        time.sleep(0.1)
-
-
 def rank_one_fails_while_a_stop_comes(ready: str) -> None:
     """Rank 1 fails and, while it handles the failure, the launcher's SIGINT arrives; rank 0 just waits."""
     if int(os.environ["RANK"]) == 1:

@@ -97,6 +97,20 @@ def test_in_a_notebook_the_text_bar_is_on_stdout_and_redraws_at_most_once_a_seco
     assert len(captured.out) < 1500 and "box=2.500" in captured.out and "mAP50 0.400" in captured.out
 
 
+def test_in_a_notebook_a_long_epoch_redraws_its_text_bar_about_ten_times(capsys, monkeypatch):
+    """A slow epoch (each batch 2 s here, on a clock of the test's) draws about ten times, not once a second."""
+    import tqdm.std
+
+    from yolokit.train import callbacks
+
+    clock = iter(range(0, 10**6, 2))
+    monkeypatch.setattr(tqdm.std, "time", lambda: float(next(clock)))
+    monkeypatch.setattr(callbacks, "notebook_bar_class", lambda: tqdm.std.tqdm)
+    _epoch(ProgressBar(notebook=True), batches=300)
+    draws = capsys.readouterr().out.count("epoch 1/2:")
+    assert 10 <= draws <= 13, draws
+
+
 def test_the_notebook_bar_is_the_widget_where_ipywidgets_is_installed():
     pytest.importorskip("ipywidgets")
     from tqdm.notebook import tqdm as widget

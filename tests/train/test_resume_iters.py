@@ -17,6 +17,7 @@ import gc
 import os
 import signal
 import traceback
+import weakref
 
 import _train_workers as workers
 import pytest
@@ -146,6 +147,7 @@ def test_ctrl_c_between_steps_drops_the_partial_step(shapes, reference, tmp_path
     torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())   # torch's first-use imports
     gc.collect()
     before, memory, children = ProcessState.capture(), resident_mb(), alive(descendants(os.getpid()))
+    held = weakref.WeakSet(_of_a_run())                    # other tests' models, alive in this test process
     with pytest.raises(Interrupted) as stopped:
         train(config(shapes, out, save_period_iters=0, workers=1), callbacks=[workers._CrashAt(11, "SIGINT"),
                                                                                _AgainAtInterrupt(), ended])
@@ -158,7 +160,7 @@ def test_ctrl_c_between_steps_drops_the_partial_step(shapes, reference, tmp_path
     assert frames[1:] == ["train"], frames                    # no frame of the trainer, none holding it
     del stopped
     gc.collect()
-    assert not [o for o in gc.get_objects() if type(o) in (Trainer, Detector, ModelEMA)]
+    assert [o for o in _of_a_run() if o not in held] == []
     assert resident_mb() - memory < 100, (memory, resident_mb())
     assert ended.calls == 1 and ended.children <= children   # the run's workers ended before on_train_end
     assert ProcessState.capture().differences(before) == []
@@ -184,6 +186,11 @@ class _Ended(Callback):
     def on_train_end(self):
         self.calls += 1
         self.children = alive(descendants(os.getpid()))
+
+
+def _of_a_run() -> list:
+    """The Trainers, Detectors and EMAs alive in this process."""
+    return [o for o in gc.get_objects() if type(o) in (Trainer, Detector, ModelEMA)]
 
 
 def resident_mb() -> float:

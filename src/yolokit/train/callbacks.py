@@ -17,8 +17,8 @@ rank (each sees its own rank's batches; ``on_epoch_end`` rows are the same every
 The console (``ProgressBar``), in a terminal: a two-line header (the run, then its config file and
 the fields set), one tqdm bar per epoch on stderr, the validation line, and early stop / interrupt /
 results lines on stdout. In a Jupyter kernel the bar is the one ``tqdm.auto`` would choose: a widget
-when ipywidgets is installed, else text on stdout redrawn at most once a second (a notebook run
-headless stores a few KB per epoch), and the interrupt's line is the exception ``train()`` raises,
+when ipywidgets is installed, else text on stdout redrawn at most once a second and about ten times an
+epoch (a notebook run headless stores a few KB per epoch), and the interrupt's line is the exception ``train()`` raises,
 which a notebook shows as one line. ``TrainConfig(verbose=False)`` (``yolokit train --quiet``): one
 line per epoch (its losses, the validation metrics, its seconds) and the final metrics, nothing else.
 """
@@ -105,7 +105,8 @@ class Callback:
 
 GPU_COLUMNS = {"gpu_busy%": "busy {:.0f}%", "gpu_mem_peak_gb": "peak {:.2f} GB", "gpu_temp_c": "max {:.0f} C",
                "gpu_power_w": "{:.0f} W"}   # train.feeding's results columns, as the console shows them
-TEXT_BAR_SECONDS = 1.0   # a text bar in a notebook: at most one redraw a second (each is stored)
+TEXT_BAR_SECONDS = 1.0   # a text bar in a notebook: at most one redraw a second (each is stored),
+TEXT_BAR_DRAWS = 10      # and about ten an epoch, however long it is
 
 
 def in_notebook() -> bool:
@@ -171,8 +172,8 @@ class ProgressBar(Callback):
         self.images, self.start, self.postfix, self.epochs = 0, time.perf_counter(), {}, epochs
         shown = self.enabled and self.verbose
         text = {} if self.bar_class is not tqdm else (   # a text bar in a notebook: each redraw is kept
-            dict(file=sys.stdout, mininterval=TEXT_BAR_SECONDS, ncols=140) if self.notebook else
-            dict(dynamic_ncols=True))
+            dict(file=sys.stdout, mininterval=TEXT_BAR_SECONDS, miniters=max(1, batches // TEXT_BAR_DRAWS),
+                 ncols=140) if self.notebook else dict(dynamic_ncols=True))
         self.bar = self.bar_class(total=batches, desc=f"epoch {epoch + 1}/{epochs}", disable=not shown,
                                   leave=True, **text)
 
