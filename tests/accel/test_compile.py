@@ -146,6 +146,8 @@ def _saved_by_compiled_forward(model: nn.Module, x: torch.Tensor) -> int:
     return seen["bytes"]
 
 
+@pytest.mark.extended   # 25-50 s (two traces of yolov8n); compiled checkpointing runs by default in
+# test_forward_is_one_graph_with_checkpointing_and_channels_last and test_checkpointing.py's compiled BN test
 def test_compiled_checkpointing_still_saves_activation_memory():
     """Compiling keeps the recompute: the forward graph saves a fraction of what it saves without checkpointing."""
     x = _images(2, 128, 128)
