@@ -58,7 +58,7 @@ def small_spec(**override):
 
 def test_packaged_yamls_are_the_published_architectures_and_ours():
     assert packaged_yamls() == sorted(f"{a}.yaml" for a in [*REFERENCE_PARAMETERS, "yolov3", "yolov3-spp", "yolo26",
-                                                              "yolov3-tiny"])
+                                                              "yolov3-tiny", "yolov8-seg", "yolo11-seg", "yolo26-seg"])
 
 
 @pytest.mark.parametrize("arch,scale", CASES, ids=[f"{a}-{s}" for a, s in CASES])

@@ -6,8 +6,11 @@ images), ``repeats`` is scaled by the model's depth, ``module`` is a name of ``m
 (or one the user registered) and ``args`` its arguments. ``scales`` maps a letter to
 ``[depth, width, max_channels]``; files without it may give ``depth_multiple`` / ``width_multiple``.
 The last row is the head: ``Detect`` (``[nc]``; a ``DFLHead`` over the maps it reads, ``reg_max``
-from the file, 16 by default; an ``EndToEndHead`` when the file says ``end2end: true``) or
-``AnchorDetect`` (``[nc, anchors]``; an ``AnchorHead``).
+from the file, 16 by default; an ``EndToEndHead`` when the file says ``end2end: true``),
+``AnchorDetect`` (``[nc, anchors]``; an ``AnchorHead``), or an instance segmentation head
+(``models.segment``): ``Segment`` (``[nc, masks, prototype channels]``, 32 and 256 by default, the
+channels scaled by width as a row's are; a ``SegmentHead``) or ``Segment26`` (the same arguments, with
+``end2end: true``; an ``EndToEndSegmentHead``).
 
 The rows before the head become two ``LayerGraph`` modules, the ``backbone`` (the file's backbone
 rows) and the ``neck`` (the head rows but the last), whose children are named by row index, so
@@ -35,6 +38,7 @@ from torch.func import functional_call
 from yolokit.models.detector import Detector
 from yolokit.models.graph import LayerGraph
 from yolokit.models.heads import AnchorHead, DFLHead, EndToEndHead
+from yolokit.models.segment import EndToEndSegmentHead, SegmentHead, proto_channels
 from yolokit.models.spec_config import SpecConfig, SpecError, spec_config
 from yolokit.models.spec_table import HEADS, ModuleRule, module_rule
 
@@ -203,7 +207,8 @@ def build_spec_model(config: SpecConfig, *, modules: Modules | None = None, sour
         outputs[row.index] = y
         layers.append((row.index, layer))
     head_args = [symbols.get(a, a) if isinstance(a, str) else a for a in head_row.args]
-    head = _make_head(head_row, head_args, _gather(outputs, head_row.sources), spec, config.num_classes, light)
+    head = _make_head(head_row, head_args, _gather(outputs, head_row.sources), spec, config.num_classes, light,
+                      (depth, width, max_channels))
     backbone, neck = _graphs(rows, layers, outputs, n_backbone)
     return Detector(backbone, neck, head, config=config, name=config.name)
 
@@ -256,7 +261,7 @@ def _make_layer(rule: ModuleRule, row: Row, args: list[Any], c_in: Any, multipli
 
 
 def _make_head(row: Row, args: list[Any], maps: Any, spec: Mapping[str, Any], num_classes: int,
-               light: bool) -> nn.Module:
+               light: bool, multipliers: tuple[float, float, float]) -> nn.Module:
     if row.repeats != 1:
         raise SpecError(f"{row.where}: a head row has repeats 1, got {row.repeats}")
     maps = [maps] if isinstance(maps, Tensor) else maps
@@ -266,20 +271,31 @@ def _make_head(row: Row, args: list[Any], maps: Any, spec: Mapping[str, Any], nu
     if not all(isinstance(s, int) for s in strides):
         raise SpecError(f"{row.where}: the maps it reads have strides {strides} (a {DRY_SIZE}-pixel input); "
                         "every level needs a whole stride")
-    expected = 2 if row.module == "AnchorDetect" else 1
+    expected = {"AnchorDetect": 2, "Segment": 3, "Segment26": 3}.get(row.module, 1)
     if not args or args[0] != num_classes or len(args) > expected:
-        form = "[nc, anchors]" if expected == 2 else "[nc]"
+        form = {1: "[nc]", 2: "[nc, anchors]", 3: "[nc, masks, prototype channels]"}[expected]
         raise SpecError(f"{row.where}: args are {form} with nc the class count ({num_classes}), got {row.args!r}")
+    if row.module == "AnchorDetect":
+        anchors = args[1] if len(args) == 2 else spec.get("anchors")
+        return AnchorHead(in_channels, strides, _anchor_pairs(anchors, len(maps), row.where), num_classes=num_classes)
+    reg_max, end2end = spec.get("reg_max", 16), spec.get("end2end", False)
+    if isinstance(reg_max, bool) or not isinstance(reg_max, int) or reg_max < 1:
+        raise SpecError(f"{row.where}: reg_max must be an integer >= 1, got {reg_max!r}")
+    if not isinstance(end2end, bool):
+        raise SpecError(f"{row.where}: end2end must be true or false, got {end2end!r}")
     if row.module == "Detect":
-        reg_max, end2end = spec.get("reg_max", 16), spec.get("end2end", False)
-        if isinstance(reg_max, bool) or not isinstance(reg_max, int) or reg_max < 1:
-            raise SpecError(f"{row.where}: reg_max must be an integer >= 1, got {reg_max!r}")
-        if not isinstance(end2end, bool):
-            raise SpecError(f"{row.where}: end2end must be true or false, got {end2end!r}")
         kind = EndToEndHead if end2end else DFLHead
         return kind(in_channels, strides, num_classes=num_classes, reg_max=reg_max, light_cls=light)
-    anchors = args[1] if len(args) == 2 else spec.get("anchors")
-    return AnchorHead(in_channels, strides, _anchor_pairs(anchors, len(maps), row.where), num_classes=num_classes)
+    masks, channels = (list(args[1:]) + [32, 256][len(args) - 1:])[:2]
+    for name, value in (("masks", masks), ("prototype channels", channels)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"{row.where}: {name} must be an integer >= 1, got {value!r}")
+    if end2end != (row.module == "Segment26"):
+        raise SpecError(f"{row.where}: {row.module} needs end2end: {str(row.module == 'Segment26').lower()} "
+                        "(Segment: the one-branch head with NMS; Segment26: YOLO26's end-to-end head)")
+    kind = EndToEndSegmentHead if end2end else SegmentHead
+    return kind(in_channels, strides, num_classes=num_classes, num_masks=masks, reg_max=reg_max, light_cls=light,
+                proto_channels=proto_channels(channels, multipliers[1], multipliers[2]))
 
 
 def _anchor_pairs(anchors: Any, levels: int, where: str) -> tuple[tuple[tuple[int, int], ...], ...]:

@@ -181,8 +181,8 @@ BUILTIN: dict[str, ModuleRule] = {
     "MaxPoolSame": ModuleRule(MaxPoolSame, args="plain"),
     "TimmBackbone": ModuleRule(_timm, args="plain", weights_at=2),
 }
-# The last row's module: the detection head (built by models.spec from the maps it reads).
-HEADS = ("Detect", "AnchorDetect")
+# The last row's module: the head (built by models.spec from the maps it reads).
+HEADS = ("Detect", "AnchorDetect", "Segment", "Segment26")
 
 _USER: dict[str, ModuleRule] = {}
 
