@@ -88,7 +88,7 @@ def _save_with_foreign_class(path, global_name):
             del sys.modules[name]
 
 
-@pytest.mark.parametrize("global_name", ["evil.tools.Gadget", "ultralytics.nn.tasks.SegmentationModel"])
+@pytest.mark.parametrize("global_name", ["evil.tools.Gadget", "ultralytics.nn.tasks.PoseModel"])
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_unexpected_globals_refused_by_every_entry_point(tmp_path, global_name, entry):
     _save_with_foreign_class(tmp_path / "odd.pt", global_name)

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# The globals Ultralytics detection checkpoints pickle (ultralytics 8.x): the DetectionModel
-# object and the layers of YOLOv8 (P2, P6), YOLO11, YOLOv5u and YOLOv3u. Each becomes a StandIn;
+# The globals Ultralytics detection and instance segmentation checkpoints pickle (ultralytics 8.x): the
+# DetectionModel or SegmentationModel object and the layers of YOLOv8 (P2, P6), YOLO11, YOLO26, YOLOv5u and
+# YOLOv3u. Each becomes a StandIn;
 # nothing of theirs runs.
 ULTRALYTICS_GLOBALS: tuple[str, ...] = (
     "torch.nn.modules.activation.SiLU",
@@ -28,6 +29,7 @@ ULTRALYTICS_GLOBALS: tuple[str, ...] = (
     "torch.nn.modules.container.ModuleList",
     "torch.nn.modules.container.Sequential",
     "torch.nn.modules.conv.Conv2d",
+    "torch.nn.modules.conv.ConvTranspose2d",
     "torch.nn.modules.linear.Identity",
     "torch.nn.modules.padding.ZeroPad2d",
     "torch.nn.modules.pooling.MaxPool2d",
@@ -42,13 +44,18 @@ ULTRALYTICS_GLOBALS: tuple[str, ...] = (
     "ultralytics.nn.modules.block.C3k2",
     "ultralytics.nn.modules.block.DFL",
     "ultralytics.nn.modules.block.PSABlock",
+    "ultralytics.nn.modules.block.Proto",
+    "ultralytics.nn.modules.block.Proto26",
     "ultralytics.nn.modules.block.SPP",
     "ultralytics.nn.modules.block.SPPF",
     "ultralytics.nn.modules.conv.Concat",
     "ultralytics.nn.modules.conv.Conv",
     "ultralytics.nn.modules.conv.DWConv",
     "ultralytics.nn.modules.head.Detect",
+    "ultralytics.nn.modules.head.Segment",
+    "ultralytics.nn.modules.head.Segment26",
     "ultralytics.nn.tasks.DetectionModel",
+    "ultralytics.nn.tasks.SegmentationModel",
     "ultralytics.utils.IterableSimpleNamespace",
     # the same classes under the paths of older 8.0.x releases
     "ultralytics.nn.modules.Bottleneck",
@@ -62,6 +69,8 @@ ULTRALYTICS_GLOBALS: tuple[str, ...] = (
     "ultralytics.nn.modules.Conv",
     "ultralytics.nn.modules.DWConv",
     "ultralytics.nn.modules.Detect",
+    "ultralytics.nn.modules.Proto",
+    "ultralytics.nn.modules.Segment",
     "ultralytics.yolo.utils.IterableSimpleNamespace",
 )
 

@@ -1,5 +1,5 @@
-"""Ultralytics detection checkpoints (YOLOv8, YOLO11, P2/P6, YOLOv5u, ...), read without ultralytics
-and without running code.
+"""Ultralytics detection checkpoints (YOLOv8, YOLO11, P2/P6, YOLOv5u, ...) and instance segmentation
+ones (-seg: built from the model file they carry), read without ultralytics and without running code.
 
 Their trainer writes a dict whose ``"model"`` (finished run, usually float16) or ``"ema"``
 (during training) holds a pickled ``DetectionModel``. ``read_ultralytics`` unpickles it
@@ -56,7 +56,11 @@ LAYER_NAMES: dict[int, str] = {
 HEAD_INDEX = 22
 HEAD_NAMES: dict[str, str] = {"cv2": "head.box", "cv3": "head.cls", "dfl": "head.dfl"}
 # A model file's Detect row may also have the one-to-one branch (end2end: YOLO26).
-SPEC_HEAD_NAMES: dict[str, str] = {**HEAD_NAMES, "one2one_cv2": "head.one2one_box", "one2one_cv3": "head.one2one_cls"}
+SPEC_HEAD_NAMES: dict[str, str] = {**HEAD_NAMES, "one2one_cv2": "head.one2one_box", "one2one_cv3": "head.one2one_cls",
+                                   # a Segment / Segment26 row's coefficient branches and prototype network
+                                   "cv4": "head.coef", "one2one_cv4": "head.one2one_coef", "proto": "head.proto"}
+# Inside YOLO26-seg's prototype network (models.segment.FusedProto), the parts whose names differ.
+PROTO_NAMES: dict[str, str] = {"feat_refine": "refine", "feat_fuse": "fuse_conv", "semseg": "semantic"}
 
 _KEY = re.compile(r"^model\.(\d+)\.(.+)$")
 
@@ -268,7 +272,9 @@ def to_spec_names(state: Mapping[str, Tensor], *, model: Detector | None = None,
 
     ``model.<i>.<...>`` -> ``backbone.<i>.<...>`` (backbone rows), ``neck.<i>.<...>`` (rows
     before the head), ``head.box|cls|dfl.<...>`` (the head row's ``cv2|cv3|dfl``) and
-    ``head.one2one_box|one2one_cls.<...>`` (an end-to-end head's ``one2one_cv2|one2one_cv3``). The layout
+    ``head.one2one_box|one2one_cls.<...>`` (an end-to-end head's ``one2one_cv2|one2one_cv3``), and a
+    segmentation head's ``cv4`` / ``one2one_cv4`` / ``proto`` as ``head.coef`` / ``head.one2one_coef`` /
+    ``head.proto`` (``PROTO_NAMES`` inside YOLO26-seg's prototypes). The layout
     comes from ``model`` or from ``n_backbone`` and ``head`` (the head row's index).
 
     Examples:
@@ -286,6 +292,9 @@ def to_spec_names(state: Mapping[str, Tensor], *, model: Detector | None = None,
         index, rest = (int(match.group(1)), match.group(2)) if match else (-1, "")
         if index == head:
             branch, _, tail = rest.partition(".")
+            if branch == "proto":
+                part, dot, inner = tail.partition(".")
+                tail = f"{PROTO_NAMES.get(part, part)}{dot}{inner}"
             name = f"{SPEC_HEAD_NAMES[branch]}.{tail}" if branch in SPEC_HEAD_NAMES and tail else None
         else:
             name = (f"backbone.{index}.{rest}" if 0 <= index < n_backbone
