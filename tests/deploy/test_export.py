@@ -307,3 +307,20 @@ def test_a_file_that_does_not_run_in_its_check_is_removed_with_one_line(tmp_path
     assert str(info.value) == (f"the onnx file {out} did not run: RuntimeError: Expected u1 >= 2 but received 0 "
                                "(the file is removed)")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("fmt, out, written", [("pt2", "model_pt2", "model_pt2.pt2"), ("onnx", "m", "m.onnx"),
+                                               ("onnx", "m.v2", "m.v2.onnx"), ("pt2", "ready.pt2", "ready.pt2"),
+                                               ("openvino", "ov_folder", "ov_folder")])
+def test_a_file_without_its_formats_suffix_gets_it(tmp_path, monkeypatch, capsys, fmt, out, written):
+    """A runtime knows a file's format by its suffix: `--out model_pt2` writes model_pt2.pt2 and says so."""
+    import yolokit.deploy.exporter as exporter
+    import yolokit.deploy.openvino as openvino
+
+    made = []
+    for module, name in ((exporter, "export_onnx"), (exporter, "export_pt2"), (openvino, "export_openvino")):
+        monkeypatch.setattr(module, name, lambda model, path, **kwargs: made.append(Path(path)))
+    monkeypatch.setattr(exporter, "require", lambda fmt: None)
+    path = export(tiny(), fmt, tmp_path / out, imgsz=96, check=False, report=print)
+    assert made == [path] == [tmp_path / written]
+    assert capsys.readouterr().out.startswith(f"exported {tiny().name} to {tmp_path / written} ({fmt}, fp32")

@@ -75,7 +75,8 @@ def export(
     Args:
         model: any yolokit Detector (left as it is: the export works on a copy).
         format: "onnx", "openvino" or "pt2".
-        out: the file (a folder for OpenVINO); default ``<model name><suffix>`` (``FORMATS``).
+        out: the file (a folder for OpenVINO); default ``<model name><suffix>`` (``FORMATS``). A file
+            name without its format's suffix gets it (``--out model_pt2`` writes ``model_pt2.pt2``).
         imgsz: the export size, one int or (height, width), multiples of the largest stride.
         half: float16 (OpenVINO: float16 weights).
         int8: OpenVINO only: post-training quantization with NNCF, calibrated on ``data``.
@@ -120,7 +121,7 @@ def export(
     if h % stride or w % stride:
         raise ValueError(f"imgsz {h}x{w} must be a multiple of {model.name}'s largest stride {stride}")
     require(format)
-    out = Path(out) if out is not None else Path(f"{model.name}{FORMATS[format]}")
+    out = output_path(model.name, format, out)
     options = dict(nms=nms, end_to_end=end_to_end, conf=conf, iou=iou, max_det=max_det, dynamic=dynamic)
     started = time.perf_counter()
     if format == "onnx":
@@ -144,6 +145,21 @@ def export(
     if report is not None:
         report(line)
     return out
+
+
+def output_path(name: str, format: str, out: str | Path | None) -> Path:
+    """Where ``export`` writes: ``out`` with its format's suffix added when it lacks it (a runtime knows a
+    file's format by its suffix), or ``<name><suffix>``; OpenVINO's folder is named as given.
+
+    Examples:
+        >>> output_path("yolov8n", "pt2", "model_pt2"), output_path("yolov8n", "onnx", None)
+        (PosixPath('model_pt2.pt2'), PosixPath('yolov8n.onnx'))
+    """
+    suffix = FORMATS[format]
+    if out is None:
+        return Path(f"{name}{suffix}")
+    out = Path(out)
+    return out.with_name(out.name + suffix) if suffix.startswith(".") and out.suffix != suffix else out
 
 
 class WithNMS(torch.nn.Module):
