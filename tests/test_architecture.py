@@ -243,13 +243,15 @@ def _module_name(path):
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_cycles(files):
-    """Cycles of module-level ``yolokit`` imports (imports inside functions are deferred by design)."""
+def import_graph(files, *, anywhere=False):
+    """Each module's ``yolokit`` imports: module-level ones, or also those in functions and
+    ``TYPE_CHECKING`` blocks (``anywhere``)."""
     names = {_module_name(f): f for f in files}
     graph = {}
     for name, path in names.items():
         targets = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree) if anywhere else tree.body:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("yolokit") and not node.level:
                 for alias in node.names:
                     sub = f"{node.module}.{alias.name}"
@@ -257,6 +259,12 @@ def import_cycles(files):
             elif isinstance(node, ast.Import):
                 targets |= {a.name for a in node.names if a.name in names}
         graph[name] = targets & names.keys()
+    return graph
+
+
+def import_cycles(files):
+    """Cycles of module-level ``yolokit`` imports (imports inside functions are deferred by design)."""
+    graph = import_graph(files)
     cycles, state = [], {}
 
     def visit(node, trail):
@@ -272,6 +280,12 @@ def import_cycles(files):
         if name not in state:
             visit(name, [name])
     return cycles
+
+
+def test_no_two_modules_import_each_other_even_when_deferred():
+    """A deferred import or a type-only one still ties two modules: one of them should hold what both need."""
+    graph = import_graph(FILES, anywhere=True)
+    assert sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a != b and a in graph[b]}) == []
 
 
 def test_no_module_imports_itself_in_a_circle(tmp_path):

@@ -31,7 +31,6 @@ import contextlib
 import io
 import json
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -284,11 +283,3 @@ def row_difference(eager: list[Tensor], got: list[Tensor], score_tol: float) -> 
         if same.any():
             box = max(box, float((e[:n, :4][same] - g[:n, :4][same]).abs().max()))
     return box, score, count
-
-
-def temporary_onnx(model: Detector, **kwargs: Any) -> tuple[tempfile.TemporaryDirectory, Path]:
-    """An ONNX export in a temporary folder (the OpenVINO export converts it)."""
-    folder = tempfile.TemporaryDirectory(prefix="yolokit-export-")
-    path = Path(folder.name) / f"{model.name}.onnx"
-    export_onnx(model, path, **kwargs)
-    return folder, path

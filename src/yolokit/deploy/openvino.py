@@ -15,12 +15,13 @@ import json
 import logging
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from yolokit.interop.onnx import file_info
+from yolokit.interop.onnx import export_onnx, file_info
 from yolokit.models import Detector
 
 
@@ -29,8 +30,6 @@ def export_openvino(model: Detector, out: str | Path, *, imgsz: tuple[int, int],
                     **options: Any) -> Path:
     """Writes the OpenVINO folder ``out`` (replaced if it exists); ``options``: ``export_onnx``'s."""
     import openvino as ov
-
-    from yolokit.deploy.exporter import temporary_onnx
 
     if int8 and importlib.util.find_spec("nncf") is None:
         raise ImportError("int8 needs the nncf package: pip install 'yolokit[openvino]'")
@@ -50,6 +49,14 @@ def export_openvino(model: Detector, out: str | Path, *, imgsz: tuple[int, int],
     info["int8"] = bool(int8)
     (out / "yolokit.json").write_text(json.dumps(info, indent=1))
     return out
+
+
+def temporary_onnx(model: Detector, **kwargs: Any) -> tuple[tempfile.TemporaryDirectory, Path]:
+    """An ONNX export in a temporary folder (the OpenVINO export converts it)."""
+    folder = tempfile.TemporaryDirectory(prefix="yolokit-export-")
+    path = Path(folder.name) / f"{model.name}.onnx"
+    export_onnx(model, path, **kwargs)
+    return folder, path
 
 
 def calibration_batches(data: str, stride: int, imgsz: tuple[int, int], count: int) -> list[np.ndarray]:

@@ -11,13 +11,21 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from yolokit.data.store.stream import ShardStore
+from typing import Protocol
 
 
-def share_cache(stores: Sequence[ShardStore], cap: int | str | None) -> None:
+class CachedStore(Protocol):
+    """What the cap needs of a split's store (``data.store.stream.ShardStore`` is one)."""
+
+    remote: bool
+    total_bytes: int
+    max_cache: int | None
+    cache_dir: Path | None
+
+    def cache_bytes(self) -> int: ...
+
+
+def share_cache(stores: Sequence[CachedStore], cap: int | str | None) -> None:
     """One cap for the remote splits of a run: each gets its share in proportion to its bytes."""
     remote = [s for s in stores if s.remote]
     total, cap = sum(s.total_bytes for s in remote), parse_size(cap)
@@ -50,7 +58,7 @@ class CacheUse:
         every: seconds between two looks at the cache folder (the answer in between is the last one).
     """
 
-    def __init__(self, stores: Sequence[ShardStore], every: float = 2.0) -> None:
+    def __init__(self, stores: Sequence[CachedStore], every: float = 2.0) -> None:
         self.stores = [s for s in stores if s.cache_dir]
         self.every, self.seen, self.text = every, -float("inf"), ""
 
