@@ -1,0 +1,80 @@
+"""The instance segmentation term: each positive point's mask, from its coefficients and its image's
+prototypes, against the mask of the object it trains, inside that object's box.
+
+For a positive point with coefficients c (Tensor[M]) in an image with prototypes P (Tensor[M, h, w]),
+the mask logits are ``c @ P`` (Tensor[h, w]). Its term is the binary cross-entropy of those logits
+against the object's mask, zeroed outside the object's box (in mask pixels), averaged over all h * w
+pixels and divided by the box's area as a fraction of the image: a small object weighs as much as a
+large one. The loss is the mean of the terms over the positive points (YOLOv8-seg's, before its gain).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def object_ranks(image: Tensor, batch_size: int) -> Tensor:
+    """Each GT row's index among its image's rows, in row order: the value ``rank + 1`` marks it in an
+    image's index map (``overlap`` masks). Tensor[N] int64."""
+    one_hot = image[:, None] == torch.arange(batch_size, device=image.device)
+    return one_hot.long().cumsum(0)[torch.arange(len(image), device=image.device), image] - 1
+
+
+def box_window(boxes: Tensor, h: int, w: int) -> tuple[Tensor, Tensor]:
+    """Which columns and rows of an h x w mask each box covers (pixel index i inside when
+    ``x1 <= i < x2``): Tensor[M, 1, w] and Tensor[M, h, 1], float 0/1, separable."""
+    x1, y1, x2, y2 = boxes[:, :, None].unbind(1)
+    cols = torch.arange(w, device=boxes.device, dtype=boxes.dtype)[None, None, :]
+    rows = torch.arange(h, device=boxes.device, dtype=boxes.dtype)[None, :, None]
+    return ((cols >= x1[..., None]) & (cols < x2[..., None])).to(boxes.dtype), \
+        ((rows >= y1[..., None]) & (rows < y2[..., None])).to(boxes.dtype)
+
+
+def mask_loss(coefficients: Tensor, protos: Tensor, point_row: Tensor, gt_image: Tensor, gt_boxes: Tensor,
+              masks: Tensor, imgsz: tuple[int, int], *, overlap: bool = True) -> Tensor:
+    """The mask term over a batch's positive points (scalar, before the gain).
+
+    Args:
+        coefficients: Tensor[B, M, P] each point's mask coefficients (the levels flattened in order).
+        protos: Tensor[B, M, h, w] each image's prototypes.
+        point_row: Tensor[B, P] int64 the GT row each point trains; N (the rows' count) at background.
+        gt_image: Tensor[N] int64 image of each GT row.
+        gt_boxes: Tensor[N, 4] xyxy input pixels.
+        masks: ``overlap``: Tensor[B, H', W'] index maps, ``k + 1`` where the image's k-th GT row (in row
+            order) lies, 0 elsewhere; else Tensor[N, H', W'] one 0/1 mask per GT row. At another size
+            than the prototypes', the prototypes are resized to it (bilinear).
+        imgsz: (height, width) of the network's input.
+        overlap: which form ``masks`` has.
+
+    Returns:
+        The mean over positive points of each one's cropped BCE (mean over pixels) / its box's area
+        fraction; a zero connected to both inputs when no point is positive.
+    """
+    b, n = coefficients.shape[0], len(gt_image)
+    coefficients, protos = coefficients.float(), protos.float()
+    if masks.shape[-2:] != protos.shape[-2:]:
+        protos = F.interpolate(protos, masks.shape[-2:], mode="bilinear", align_corners=False)
+    h, w = protos.shape[-2:]
+    height, width = imgsz
+    ranks = object_ranks(gt_image, b) if overlap else None
+    image_size = gt_boxes.new_tensor([width, height, width, height], dtype=torch.float32)
+    mask_size = gt_boxes.new_tensor([w, h, w, h], dtype=torch.float32)
+    total, count = coefficients.new_zeros(()), 0
+    for i in range(b):
+        point = (point_row[i] < n).nonzero().squeeze(1)
+        if not len(point):
+            continue
+        row = point_row[i, point]
+        logits = (coefficients[i][:, point].T @ protos[i].flatten(1)).view(-1, h, w)
+        target = (masks[i] == (ranks[row] + 1)[:, None, None]) if overlap else masks[row]
+        bce = F.binary_cross_entropy_with_logits(logits, target.float(), reduction="none")
+        box = gt_boxes[row].float() / image_size                    # fractions of the image, then mask pixels
+        cols, rows = box_window(box * mask_size, h, w)
+        area = (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1])
+        total = total + ((bce * cols * rows).mean(dim=(1, 2)) / area).sum()
+        count += len(point)
+    if count == 0:
+        return (protos * 0).sum() + (coefficients * 0).sum()
+    return total / count
