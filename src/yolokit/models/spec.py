@@ -286,7 +286,8 @@ def _make_head(row: Row, args: list[Any], maps: Any, spec: Mapping[str, Any], nu
     if row.module == "Detect":
         kind = EndToEndHead if end2end else DFLHead
         return kind(in_channels, strides, num_classes=num_classes, reg_max=reg_max, light_cls=light)
-    masks, channels = (list(args[1:]) + [32, 256][len(args) - 1:])[:2]
+    masks = args[1] if len(args) > 1 else 32
+    channels = args[2] if len(args) > 2 else 256
     for name, value in (("masks", masks), ("prototype channels", channels)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecError(f"{row.where}: {name} must be an integer >= 1, got {value!r}")
