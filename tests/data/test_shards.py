@@ -376,3 +376,18 @@ def test_reading_shards_without_the_engine_names_the_extra(shards, monkeypatch):
     monkeypatch.setitem(sys.modules, "litdata", None)       # as without yolokit[stream]
     with pytest.raises(ImportError, match=r"pip install 'yolokit\[stream\]'"):
         shard_index(shards / "train")
+
+
+def test_the_store_retries_come_from_the_environment(monkeypatch):
+    """``$YOLOKIT_STORE_RETRIES`` sets each S3 request's attempts (4 unset); a bad value names the variable.
+    (tests/train/test_train_shards.py runs a stopped store with 2; its error line says so.)"""
+    from yolokit.data.store.remote import Place
+
+    monkeypatch.delenv("YOLOKIT_STORE_RETRIES", raising=False)
+    assert Place("s3://bucket/set").retries == 4 and Place("s3://bucket/set", retries=7).retries == 7
+    monkeypatch.setenv("YOLOKIT_STORE_RETRIES", "2")
+    assert Place("s3://bucket/set").retries == 2
+    for bad in ("0", "two"):
+        monkeypatch.setenv("YOLOKIT_STORE_RETRIES", bad)
+        with pytest.raises(ValueError, match=f"YOLOKIT_STORE_RETRIES must be .* got '{bad}'"):
+            Place("s3://bucket/set")

@@ -113,7 +113,8 @@ def test_the_store_stopped_mid_epoch_ends_in_one_line_and_the_run_resumes(tmp_pa
     store = SeaweedS3(tmp_path / "store").start()          # its own store: this test stops it
     try:
         with pytest.MonkeyPatch.context() as mp:
-            for k, v in {**store.env, "YOLOKIT_CACHE": str(tmp_path / "cache")}.items():
+            # two attempts of each request (0.5 s apart), not four (3.5 s): the same fault path, 10 s sooner
+            for k, v in {**store.env, "YOLOKIT_CACHE": str(tmp_path / "cache"), "YOLOKIT_STORE_RETRIES": "2"}.items():
                 mp.setenv(k, v)
             url = _shards(store, tmp_path, "stopping", seed=6, n_train=40, n_val=4)   # 20 chunks or so
             out = tmp_path / "run"
@@ -127,7 +128,7 @@ def test_the_store_stopped_mid_epoch_ends_in_one_line_and_the_run_resumes(tmp_pa
             errors = [line for line in err.splitlines() if "error:" in line]
             assert proc.returncode == 1, err[-3000:]
             assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
-            assert "the store did not answer" in errors[0] and "chunk-0-" in errors[0]
+            assert "the store did not answer after 2 tries" in errors[0] and "chunk-0-" in errors[0]
             assert f"yolokit train --resume {out}" in errors[0]
             state = load_checkpoint(last)                   # intact, at the last step taken
             assert 1 <= state["steps"] < 20 and state["epoch"] == 0

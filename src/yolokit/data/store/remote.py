@@ -80,18 +80,31 @@ def endpoint() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
+def store_retries() -> int:
+    """Attempts of each S3 request: ``$YOLOKIT_STORE_RETRIES`` (a whole number, at least 1), else 4."""
+    text = os.environ.get("YOLOKIT_STORE_RETRIES", "4")
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"YOLOKIT_STORE_RETRIES must be a whole number of attempts, at least 1; got {text!r}")
+    return value
+
+
 class Place:
     """A folder or an ``s3://bucket/prefix``, with the few operations shards need.
 
     Args:
         url: local folder path or ``s3://bucket/prefix``.
-        retries: attempts of each S3 request before `StoreError` (with backoff 0.5 s, 1 s, 2 s, ...).
+        retries: attempts of each S3 request before `StoreError` (with backoff 0.5 s, 1 s, 2 s, ...);
+            None: ``$YOLOKIT_STORE_RETRIES``, else 4.
     """
 
-    def __init__(self, url: str | os.PathLike, *, retries: int = 4) -> None:
+    def __init__(self, url: str | os.PathLike, *, retries: int | None = None) -> None:
         self.url = str(url).rstrip("/")
         self.remote = is_remote(self.url)
-        self.retries = retries
+        self.retries = store_retries() if retries is None else retries
         if self.remote:
             parsed = urlparse(self.url)
             self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
