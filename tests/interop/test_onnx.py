@@ -131,10 +131,27 @@ def test_an_end_to_end_model_exports_its_one_to_one_top_k_without_nms(tmp_path):
 
     from yolokit.ops.nms import top_k_predictions
 
-    spec = {**yaml.safe_load(open(TINY)), "end2end": True, "reg_max": 1}
+    with open(TINY) as f:
+        spec = {**yaml.safe_load(f), "end2end": True, "reg_max": 1}
     torch.manual_seed(0)
     model = lively(yolokit.create_model(spec, num_classes=3))
     assert model.end_to_end
     path = export_onnx(model, tmp_path / "yolo26.onnx", imgsz=96, max_det=100)
+    graph = onnx.load(str(path), load_external_data=False)
+    assert "NonMaxSuppression" not in {node.op_type for node in graph.graph.node}
+    assert [o.name for o in graph.graph.output] == ["detections"]
+    torch.manual_seed(0)
+    x = torch.rand(3, 3, 96, 96)
+    (got,) = session(path).run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        expected = top_k_predictions(model.eval().decode(model(x), nms=False), max_det=100)
+    got = torch.from_numpy(got)
+    assert got.shape == expected.shape == (3, 100, 6)
+    assert ((got[..., 4] - expected[..., 4]).abs() < 1e-5).all()            # the same scores, best first
+    assert expected[..., 4].unique().numel() > 250                         # scores that differ: an order to keep
+    for ours, theirs in zip(got, expected, strict=True):                    # the same rows (ties in either order)
+        gap = (ours[:, None, :4] - theirs[None, :, :4]).abs().amax(-1) < 1e-3
+        gap &= ours[:, None, 5] == theirs[None, :, 5]
+        assert gap.any(1).all() and gap.any(0).all()
     with pytest.raises(ValueError, match="end_to_end export needs a model with a one-to-one branch"):
         export_onnx(yolokit.create_model("yolov8n", num_classes=3), tmp_path / "v8.onnx", end_to_end=True)
