@@ -11,6 +11,7 @@ from yolokit.losses.base import DetectionLoss, PaddedTargets, pad_targets
 from yolokit.losses.yolo26 import YOLO26Loss
 from yolokit.losses.yolov3 import YOLOv3Loss
 from yolokit.losses.yolov8 import YOLOv8Loss
+from yolokit.losses.yolov8_seg import YOLOv8SegLoss
 
 __all__ = [
     "AnchorMatcher",
@@ -20,5 +21,6 @@ __all__ = [
     "YOLO26Loss",
     "YOLOv3Loss",
     "YOLOv8Loss",
+    "YOLOv8SegLoss",
     "pad_targets",
 ]

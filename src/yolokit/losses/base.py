@@ -35,7 +35,7 @@ class DetectionLoss(nn.Module):
     takes_padded_targets: bool = False   # forward also takes PaddedTargets (a static shape: CUDA graphs)
 
     def forward(self, maps: Sequence[Tensor], targets: Tensor | PaddedTargets, *,
-                max_boxes: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                max_boxes: int | None = None, **extra) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss of one batch, without reading anything back from the device.
 
         Args:
@@ -49,6 +49,7 @@ class DetectionLoss(nn.Module):
                 it (the data side does, on the host): the losses then work on targets padded
                 per image, which is faster. Fewer than an image holds raises an IndexError
                 (CPU) or a device-side assert (CUDA). None: the rows as they come.
+            extra: passed on to ``_loss`` (a subclass's further inputs, such as masks).
 
         Returns:
             ``(total, parts)``: total a float32 scalar with gradient; parts maps each
@@ -78,7 +79,7 @@ class DetectionLoss(nn.Module):
         else:
             targets = targets.float()
         with torch.autocast(maps[0].device.type, enabled=False):
-            return self._loss([m.float() for m in maps], targets, max_boxes)
+            return self._loss([m.float() for m in maps], targets, max_boxes, **extra)
 
     def _check_padded(self, targets: PaddedTargets, b: int) -> None:
         if not self.takes_padded_targets:

@@ -78,3 +78,54 @@ def mask_loss(coefficients: Tensor, protos: Tensor, point_row: Tensor, gt_image:
     if count == 0:
         return (protos * 0).sum() + (coefficients * 0).sum()
     return total / count
+
+
+def semantic_targets(masks: Tensor, gt_image: Tensor, gt_labels: Tensor, batch_size: int, num_classes: int, *,
+                     overlap: bool = True) -> Tensor:
+    """One map per class of each image, 1 where an object of that class covers the pixel (Tensor[B, C, H', W']).
+
+    A pixel takes the class of the object drawn there (``overlap``: the index map's object); with one mask
+    per object, of the smallest object covering it (fewest mask pixels; the earlier row on a tie).
+    Uncovered pixels are 0 in every class.
+
+    Args:
+        masks: as :func:`mask_loss` takes them, Tensor[B, H', W'] index maps or Tensor[N, H', W'] masks.
+        gt_image, gt_labels: Tensor[N] int64 image and class of each GT row.
+    """
+    device, n = masks.device, len(gt_image)
+    if overlap:
+        table = torch.zeros(batch_size, n + 1, dtype=torch.long, device=device)   # [image, rank + 1] -> class
+        table[gt_image, object_ranks(gt_image, batch_size) + 1] = gt_labels
+        index = masks.long().clamp(0, n)
+        classes = table.gather(1, index.flatten(1)).view_as(index)
+        present = index > 0
+    else:
+        h, w = masks.shape[-2:]
+        covered = masks > 0.5
+        area = covered.flatten(1).sum(1)
+        key = area[:, None, None] * (n + 1) + torch.arange(n, device=device)[:, None, None]   # smallest, then first
+        none = (h * w + 1) * (n + 1)
+        key = torch.where(covered, key, none)
+        best = torch.full((batch_size, h, w), none, dtype=torch.long, device=device)
+        best.scatter_reduce_(0, gt_image[:, None, None].expand(n, h, w), key, "amin")
+        present = best < none
+        classes = torch.where(present, gt_labels[(best % (n + 1)).clamp(max=max(n - 1, 0))] if n else 0, 0)
+    target = torch.zeros(batch_size, num_classes, *masks.shape[-2:], device=device)
+    return target.scatter_(1, classes[:, None], present[:, None].float())
+
+
+def semantic_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """YOLO26-seg's semantic term (before its gain): half the mean BCE with logits, half the Dice loss (each
+    class map's ``1 - (2 I + 1) / (P + T + 1)`` over its pixels, averaged over classes, then images).
+
+    Args:
+        logits: Tensor[B, C, h, w] the semantic branch's maps.
+        target: Tensor[B, C, H', W'] from :func:`semantic_targets`; resized to (h, w) (nearest) at another size.
+    """
+    logits = logits.float()
+    if target.shape[-2:] != logits.shape[-2:]:
+        target = F.interpolate(target, logits.shape[-2:], mode="nearest")
+    bce = F.binary_cross_entropy_with_logits(logits, target)
+    p = logits.sigmoid()
+    dice = (2.0 * (p * target).sum((2, 3)) + 1.0) / (p.sum((2, 3)) + target.sum((2, 3)) + 1.0)
+    return 0.5 * bce + 0.5 * (1.0 - dice).mean()

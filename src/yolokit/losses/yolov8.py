@@ -93,6 +93,14 @@ class YOLOv8Loss(DetectionLoss):
         return [4 * self.reg_max + self.num_classes] * len(self.strides)
 
     def _loss(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None) -> tuple[Tensor, dict[str, Tensor]]:
+        parts, _, _ = self._terms(maps, targets, max_boxes)
+        total = parts["box"] + parts["cls"] + parts["dfl"]
+        return total, {k: v.detach() for k, v in parts.items()}
+
+    def _terms(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None
+               ) -> tuple[dict[str, Tensor], RowAssignment, tuple[Tensor, Tensor, Tensor, Tensor | None]]:
+        """The three terms (gains applied, with gradient), the assignment, and the GT rows it assigned
+        ``(image, label, box, valid or None)``: what a loss built on this one (segmentation) goes on from."""
         b, r, c = maps[0].shape[0], self.reg_max, self.num_classes
         device = maps[0].device
         box_parts, cls_parts = zip(*(m.flatten(2).split((4 * r, c), dim=1) for m in maps), strict=True)
@@ -127,8 +135,7 @@ class YOLOv8Loss(DetectionLoss):
         dfl = (distribution_focal_loss(fg_logits, target_dist) * weight).sum() / score_sum
 
         parts = {"box": box * self.gains["box"], "cls": cls * self.gains["cls"], "dfl": dfl * self.gains["dfl"]}
-        total = parts["box"] + parts["cls"] + parts["dfl"]
-        return total, {k: v.detach() for k, v in parts.items()}
+        return parts, assigned, gt
 
 
 def _training_points(assigned: RowAssignment, image: Tensor, labels: Tensor,
