@@ -15,6 +15,7 @@ CASES = ["overlap", "per_instance", "overlap_semantic", "per_instance_semantic",
 
 
 def assert_relative(ours, theirs, what, rel=1e-4):
+    ours, theirs = ours.detach(), theirs.detach()
     scale = float(theirs.abs().max())
     gap = float((ours - theirs).abs().max())
     assert gap <= rel * max(scale, 1e-12), f"{what}: differs by {gap:.3g}, {gap / max(scale, 1e-30):.2g} of its largest"
@@ -95,3 +96,47 @@ def test_the_seg_loss_names_what_it_takes():
         YOLOv8SegLoss(3, (8, 16, 32), num_masks=4)(out, torch.zeros(0, 6), masks=torch.zeros(3, 16, 24))
     with pytest.raises(ValueError, match=r"one index map per image, Tensor\[3, H, W\]; got \(2, 16, 24\)"):
         loss_fn(True)(out, torch.zeros(0, 6), masks=torch.zeros(2, 16, 24))
+
+
+YOLO26 = torch.load(Path(__file__).parent / "fixtures" / "yolo26-seg-loss.pt", weights_only=True)
+
+
+def yolo26_inputs(case: str) -> dict:
+    x = YOLO26["empty_inputs" if case == "empty" else "inputs"]
+    out = {k: [t.clone().requires_grad_() for t in v] if isinstance(v, list) else v.clone().requires_grad_()
+           for k, v in x.items()}
+    out["coefficients"] = out.pop("one2many_coefficients")
+    return out
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["rows", "padded"])
+@pytest.mark.parametrize("case", ["overlap", "per_instance", "empty"])
+def test_yolo26_seg_loss_is_the_references_branch_by_branch_with_its_mask_aware_assignment(case, padded):
+    """Both branches' parts (the assignment scores each pair's predicted mask: per-object masks and index
+    maps, where a smaller object cuts into a larger one's mask, assign differently), the weighted total and
+    the gradients of every input, the one-to-one branch seeing the prototypes and semantic maps detached."""
+    from yolokit.losses import YOLO26SegLoss
+
+    ref = YOLO26["cases"][case]
+    loss_fn = YOLO26SegLoss(YOLO26["num_classes"], YOLO26["strides"], num_masks=YOLO26["num_masks"],
+                            overlap=ref["overlap"], **YOLO26["gains"])
+    assert loss_fn.set_epoch(YOLO26["epoch"], YOLO26["epochs"]) == pytest.approx(ref["weights"], rel=1e-12)
+    objects = torch.zeros(0, 6) if case == "empty" else YOLO26["objects"]
+    out = yolo26_inputs(case)
+    max_boxes = 3 if padded else None
+    branches = loss_fn.branch_losses(out, objects, masks=ref["masks"], max_boxes=max_boxes)
+    for name, (_, parts) in branches.items():
+        want = ref["branches"][name]["items"]
+        assert list(parts) == list(want), name
+        for k, v in want.items():
+            assert_relative(parts[k], v, f"{name} {k}")
+    total, parts = loss_fn(out, objects, masks=ref["masks"], max_boxes=max_boxes)
+    assert_relative(total * 3 if case != "empty" else total * 2, ref["total"], "total")
+    for k, v in ref["items"].items():
+        assert_relative(parts[k], v, f"reported {k}")
+    (total * (2 if case == "empty" else 3)).backward()
+    for name, theirs in ref["grads"].items():
+        ours = out["coefficients" if name == "one2many_coefficients" else name]
+        for i, (a, b) in enumerate(zip(ours if isinstance(ours, list) else [ours],
+                                       theirs if isinstance(theirs, list) else [theirs], strict=True)):
+            assert_relative(a.grad if a.grad is not None else torch.zeros_like(a), b, f"gradient of {name}[{i}]")

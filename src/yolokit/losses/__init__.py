@@ -9,6 +9,7 @@ from yolokit.losses.anchor_matcher import AnchorMatcher
 from yolokit.losses.assigners import TaskAlignedAssigner
 from yolokit.losses.base import DetectionLoss, PaddedTargets, pad_targets
 from yolokit.losses.yolo26 import YOLO26Loss
+from yolokit.losses.yolo26_seg import YOLO26SegLoss
 from yolokit.losses.yolov3 import YOLOv3Loss
 from yolokit.losses.yolov8 import YOLOv8Loss
 from yolokit.losses.yolov8_seg import YOLOv8SegLoss
@@ -19,6 +20,7 @@ __all__ = [
     "PaddedTargets",
     "TaskAlignedAssigner",
     "YOLO26Loss",
+    "YOLO26SegLoss",
     "YOLOv3Loss",
     "YOLOv8Loss",
     "YOLOv8SegLoss",

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from yolokit.losses.masks import box_window
 from yolokit.losses.pairwise import box_terms, pairwise_ciou
 
 
@@ -38,6 +39,23 @@ class RowAssignment(NamedTuple):
     weights: Tensor
     point_row: Tensor
     point_weights: Tensor
+
+
+class MaskInputs(NamedTuple):
+    """What the assigner needs to score predicted masks (YOLO26-seg): the overlap of a (GT, point) pair is
+    then the mean of its box CIoU and its predicted mask's IoU with the GT's mask.
+
+    Attributes:
+        coefficients: Tensor[B, P, M] each point's mask coefficients.
+        protos: Tensor[B, M, h, w] each image's prototypes.
+        scale: prototype pixels per input pixel (h / the input's height).
+        gt_masks: Tensor[N, h, w] bool, the mask of each GT row (rows as ``assign_rows`` takes them).
+    """
+
+    coefficients: Tensor
+    protos: Tensor
+    scale: float
+    gt_masks: Tensor
 
 
 BYTES_PER_PAIR = 100   # what one (GT, point) pair of a chunk holds, about (t, u, CIoU terms, masks)
@@ -191,6 +209,7 @@ class TaskAlignedAssigner(nn.Module):
         *,
         per_image: int | None = None,
         logits: bool = False,
+        masks: MaskInputs | None = None,
     ) -> RowAssignment:
         """The assignment of GT rows flat over the batch (``targets`` as they come, or padded).
 
@@ -209,6 +228,10 @@ class TaskAlignedAssigner(nn.Module):
                 slot, as ``pad_targets(...).rows()`` lays them out; ``image`` must match): the
                 predictions are then read in place instead of copied per GT, which is faster.
             logits: ``pred_scores`` holds logits.
+            masks: predicted and GT masks (YOLO26-seg): each GT's ``3 * topk`` inside points of highest
+                box-only t get the IoU of their predicted mask (``coefficients @ protos > 0``, cropped to the
+                predicted box) with the GT's mask, and every inside pair's u becomes ``(CIoU + mask IoU) / 2``
+                (the mask IoU 0 for the others) before t, the top k, the contests and the weights.
 
         Returns:
             ``RowAssignment``; ties between GTs of one image go to the earlier row.
@@ -222,7 +245,8 @@ class TaskAlignedAssigner(nn.Module):
             best_gt = [torch.full((b * p,), -1.0, device=device),
                        torch.full((b * p,), n, dtype=torch.long, device=device), torch.zeros(b * p, device=device)]
         top, align, overlap, kept = self._top_candidates(pred_scores, pred_boxes.float(), points.float(), image,
-                                                         labels, boxes.float(), valid, k, per_image, logits, best_gt)
+                                                         labels, boxes.float(), valid, k, per_image, logits, best_gt,
+                                                         masks)
         key = (image[:, None] * p + top).view(-1)  # flat (image, point) of every entry
         if best_gt is not None:
             return self._settle_any(top, align, overlap, kept, key, best_gt, b, p)
@@ -279,7 +303,8 @@ class TaskAlignedAssigner(nn.Module):
 
     def _top_candidates(self, pred_scores: Tensor, pred_boxes: Tensor, points: Tensor, image: Tensor,
                         labels: Tensor, gt_boxes: Tensor, valid: Tensor, k: int, per_image: int | None,
-                        logits: bool, best: list[Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                        logits: bool, best: list[Tensor] | None = None,
+                        masks: MaskInputs | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Each GT's k best points by t, computed chunk by chunk of rows.
 
         With ``best`` (Tensor[B * P] highest u, its row, its t; -1, N, 0 at first), each point's
@@ -313,6 +338,8 @@ class TaskAlignedAssigner(nn.Module):
                 s = scores[image[rows], labels[rows]].float()
             if logits:
                 s = s.sigmoid_()
+            if masks is not None:   # u: the mean of the CIoU and the mask IoU (0 off each GT's 3k best pairs)
+                u = _with_mask_iou(u, s, outside, masks, pred_boxes, image[rows], rows, self, p)
             t = s.pow_(self.alpha).mul_(u.pow(self.beta).view(-1, p)).masked_fill_(outside.view(-1, p), -1.0)
             t_top, top = t.topk(k, dim=-1)
             chosen = (top, t_top, u.view(-1, p).gather(1, top), ~outside.view(-1, p).gather(1, top))
@@ -348,6 +375,30 @@ class TaskAlignedAssigner(nn.Module):
                 for g0 in range(0, g, rows_per_chunk):
                     g1 = min(g0 + rows_per_chunk, g)
                     yield slice(b * g + g0, b * g + g1), pred_terms[b:b + 1, :, None], (1, g1 - g0)
+
+
+def _with_mask_iou(u: Tensor, s: Tensor, outside: Tensor, masks: MaskInputs, pred_boxes: Tensor, image: Tensor,
+                   rows: slice, assigner: TaskAlignedAssigner, p: int) -> Tensor:
+    """A chunk's u (Tensor[b_c, g_c, P], clamped CIoU) as ``(u + mask IoU) / 2``: the mask IoU for each GT's
+    ``3 * topk`` points of highest box-only t (``s^alpha * u^beta + eps`` inside, 0 outside), 0 elsewhere.
+    ``s``: Tensor[r, P] the GT class's scores; ``image``: Tensor[r] each row's image."""
+    r = image.shape[0]
+    inside = ~outside.view(r, p)
+    box_t = torch.where(inside, s.pow(assigner.alpha) * u.view(r, p).pow(assigner.beta) + assigner.eps, 0.0)
+    top = box_t.topk(min(3 * assigner.topk, p), dim=-1).indices                    # [r, k3]
+    chosen = inside.gather(1, top)
+    (h, w), m = masks.protos.shape[-2:], masks.protos.shape[1]
+    coef = masks.coefficients[image[:, None], top].float()                          # [r, k3, M]
+    predicted = torch.bmm(coef, masks.protos[image].float().view(r, m, h * w)) > 0  # [r, k3, h * w]
+    box = pred_boxes[image[:, None], top].view(-1, 4) * masks.scale
+    cols, rows_in = box_window(box, h, w)
+    predicted = (predicted.view(-1, h, w) & (cols * rows_in).bool()).view(r, -1, h * w)
+    gt = masks.gt_masks[rows].view(r, 1, h * w)
+    inter = (predicted & gt).sum(-1).float()
+    union = gt.sum(-1).float() + predicted.sum(-1).float() - inter
+    iou = torch.where(chosen, inter / union.clamp(min=1), 0.0)
+    dense = torch.zeros(r, p, device=u.device).scatter_(1, top, iou)
+    return ((u.view(r, p) + dense) / 2).view_as(u)
 
 
 def _update_best(best: list[Tensor], u: Tensor, t: Tensor, rows: slice, images: Tensor, n: int) -> None:

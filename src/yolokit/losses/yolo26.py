@@ -16,13 +16,13 @@ size: see :class:`YOLO26Loss`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from yolokit.losses.assigners import RowAssignment, TaskAlignedAssigner, widening_side
+from yolokit.losses.assigners import MaskInputs, RowAssignment, TaskAlignedAssigner, widening_side
 from yolokit.losses.base import DetectionLoss, as_padded
 from yolokit.losses.yolov8 import distribution_focal_loss
 from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
@@ -177,7 +177,8 @@ class YOLO26BranchLoss(DetectionLoss):
             dist.detach().transpose(1, 2)
 
     def _assign(self, cls_logits: Tensor, dist: Tensor, points: Tensor, point_strides: Tensor, targets: Tensor,
-                max_boxes: int | None) -> tuple[RowAssignment, tuple]:
+                max_boxes: int | None, masks: Callable[[tuple], MaskInputs] | None = None
+                ) -> tuple[RowAssignment, tuple]:
         b = cls_logits.shape[0]
         stride = point_strides[:, None]
         pred_boxes = dist_to_box(dist, points) * stride  # pixels, as Ultralytics scales its stride-unit boxes
@@ -186,7 +187,8 @@ class YOLO26BranchLoss(DetectionLoss):
         else:
             gt = as_padded(targets, b, max_boxes).rows()
         assigned = self.assigner.assign_rows(cls_logits.transpose(1, 2), pred_boxes, points * stride, *gt,
-                                             per_image=max_boxes, logits=True)
+                                             per_image=max_boxes, logits=True,
+                                             masks=None if masks is None else masks(gt))
         return assigned, gt
 
     @torch.no_grad()
@@ -201,10 +203,19 @@ class YOLO26BranchLoss(DetectionLoss):
         return self._assign(cls_logits, dist, points, point_strides, targets.float(), max_boxes)[0]
 
     def _loss(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None) -> tuple[Tensor, dict[str, Tensor]]:
+        parts, _, _ = self._terms(maps, targets, max_boxes)
+        total = parts["box"] + parts["cls"] + parts[self.distance_term]
+        return total, {k: v.detach() for k, v in parts.items()}
+
+    def _terms(self, maps: list[Tensor], targets: Tensor, max_boxes: int | None,
+               masks: Callable[[tuple], MaskInputs] | None = None) -> tuple[dict[str, Tensor], RowAssignment, tuple]:
+        """The three terms (gains applied, with gradient), the assignment and the GT rows it assigned
+        ``(image, label, box, valid or None)``. ``masks``: the assigner's mask inputs for those rows
+        (YOLO26-seg), made once the rows are known."""
         r = self.reg_max
         box_out, cls_logits, points, point_strides, dist = self._predictions(maps)
         with torch.no_grad():  # the assigner sees every point; gradients flow only where it assigns
-            assigned, gt = self._assign(cls_logits, dist, points, point_strides, targets, max_boxes)
+            assigned, gt = self._assign(cls_logits, dist, points, point_strides, targets, max_boxes, masks)
             fg_image, fg_point, fg_label, target, weight = _every_point(assigned, *gt[:3])
         score_sum = weight.sum().clamp(min=1.0)
         # BCE-with-logits summed over every point and class against `weight` on the GT class of foreground
@@ -237,8 +248,7 @@ class YOLO26BranchLoss(DetectionLoss):
 
         parts = {"box": box * self.gains["box"], "cls": cls * self.gains["cls"],
                  self.distance_term: distance * self.gains[self.distance_term]}
-        total = parts["box"] + parts["cls"] + parts[self.distance_term]
-        return total, {k: v.detach() for k, v in parts.items()}
+        return parts, assigned, gt
 
 
 def _every_point(assigned: RowAssignment, image: Tensor, labels: Tensor,

@@ -89,32 +89,47 @@ class YOLOv8SegLoss(YOLOv8Loss):
 
     def _loss(self, maps: list[Tensor], targets: Tensor | PaddedTargets, max_boxes: int | None, *,
               outputs: Mapping[str, Tensor | Sequence[Tensor]], masks: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        b = maps[0].shape[0]
-        parts, assigned, (image, labels, boxes, _) = self._terms(maps, targets, max_boxes)
-        coefficients = torch.cat([c.float().flatten(2) for c in outputs["coefficients"]], dim=2)   # [B, M, P]
-        protos = outputs["protos"].float()
-        point_row = assigned.point_row
-        if max_boxes is not None and not isinstance(targets, PaddedTargets):   # padded slots -> the targets' rows
-            point_row, image, labels, boxes = _rows_as_given(point_row, targets, b, max_boxes)
-        elif isinstance(targets, PaddedTargets) and not self.overlap:
-            masks = masks.flatten(0, 1)                                        # [B * G, H', W'], slot order
-        height, width = maps[0].shape[-2] * self.strides[0], maps[0].shape[-1] * self.strides[0]
-        seg = mask_loss(coefficients, protos, point_row, image, boxes, masks, (height, width), overlap=self.overlap)
-        parts["seg"] = seg * self.gains["seg"]
-        if outputs.get("semantic") is not None:
-            target = semantic_targets(masks, image, labels, b, self.num_classes, overlap=self.overlap)
-            any_positive = (point_row < len(image)).any()       # the reference's term only with a positive point
-            parts["sem"] = semantic_loss(outputs["semantic"], target) * any_positive * self.gains["seg"]
-        parts = {k: parts[k] for k in ("box", "seg", "cls", "dfl", "sem") if k in parts}
-        total = sum(parts.values())
-        return total, {k: v.detach() for k, v in parts.items()}
+        parts, assigned, gt = self._terms(maps, targets, max_boxes)
+        return with_mask_terms(self, parts, assigned.point_row, gt, maps, targets, max_boxes,
+                               flat_coefficients(outputs["coefficients"]), outputs["protos"], outputs.get("semantic"),
+                               masks)
 
 
-def _rows_as_given(point_row: Tensor, targets: Tensor, batch_size: int, g: int
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Each point's GT as a row of ``targets`` (Tensor[N, 6]) rather than a padded slot (image * g + slot, as
-    ``pad_targets`` fills them: an image's rows in their order), N at background; and the rows' image,
-    class and box."""
+def flat_coefficients(levels: Sequence[Tensor]) -> Tensor:
+    """Per level Tensor[B, M, H_l, W_l] as one Tensor[B, M, P], the levels in order (float32)."""
+    return torch.cat([c.float().flatten(2) for c in levels], dim=2)
+
+
+def with_mask_terms(loss, parts: dict[str, Tensor], point_row: Tensor, gt: tuple, maps: list[Tensor],
+                    targets: Tensor | PaddedTargets, max_boxes: int | None, coefficients: Tensor, protos: Tensor,
+                    semantic: Tensor | None, masks: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """A detection loss's parts with the mask term (and the semantic term) added: ``(total, detached parts)``
+    in the reference's order (box, seg, cls, the distance term, sem).
+
+    ``loss`` gives ``overlap``, ``strides``, ``num_classes`` and ``gains["seg"]``; ``point_row`` and ``gt``
+    are its assignment's (rows as given, or padded slots)."""
+    b = maps[0].shape[0]
+    image, labels, boxes, _ = gt
+    if max_boxes is not None and not isinstance(targets, PaddedTargets):   # padded slots -> the targets' rows
+        point_row, image, labels, boxes = _rows_as_given(point_row, targets, b, max_boxes)
+    elif isinstance(targets, PaddedTargets) and not loss.overlap:
+        masks = masks.flatten(0, 1)                                        # [B * G, H', W'], slot order
+    height, width = maps[0].shape[-2] * loss.strides[0], maps[0].shape[-1] * loss.strides[0]
+    seg = mask_loss(coefficients, protos.float(), point_row, image, boxes, masks, (height, width),
+                    overlap=loss.overlap)
+    parts["seg"] = seg * loss.gains["seg"]
+    if semantic is not None:
+        target = semantic_targets(masks, image, labels, b, loss.num_classes, overlap=loss.overlap)
+        any_positive = (point_row < len(image)).any()       # the reference's term only with a positive point
+        parts["sem"] = semantic_loss(semantic, target) * any_positive * loss.gains["seg"]
+    order = ("box", "seg", "cls", "dfl", "l1", "sem")
+    parts = {k: parts[k] for k in sorted(parts, key=order.index)}
+    return sum(parts.values()), {k: v.detach() for k, v in parts.items()}
+
+
+def slot_rows(targets: Tensor, batch_size: int, g: int) -> Tensor:
+    """The row of ``targets`` (Tensor[N, 6]) in each padded slot (image * g + slot, as ``pad_targets`` fills
+    them: an image's rows in their order), N at empty slots, and N once more at the end (Tensor[B * g + 1])."""
     n, device = len(targets), targets.device
     image = targets[:, 0].long()
     _, order = torch.sort(image, stable=True)
@@ -123,4 +138,12 @@ def _rows_as_given(point_row: Tensor, targets: Tensor, batch_size: int, g: int
     slot = torch.arange(n, device=device) - starts[image[order]]
     row_of = torch.full((batch_size * g + 1,), n, dtype=torch.long, device=device)
     row_of[image[order] * g + slot] = order
-    return row_of[point_row.clamp(max=batch_size * g)], image, targets[:, 1].long(), targets[:, 2:6]
+    return row_of
+
+
+def _rows_as_given(point_row: Tensor, targets: Tensor, batch_size: int, g: int
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each point's GT as a row of ``targets`` rather than a padded slot (N at background), and the rows'
+    image, class and box."""
+    row_of = slot_rows(targets, batch_size, g)
+    return row_of[point_row.clamp(max=batch_size * g)], targets[:, 0].long(), targets[:, 1].long(), targets[:, 2:6]
