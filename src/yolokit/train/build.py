@@ -218,7 +218,7 @@ def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
     head = model.head
     if getattr(head, "segments", False):
         raise ValueError(f"{model.name} is an instance segmentation model: yolokit builds and runs it, "
-                        "but trains detection models only so far (no segmentation loss yet)")
+                        "but trains detection models only so far (its loss is ready, its data is not: no masks yet)")
     if isinstance(head, EndToEndHead):
         return YOLO26Loss(head.num_classes, head.strides, reg_max=head.reg_max, box=config.box, cls=config.cls,
                           dfl=config.dfl)
