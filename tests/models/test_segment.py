@@ -125,7 +125,29 @@ def test_bad_segment_rows_name_the_row(head, end2end, message):
     assert head[0] in str(info.value)
 
 
-def test_the_trainer_says_in_one_line_that_it_does_not_train_masks_yet():
-    model = yolokit.create_model("yolov8n-seg.yaml", num_classes=3)
+def test_the_trainer_says_in_one_line_that_it_does_not_train_masks_yet(tmp_path, capsys):
+    from yolokit.cli import main
+
+    model = yolokit.create_model("yolov8n-seg", num_classes=3)
     with pytest.raises(ValueError, match="yolov8n-seg is an instance segmentation model"):
         build_loss(model, TrainConfig())
+    data = yolokit.data.make_shapes(tmp_path / "set", n_train=2, n_val=1, imgsz=64)
+    assert main(["train", "--model", "yolo11n-seg", "--data", str(data), "--imgsz", "64",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "yolo11n-seg is an instance segmentation model" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_seg_models_have_built_in_names_at_every_scale():
+    """``create_model("yolov8n-seg")`` is the packaged YAML at scale n, for the three families and five scales;
+    ``list_models()`` stays the detection variants (what the export and interop suites run)."""
+    names = yolokit.list_models("segment")
+    assert names == [f"{f}{s}-seg" for f in ("yolov8", "yolo11", "yolo26") for s in "nsmlx"]
+    assert not set(names) & set(yolokit.list_models())
+    for name in ("yolov8n-seg", "yolo26s-seg"):
+        a, b = yolokit.create_model(name, num_classes=3), yolokit.create_model(f"{name}.yaml", num_classes=3)
+        assert a.name == name and type(a.head) is type(b.head)
+        assert sum(p.numel() for p in a.parameters()) == sum(p.numel() for p in b.parameters())
+    with pytest.raises(ValueError, match="task must be 'detect' or 'segment'"):
+        yolokit.list_models("pose")

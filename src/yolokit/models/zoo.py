@@ -79,9 +79,18 @@ MODELS: dict[str, YOLOv8Config | YOLOv3Config] = {
 """The built-in variants by name (`list_models()`), each a config: `build_model(MODELS["yolov8s"])`."""
 
 
-def list_models() -> list[str]:
-    """Built-in names accepted by ``create_model`` (model YAMLs are accepted too: ``models.spec.packaged_yamls``)."""
-    return list(MODELS)
+SEGMENT_MODELS: tuple[str, ...] = tuple(f"{family}{scale}-seg" for family in ("yolov8", "yolo11", "yolo26")
+                                        for scale in "nsmlx")
+"""The built-in instance segmentation names (``create_model("yolov8n-seg")``): the packaged
+``yolov8-seg.yaml``, ``yolo11-seg.yaml`` and ``yolo26-seg.yaml`` at each scale."""
+
+
+def list_models(task: str = "detect") -> list[str]:
+    """Built-in names accepted by ``create_model``: the detection variants, or (``task="segment"``) the
+    instance segmentation ones. Model YAMLs are accepted too (``models.spec.packaged_yamls``)."""
+    if task not in ("detect", "segment"):
+        raise ValueError(f"task must be 'detect' or 'segment', got {task!r}")
+    return list(MODELS) if task == "detect" else list(SEGMENT_MODELS)
 
 
 def is_yaml_name(name: Any) -> bool:
@@ -94,7 +103,7 @@ def create_model(name: str | Path | Mapping[str, Any], *, num_classes: int | Non
     """A freshly initialised model: a built-in variant, or a model YAML.
 
     Args:
-        name: a built-in name (``list_models()``), a model YAML's path, a packaged YAML's name with
+        name: a built-in name (``list_models()``, ``list_models("segment")``), a model YAML's path, a packaged YAML's name with
             or without a scale letter (``yolo11s.yaml`` is ``yolo11.yaml`` at scale s,
             ``yolov8n-p2.yaml`` is ``yolov8-p2.yaml`` at scale n), or a YAML's content as a dict.
         num_classes: classes C (default: the file's ``nc``, else 80).
@@ -111,9 +120,12 @@ def create_model(name: str | Path | Mapping[str, Any], *, num_classes: int | Non
     """
     if isinstance(name, Mapping) or is_yaml_name(name):
         return create_from_yaml(name, scale=scale, num_classes=num_classes, modules=modules)
+    if name in SEGMENT_MODELS:
+        return create_from_yaml(f"{name}.yaml", scale=scale, num_classes=num_classes, modules=modules)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}, or a model YAML "
-                         f"(a path, or a packaged one such as yolo11n.yaml or yolov8s-p2.yaml)")
+        raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}, the segmentation models "
+                         f"(yolov8n-seg ... yolo26x-seg), or a model YAML (a path, or a packaged one such as "
+                         f"yolo11n.yaml or yolov8s-p2.yaml)")
     if scale is not None or modules is not None:
         raise ValueError(f"{name} is a built-in variant: scale and modules apply to model YAMLs only")
     num_classes = 80 if num_classes is None else num_classes
