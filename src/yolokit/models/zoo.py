@@ -103,8 +103,8 @@ def create_model(name: str | Path | Mapping[str, Any], *, num_classes: int | Non
     """A freshly initialised model: a built-in variant, or a model YAML.
 
     Args:
-        name: a built-in name (``list_models()``, ``list_models("segment")``), a model YAML's path, a packaged YAML's name with
-            or without a scale letter (``yolo11s.yaml`` is ``yolo11.yaml`` at scale s,
+        name: a built-in name (``list_models()``, ``list_models("segment")``), a model YAML's path, a
+            packaged YAML's name with or without a scale letter (``yolo11s.yaml`` is ``yolo11.yaml`` at scale s,
             ``yolov8n-p2.yaml`` is ``yolov8-p2.yaml`` at scale n), or a YAML's content as a dict.
         num_classes: classes C (default: the file's ``nc``, else 80).
         scale: a letter of the YAML's ``scales`` (default: the one in the name, else the file's).
