@@ -162,3 +162,74 @@ def test_equals_cocoeval_on_a_validation_like_set():
     np.testing.assert_array_equal(result.stats, reference.stats)
     np.testing.assert_array_equal(result.precision, reference.eval["precision"][..., -1])
     np.testing.assert_array_equal(result.recall, reference.eval["recall"])
+
+
+def random_masks(boxes, rng, size=(200, 224)):
+    """One mask per box on a 200 x 224 image: an ellipse or the box itself (pixel-exact), clipped to the
+    image; some empty (a box off the image)."""
+    h, w = size
+    ys, xs = np.mgrid[:h, :w] + 0.5
+    masks = np.zeros((len(boxes), h, w), bool)
+    for m, (x1, y1, x2, y2) in zip(masks, boxes, strict=True):
+        if rng.random() < 0.5:
+            m[int(max(y1, 0)):int(max(y2, 0)), int(max(x1, 0)):int(max(x2, 0))] = True
+        else:
+            cx, cy, rx, ry = (x1 + x2) / 2, (y1 + y2) / 2, max((x2 - x1) / 2, 1), max((y2 - y1) / 2, 1)
+            m[((xs - cx) / rx) ** 2 + ((ys - cy) / ry) ** 2 <= 1] = True
+    return masks
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mask_evaluation_equals_pycocotools_segm(seed):
+    """The random sets' boxes drawn as masks (the detections' own shapes, not their ground truth's: IoUs of
+    every size), scored by ``evaluate_masks`` and by ``COCOeval(..., "segm")`` on the masks' RLEs: the same
+    12 numbers and the same precision array, to the last bit."""
+    mask_utils = pytest.importorskip("pycocotools.mask")
+    COCO = pytest.importorskip("pycocotools.coco").COCO
+    COCOeval = pytest.importorskip("pycocotools.cocoeval").COCOeval
+    from yolokit.val.cocoeval import CroppedMasks, evaluate_masks
+
+    rng = np.random.default_rng(100 + seed)
+    image_ids, gt, det = random_case(seed, images=8)
+    gt_masks = random_masks(np.array([b for _, b, _ in gt]).reshape(-1, 4), rng)
+    det_masks = random_masks(np.array([b for _, b, _, _ in det]).reshape(-1, 4), rng)
+    rle = lambda m: {**mask_utils.encode(np.asfortranarray(m)), "counts": mask_utils.encode(  # noqa: E731
+        np.asfortranarray(m))["counts"].decode()}
+    dataset = {"images": [{"id": int(i), "height": 200, "width": 224} for i in image_ids],
+               "categories": [{"id": c + 1} for c in range(4)],
+               "annotations": [{"id": n + 1, "image_id": int(img), "category_id": int(c) + 1, "iscrowd": 0,
+                                "segmentation": rle(m), "area": float(m.sum()),
+                                "bbox": list(mask_utils.toBbox(mask_utils.encode(np.asfortranarray(m))))}
+                               for n, ((img, _, c), m) in enumerate(zip(gt, gt_masks, strict=True))]}
+    results = [{"image_id": int(img), "category_id": int(c) + 1, "score": float(s), "segmentation": rle(m)}
+               for (img, _, s, c), m in zip(det, det_masks, strict=True)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO()
+        coco.dataset = dataset
+        coco.createIndex()
+        ev = COCOeval(coco, coco.loadRes(results), "segm")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    ours = evaluate_masks(CroppedMasks.from_masks(gt_masks), [c for _, _, c in gt], [i for i, _, _ in gt],
+                          CroppedMasks.from_masks(det_masks), [s for _, _, s, _ in det], [c for _, _, _, c in det],
+                          [i for i, _, _, _ in det], 4)
+    assert np.array_equal(ours.stats, ev.stats), (ours.stats, ev.stats)
+    assert np.array_equal(ours.precision, ev.eval["precision"][..., -1])
+    assert 0.01 < ours.stats[0] < 0.95 and (ours.stats[3:6] > -1).sum() >= 2   # numbers to compare, area ranges used
+
+
+def test_cropped_masks_keep_their_pixels_and_pair_ious():
+    masks = np.zeros((3, 6, 8), bool)
+    masks[0, 1:4, 2:6] = True          # 12 px
+    masks[1, 2:6, 4:8] = True          # 16 px, 4 shared with the first
+    c = CroppedMasks_from(masks)
+    assert c.bounds.tolist() == [[2, 1, 6, 4], [4, 2, 8, 6], [0, 0, 0, 0]] and c.area.tolist() == [12, 16, 0]
+    iou = c.pair_iou(c, np.array([0, 0, 1, 2]), np.array([1, 0, 1, 2]))
+    assert iou.tolist() == [4 / 24, 1.0, 1.0, 0.0]
+
+
+def CroppedMasks_from(masks):
+    from yolokit.val.cocoeval import CroppedMasks
+
+    return CroppedMasks.from_masks(masks)

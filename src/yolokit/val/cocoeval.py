@@ -23,6 +23,7 @@ checks that on randomized sets. Ground truth here is never crowd (``iscrowd`` 0)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,13 +81,38 @@ def evaluate_boxes(
         ``BoxEval``.
     """
     gt_xywh, det_xywh = _xywh(gt_boxes), _xywh(det_boxes)
+    sizes = [np.asarray(x).size for x in (gt_labels, gt_images, det_scores, det_labels, det_images)]
+    if not len(gt_xywh) == sizes[0] == sizes[1]:
+        raise ValueError(f"ground truth: {len(gt_xywh)} boxes, {sizes[0]} labels, {sizes[1]} image ids")
+    if not len(det_xywh) == sizes[2] == sizes[3] == sizes[4]:
+        raise ValueError(f"detections: {len(det_xywh)} boxes, {sizes[2]} scores, {sizes[3]} labels, "
+                         f"{sizes[4]} image ids")
+    return evaluate(gt_labels, gt_images, det_scores, det_labels, det_images, num_classes,
+                    gt_area=gt_xywh[:, 2] * gt_xywh[:, 3], det_area=det_xywh[:, 2] * det_xywh[:, 3],
+                    pair_iou=lambda d, g: _pair_iou(det_xywh[d], gt_xywh[g]))
+
+
+def evaluate(gt_labels: np.ndarray, gt_images: np.ndarray, det_scores: np.ndarray, det_labels: np.ndarray,
+             det_images: np.ndarray, num_classes: int, *, gt_area: np.ndarray, det_area: np.ndarray,
+             pair_iou: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> BoxEval:
+    """``COCOeval``'s algorithm for any kind of instance: boxes (:func:`evaluate_boxes`), masks
+    (:func:`evaluate_masks`).
+
+    Args:
+        gt_labels, gt_images, det_scores, det_labels, det_images, num_classes: as :func:`evaluate_boxes`.
+        gt_area, det_area: [G] and [D] areas, for the area ranges (pycocotools: a ground truth's
+            ``area`` field, a detection's box or mask area).
+        pair_iou: ``pair_iou(det_index, gt_index)`` -> [P] float64 IoU of aligned pairs, indices into the
+            inputs as given.
+    """
     gt_labels, det_labels = np.asarray(gt_labels, np.int64).reshape(-1), np.asarray(det_labels, np.int64).reshape(-1)
     gt_images, det_images = np.asarray(gt_images, np.int64).reshape(-1), np.asarray(det_images, np.int64).reshape(-1)
     scores = np.asarray(det_scores, np.float64).reshape(-1)
-    if not (len(gt_xywh) == len(gt_labels) == len(gt_images)):
-        raise ValueError(f"ground truth: {len(gt_xywh)} boxes, {len(gt_labels)} labels, {len(gt_images)} image ids")
-    if not (len(det_xywh) == len(scores) == len(det_labels) == len(det_images)):
-        raise ValueError(f"detections: {len(det_xywh)} boxes, {len(scores)} scores, {len(det_labels)} labels, "
+    gt_area, det_area = np.asarray(gt_area, np.float64).reshape(-1), np.asarray(det_area, np.float64).reshape(-1)
+    if not (len(gt_area) == len(gt_labels) == len(gt_images)):
+        raise ValueError(f"ground truth: {len(gt_area)} areas, {len(gt_labels)} labels, {len(gt_images)} image ids")
+    if not (len(det_area) == len(scores) == len(det_labels) == len(det_images)):
+        raise ValueError(f"detections: {len(det_area)} areas, {len(scores)} scores, {len(det_labels)} labels, "
                          f"{len(det_images)} image ids")
     for name, labels in (("gt_labels", gt_labels), ("det_labels", det_labels)):
         if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
@@ -97,13 +123,14 @@ def evaluate_boxes(
     # ground truth grouped by (image, class), annotation order kept within a group
     gt_key = gt_image * num_classes + gt_labels
     g_order = np.argsort(gt_key, kind="stable")
-    gt_key, gt_xywh, gt_labels = gt_key[g_order], gt_xywh[g_order], gt_labels[g_order]
-    gt_area = gt_xywh[:, 2] * gt_xywh[:, 3]
+    gt_key, gt_labels, gt_area = gt_key[g_order], gt_labels[g_order], gt_area[g_order]
 
     # detections image-major, so that input order breaks score ties by (image, rank)
+    det_index = np.arange(len(scores))
     if len(det_image) > 1 and (det_image[1:] < det_image[:-1]).any():
         o = np.argsort(det_image, kind="stable")
-        det_xywh, scores, det_labels, det_image = det_xywh[o], scores[o], det_labels[o], det_image[o]
+        det_index, scores, det_labels, det_image, det_area = det_index[o], scores[o], det_labels[o], det_image[o], \
+            det_area[o]
     small = np.int16 if max(num_classes, int(image.max(initial=0)) + 1) < 2**15 else np.int64  # radix-sortable
     by_score = np.argsort(-scores, kind="stable")
     order = by_score[np.argsort(det_labels.astype(small)[by_score], kind="stable")]  # class, -score, index
@@ -114,13 +141,14 @@ def evaluate_boxes(
     rank = np.empty(len(key), np.int64)
     rank[grouped] = np.arange(len(key)) - np.repeat(starts, np.diff(np.r_[starts, len(key)]))
     order = order[rank[order] < MAX_DETS[-1]]  # computeIoU keeps the best 100 per (image, class)
-    det_key, det_xywh, det_labels, rank = det_key[order], det_xywh[order], det_labels[order], rank[order]
-    det_area = det_xywh[:, 2] * det_xywh[:, 3]
+    det_key, det_labels, rank, det_area, det_index = det_key[order], det_labels[order], rank[order], \
+        det_area[order], det_index[order]
 
     # everything below runs in accumulation order: class, then descending score
     gt_ignore = np.stack([(gt_area < lo) | (gt_area > hi) for lo, hi in AREA_RANGES])  # [A, G]
     det_outside = np.stack([(det_area < lo) | (det_area > hi) for lo, hi in AREA_RANGES])  # [A, D]
-    matched, matched_ignored = _match(gt_key, gt_xywh, gt_ignore, det_key, det_xywh, rank)
+    matched, matched_ignored = _match(gt_key, gt_ignore, det_key, rank,
+                                      lambda d, g: np.asarray(pair_iou(det_index[d], g_order[g]), np.float64))
     det_ignore = matched_ignored | (~matched & det_outside[:, None, :])  # [A, T, D]
     num_gt = np.stack([np.bincount(gt_labels[~ign], minlength=num_classes) for ign in gt_ignore])  # [A, K]
     precision, recall = _accumulate(det_labels, rank, matched, det_ignore, num_gt)
@@ -144,8 +172,8 @@ def _pair_iou(d: np.ndarray, g: np.ndarray) -> np.ndarray:
     return np.where((w > 0) & (h > 0), iou, 0.0)
 
 
-def _match(gt_key: np.ndarray, gt_xywh: np.ndarray, gt_ignore: np.ndarray, det_key: np.ndarray,
-           det_xywh: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _match(gt_key: np.ndarray, gt_ignore: np.ndarray, det_key: np.ndarray, rank: np.ndarray,
+           pair_iou: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Greedy matching of ``evaluateImg`` for every group, threshold and area range at once.
 
     A detection takes, among the ground truth boxes of its group not yet taken at that
@@ -171,7 +199,7 @@ def _match(gt_key: np.ndarray, gt_xywh: np.ndarray, gt_ignore: np.ndarray, det_k
     num_pairs = int(pair_start[-1])
     pair_det = np.repeat(dets, counts)
     pair_gt = np.repeat(g_lo[dets], counts) + np.arange(num_pairs) - np.repeat(pair_start[:-1], counts)
-    pair_iou = _pair_iou(det_xywh[pair_det], gt_xywh[pair_gt])
+    pair_iou = pair_iou(pair_det, pair_gt)
     iou_code = np.unique(pair_iou, return_inverse=True)[1].reshape(-1)  # exact order of the IoUs
     levels = int(iou_code.max()) + 1
     preference = (iou_code + levels * ~gt_ignore[:, pair_gt]) * num_pairs + np.arange(num_pairs)  # [A, P]
@@ -283,3 +311,70 @@ def summarize(precision: np.ndarray, recall: np.ndarray) -> np.ndarray:
         mean(False, max_det=0), mean(False, max_det=1), mean(False), mean(False, area=1), mean(False, area=2),
         mean(False, area=3),
     ])
+
+
+@dataclass
+class CroppedMasks:
+    """Instance masks, each kept as the crop of its pixels' bounding box (memory: the boxes' areas, not N
+    whole images).
+
+    Attributes:
+        bounds: int64 [N, 4] ``(x1, y1, x2, y2)`` of each mask's pixels, x2 and y2 exclusive (0s when empty).
+        crops: N bool arrays, [y2 - y1, x2 - x1] each.
+        area: int64 [N] pixels in each mask.
+    """
+
+    bounds: np.ndarray
+    crops: list[np.ndarray]
+    area: np.ndarray
+
+    @classmethod
+    def from_masks(cls, masks: np.ndarray | list[np.ndarray]) -> CroppedMasks:
+        """From whole-image masks ([N, H, W], or a list of [H, W]; nonzero is inside)."""
+        bounds, crops = [], []
+        for mask in masks:
+            mask = np.asarray(mask) != 0
+            rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+            if not len(rows):
+                bounds.append((0, 0, 0, 0))
+                crops.append(np.zeros((0, 0), bool))
+                continue
+            x1, y1, x2, y2 = cols[0], rows[0], cols[-1] + 1, rows[-1] + 1
+            bounds.append((x1, y1, x2, y2))
+            crops.append(np.ascontiguousarray(mask[y1:y2, x1:x2]))
+        area = np.array([int(c.sum()) for c in crops], np.int64)
+        return cls(np.asarray(bounds, np.int64).reshape(-1, 4), crops, area)
+
+    def __len__(self) -> int:
+        return len(self.crops)
+
+    def pair_iou(self, other: CroppedMasks, mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+        """IoU of aligned pairs (``self[mine[p]]``, ``other[theirs[p]]``), as pycocotools' ``rleIou`` has it
+        (no crowd): intersection over union of pixel counts in float64, 0 without intersection."""
+        a, b = self.bounds[mine], other.bounds[theirs]
+        lo, hi = np.maximum(a[:, :2], b[:, :2]), np.minimum(a[:, 2:], b[:, 2:])
+        inter = np.zeros(len(mine), np.int64)
+        for p in np.flatnonzero((hi > lo).all(1)):
+            (x1, y1), (x2, y2) = lo[p], hi[p]
+            ax, ay, bx, by = a[p, 0], a[p, 1], b[p, 0], b[p, 1]
+            inter[p] = np.count_nonzero(self.crops[mine[p]][y1 - ay:y2 - ay, x1 - ax:x2 - ax]
+                                        & other.crops[theirs[p]][y1 - by:y2 - by, x1 - bx:x2 - bx])
+        union = self.area[mine] + other.area[theirs] - inter
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(inter > 0, inter / union.astype(np.float64), 0.0)
+
+
+def evaluate_masks(gt_masks: CroppedMasks, gt_labels: np.ndarray, gt_images: np.ndarray, det_masks: CroppedMasks,
+                   det_scores: np.ndarray, det_labels: np.ndarray, det_images: np.ndarray, num_classes: int, *,
+                   gt_area: np.ndarray | None = None) -> BoxEval:
+    """Scores instance masks the way ``COCOeval(..., "segm")`` does (no crowd ground truth).
+
+    Args:
+        gt_masks, det_masks: the masks, at each image's original resolution.
+        gt_area: [G] each ground truth's area for the area ranges (a COCO json's ``area`` field, which for
+            polygons is the polygon's area); None: its mask's pixel count. A detection's is its pixel count.
+        gt_labels, gt_images, det_scores, det_labels, det_images, num_classes: as :func:`evaluate_boxes`.
+    """
+    return evaluate(gt_labels, gt_images, det_scores, det_labels, det_images, num_classes,
+                    gt_area=gt_masks.area if gt_area is None else gt_area, det_area=det_masks.area,
+                    pair_iou=lambda d, g: det_masks.pair_iou(gt_masks, d, g))
