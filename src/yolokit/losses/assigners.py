@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from yolokit.losses.masks import box_window
+from yolokit.losses.mask_overlap import MaskInputs, with_mask_iou
 from yolokit.losses.pairwise import box_terms, pairwise_ciou
 
 
@@ -39,23 +39,6 @@ class RowAssignment(NamedTuple):
     weights: Tensor
     point_row: Tensor
     point_weights: Tensor
-
-
-class MaskInputs(NamedTuple):
-    """What the assigner needs to score predicted masks (YOLO26-seg): the overlap of a (GT, point) pair is
-    then the mean of its box CIoU and its predicted mask's IoU with the GT's mask.
-
-    Attributes:
-        coefficients: Tensor[B, P, M] each point's mask coefficients.
-        protos: Tensor[B, M, h, w] each image's prototypes.
-        scale: prototype pixels per input pixel (h / the input's height).
-        gt_masks: Tensor[N, h, w] bool, the mask of each GT row (rows as ``assign_rows`` takes them).
-    """
-
-    coefficients: Tensor
-    protos: Tensor
-    scale: float
-    gt_masks: Tensor
 
 
 BYTES_PER_PAIR = 100   # what one (GT, point) pair of a chunk holds, about (t, u, CIoU terms, masks)
@@ -339,7 +322,8 @@ class TaskAlignedAssigner(nn.Module):
             if logits:
                 s = s.sigmoid_()
             if masks is not None:   # u: the mean of the CIoU and the mask IoU (0 off each GT's 3k best pairs)
-                u = _with_mask_iou(u, s, outside, masks, pred_boxes, image[rows], rows, self, p)
+                u = with_mask_iou(u, s, outside, masks, pred_boxes, image[rows], rows, self.topk, self.alpha,
+                                  self.beta, self.eps)
             t = s.pow_(self.alpha).mul_(u.pow(self.beta).view(-1, p)).masked_fill_(outside.view(-1, p), -1.0)
             t_top, top = t.topk(k, dim=-1)
             chosen = (top, t_top, u.view(-1, p).gather(1, top), ~outside.view(-1, p).gather(1, top))
@@ -375,30 +359,6 @@ class TaskAlignedAssigner(nn.Module):
                 for g0 in range(0, g, rows_per_chunk):
                     g1 = min(g0 + rows_per_chunk, g)
                     yield slice(b * g + g0, b * g + g1), pred_terms[b:b + 1, :, None], (1, g1 - g0)
-
-
-def _with_mask_iou(u: Tensor, s: Tensor, outside: Tensor, masks: MaskInputs, pred_boxes: Tensor, image: Tensor,
-                   rows: slice, assigner: TaskAlignedAssigner, p: int) -> Tensor:
-    """A chunk's u (Tensor[b_c, g_c, P], clamped CIoU) as ``(u + mask IoU) / 2``: the mask IoU for each GT's
-    ``3 * topk`` points of highest box-only t (``s^alpha * u^beta + eps`` inside, 0 outside), 0 elsewhere.
-    ``s``: Tensor[r, P] the GT class's scores; ``image``: Tensor[r] each row's image."""
-    r = image.shape[0]
-    inside = ~outside.view(r, p)
-    box_t = torch.where(inside, s.pow(assigner.alpha) * u.view(r, p).pow(assigner.beta) + assigner.eps, 0.0)
-    top = box_t.topk(min(3 * assigner.topk, p), dim=-1).indices                    # [r, k3]
-    chosen = inside.gather(1, top)
-    (h, w), m = masks.protos.shape[-2:], masks.protos.shape[1]
-    coef = masks.coefficients[image[:, None], top].float()                          # [r, k3, M]
-    predicted = torch.bmm(coef, masks.protos[image].float().view(r, m, h * w)) > 0  # [r, k3, h * w]
-    box = pred_boxes[image[:, None], top].view(-1, 4) * masks.scale
-    cols, rows_in = box_window(box, h, w)
-    predicted = (predicted.view(-1, h, w) & (cols * rows_in).bool()).view(r, -1, h * w)
-    gt = masks.gt_masks[rows].view(r, 1, h * w)
-    inter = (predicted & gt).sum(-1).float()
-    union = gt.sum(-1).float() + predicted.sum(-1).float() - inter
-    iou = torch.where(chosen, inter / union.clamp(min=1), 0.0)
-    dense = torch.zeros(r, p, device=u.device).scatter_(1, top, iou)
-    return ((u.view(r, p) + dense) / 2).view_as(u)
 
 
 def _update_best(best: list[Tensor], u: Tensor, t: Tensor, rows: slice, images: Tensor, n: int) -> None:

@@ -14,22 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from yolokit.ops.masks import box_window
+
 
 def object_ranks(image: Tensor, batch_size: int) -> Tensor:
     """Each GT row's index among its image's rows, in row order: the value ``rank + 1`` marks it in an
     image's index map (``overlap`` masks). Tensor[N] int64."""
     one_hot = image[:, None] == torch.arange(batch_size, device=image.device)
     return one_hot.long().cumsum(0)[torch.arange(len(image), device=image.device), image] - 1
-
-
-def box_window(boxes: Tensor, h: int, w: int) -> tuple[Tensor, Tensor]:
-    """Which columns and rows of an h x w mask each box covers (pixel index i inside when
-    ``x1 <= i < x2``): Tensor[M, 1, w] and Tensor[M, h, 1], float 0/1, separable."""
-    x1, y1, x2, y2 = boxes[:, :, None].unbind(1)
-    cols = torch.arange(w, device=boxes.device, dtype=boxes.dtype)[None, None, :]
-    rows = torch.arange(h, device=boxes.device, dtype=boxes.dtype)[None, :, None]
-    return ((cols >= x1[..., None]) & (cols < x2[..., None])).to(boxes.dtype), \
-        ((rows >= y1[..., None]) & (rows < y2[..., None])).to(boxes.dtype)
 
 
 def mask_loss(coefficients: Tensor, protos: Tensor, point_row: Tensor, gt_image: Tensor, gt_boxes: Tensor,

@@ -5,6 +5,7 @@ point, chunk by chunk. Broadcasting the boxes would repeat each box's width, hei
 area and aspect angle for every pair, so those are computed once per box here
 (:func:`box_terms`) and combined over broadcast shapes (:func:`pairwise_ciou`), with the
 operations of ``ops.boxes.ciou`` in the same order: the results are equal bit for bit.
+:func:`ciou_unclamped` is the matched-pair CIoU of YOLO26's box term, inverted boxes as they are.
 """
 
 from __future__ import annotations
@@ -59,3 +60,35 @@ def pairwise_ciou(pred: Sequence[Tensor], gt: Sequence[Tensor]) -> Tensor:
     v = (g_atan - p_atan).pow_(2).mul_(4 / math.pi**2)
     alpha = v / (v - u + (1 + eps))
     return (u - centre).sub_(alpha.mul_(v))
+
+
+def ciou_unclamped(pred: Tensor, target: Tensor, eps: float = 1e-7) -> Tensor:
+    """CIoU of matched ``xyxy`` pairs with sides taken as they are, as Ultralytics' box term has it.
+
+    Unlike ``yolokit.ops.boxes.ciou`` nothing is clamped: an inverted box (x2 < x1 or y2 < y1, which
+    a head of raw distances can predict) keeps its negative side in the area and the aspect term
+    (``atan(w / (h + eps))`` with h < 0). Its intersection is 0 either way. For boxes of positive
+    size the two agree to rounding. ``alpha`` is a constant (no gradient), as in the CIoU paper.
+
+    Args:
+        pred: Tensor[..., 4].
+        target: Tensor[..., 4].
+        eps: added to the heights, the union and the squared enclosing diagonal.
+
+    Returns:
+        Tensor[...].
+    """
+    px1, py1, px2, py2 = pred.unbind(-1)
+    tx1, ty1, tx2, ty2 = target.unbind(-1)
+    pw, ph = px2 - px1, py2 - py1 + eps
+    tw, th = tx2 - tx1, ty2 - ty1 + eps
+    overlap = (torch.minimum(px2, tx2) - torch.maximum(px1, tx1)).clamp(min=0) * \
+        (torch.minimum(py2, ty2) - torch.maximum(py1, ty1)).clamp(min=0)
+    iou = overlap / (pw * ph + tw * th - overlap + eps)
+    enclosing2 = (torch.maximum(px2, tx2) - torch.minimum(px1, tx1)) ** 2 + \
+        (torch.maximum(py2, ty2) - torch.minimum(py1, ty1)) ** 2 + eps
+    centre2 = ((tx1 + tx2 - px1 - px2) ** 2 + (ty1 + ty2 - py1 - py2) ** 2) / 4
+    v = (4 / math.pi**2) * (torch.atan(tw / th) - torch.atan(pw / ph)) ** 2
+    with torch.no_grad():
+        alpha = v / (v - iou + (1 + eps))
+    return iou - (centre2 / enclosing2 + v * alpha)

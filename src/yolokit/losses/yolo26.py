@@ -15,7 +15,6 @@ size: see :class:`YOLO26Loss`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from yolokit.losses.assigners import MaskInputs, RowAssignment, TaskAlignedAssigner, widening_side
 from yolokit.losses.base import DetectionLoss, as_padded
+from yolokit.losses.pairwise import ciou_unclamped
 from yolokit.losses.yolov8 import distribution_focal_loss
 from yolokit.ops.anchors import box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.pick import pick
@@ -54,38 +54,6 @@ def branch_weights(epoch: int, epochs: int, *, start: float = 0.8, final: float 
         return start, max(1.0 - start, 0.0)
     o2m = max(1 - epoch / max(epochs - 1, 1), 0) * (start - final) + final
     return o2m, max(1.0 - o2m, 0.0)
-
-
-def ciou_unclamped(pred: Tensor, target: Tensor, eps: float = 1e-7) -> Tensor:
-    """CIoU of matched ``xyxy`` pairs with sides taken as they are, as Ultralytics' box term has it.
-
-    Unlike ``yolokit.ops.boxes.ciou`` nothing is clamped: an inverted box (x2 < x1 or y2 < y1, which
-    a head of raw distances can predict) keeps its negative side in the area and the aspect term
-    (``atan(w / (h + eps))`` with h < 0). Its intersection is 0 either way. For boxes of positive
-    size the two agree to rounding. ``alpha`` is a constant (no gradient), as in the CIoU paper.
-
-    Args:
-        pred: Tensor[..., 4].
-        target: Tensor[..., 4].
-        eps: added to the heights, the union and the squared enclosing diagonal.
-
-    Returns:
-        Tensor[...].
-    """
-    px1, py1, px2, py2 = pred.unbind(-1)
-    tx1, ty1, tx2, ty2 = target.unbind(-1)
-    pw, ph = px2 - px1, py2 - py1 + eps
-    tw, th = tx2 - tx1, ty2 - ty1 + eps
-    overlap = (torch.minimum(px2, tx2) - torch.maximum(px1, tx1)).clamp(min=0) * \
-        (torch.minimum(py2, ty2) - torch.maximum(py1, ty1)).clamp(min=0)
-    iou = overlap / (pw * ph + tw * th - overlap + eps)
-    enclosing2 = (torch.maximum(px2, tx2) - torch.minimum(px1, tx1)) ** 2 + \
-        (torch.maximum(py2, ty2) - torch.minimum(py1, ty1)) ** 2 + eps
-    centre2 = ((tx1 + tx2 - px1 - px2) ** 2 + (ty1 + ty2 - py1 - py2) ** 2) / 4
-    v = (4 / math.pi**2) * (torch.atan(tw / th) - torch.atan(pw / ph)) ** 2
-    with torch.no_grad():
-        alpha = v / (v - iou + (1 + eps))
-    return iou - (centre2 / enclosing2 + v * alpha)
 
 
 class YOLO26BranchLoss(DetectionLoss):

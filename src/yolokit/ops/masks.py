@@ -1,0 +1,94 @@
+"""Instance masks from a segmentation head's output: each detection's mask logits (its coefficients times its
+image's prototypes), at the network's input or straight in the original image, cropped to its box.
+
+A mask pixel ``(i, j)`` is inside a box ``(x1, y1, x2, y2)`` (in that mask's pixels) when ``x1 <= j < x2`` and
+``y1 <= i < y2``, as the segmentation loss crops its targets; a detection's mask is where its logit is above 0
+(its sigmoid above 0.5) inside its box.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from yolokit.ops.geometry import RatioPad
+
+
+def box_window(boxes: Tensor, h: int, w: int) -> tuple[Tensor, Tensor]:
+    """Which columns and rows of an h x w mask each box covers (pixel index i inside when
+    ``x1 <= i < x2``): Tensor[M, 1, w] and Tensor[M, h, 1], float 0/1, separable."""
+    x1, y1, x2, y2 = boxes[:, :, None].unbind(1)
+    cols = torch.arange(w, device=boxes.device, dtype=boxes.dtype)[None, None, :]
+    rows = torch.arange(h, device=boxes.device, dtype=boxes.dtype)[None, :, None]
+    return ((cols >= x1[..., None]) & (cols < x2[..., None])).to(boxes.dtype), \
+        ((rows >= y1[..., None]) & (rows < y2[..., None])).to(boxes.dtype)
+
+
+def mask_logits(coefficients: Tensor, protos: Tensor) -> Tensor:
+    """Tensor[K, h, w] float32: each detection's coefficients (Tensor[K, M]) times the prototypes (Tensor[M, h, w])."""
+    m, h, w = protos.shape
+    return (coefficients.float() @ protos.float().reshape(m, h * w)).view(-1, h, w)
+
+
+def decode_masks(coefficients: Tensor, protos: Tensor, boxes: Tensor, size: Sequence[int]) -> Tensor:
+    """Masks at the network's input: logits upsampled (bilinear) to ``size``, above 0, inside the boxes.
+
+    Args:
+        coefficients: Tensor[K, M] of the K detections.
+        protos: Tensor[M, h, w] their image's prototypes.
+        boxes: Tensor[K, 4] xyxy in input pixels.
+        size: (height, width) of the input.
+
+    Returns:
+        Tensor[K, height, width] bool.
+    """
+    height, width = int(size[0]), int(size[1])
+    if not len(coefficients):
+        return torch.zeros(0, height, width, dtype=torch.bool, device=protos.device)
+    logits = F.interpolate(mask_logits(coefficients, protos)[None], (height, width), mode="bilinear",
+                           align_corners=False)[0]
+    cols, rows = box_window(boxes.float(), height, width)
+    return (logits > 0) & (cols * rows).bool()
+
+
+def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio_pad: RatioPad,
+                      input_size: Sequence[int], orig_shape: Sequence[int], *, chunk_pixels: int = 2**24) -> Tensor:
+    """Masks in the original image, sampled once from the prototypes (no letterboxed mask in between).
+
+    Each original pixel's centre maps to the input (``original * ratio + pad``) and from there to the
+    prototypes, which span the whole input; its logit is read there by bilinear interpolation (the same
+    as upsampling the prototype logits to the input, for a pixel on the input's grid), then kept where
+    above 0 and inside the detection's box in original pixels.
+
+    Args:
+        coefficients: Tensor[K, M]; protos: Tensor[M, h, w].
+        boxes: Tensor[K, 4] xyxy in original pixels.
+        ratio_pad: the image's ``((ratio_w, ratio_h), (pad_w, pad_h))`` into the input.
+        input_size: (height, width) of the network's input.
+        orig_shape: (height, width) of the original image.
+        chunk_pixels: output pixels computed at once (K x height x width float32 otherwise).
+
+    Returns:
+        Tensor[K, height, width] bool.
+    """
+    height, width = int(orig_shape[0]), int(orig_shape[1])
+    k, device = len(coefficients), protos.device
+    out = torch.zeros(k, height, width, dtype=torch.bool, device=device)
+    if not k:
+        return out
+    (rw, rh), (pw, ph) = ratio_pad
+    in_h, in_w = float(input_size[0]), float(input_size[1])
+    gx = ((torch.arange(width, device=device, dtype=torch.float64) + 0.5) * rw + pw) / in_w * 2 - 1
+    gy = ((torch.arange(height, device=device, dtype=torch.float64) + 0.5) * rh + ph) / in_h * 2 - 1
+    logits = mask_logits(coefficients, protos)[:, None]                      # [K, 1, h, w]
+    cols, rows = box_window(boxes.float(), height, width)
+    step = max(1, chunk_pixels // max(1, k * width))
+    for y0 in range(0, height, step):
+        y1 = min(y0 + step, height)
+        grid = torch.stack(torch.meshgrid(gy[y0:y1], gx, indexing="ij")[::-1], -1).float()   # [rows, W, (x, y)]
+        sampled = F.grid_sample(logits, grid[None].expand(k, -1, -1, -1), mode="bilinear", align_corners=False)
+        out[:, y0:y1] = (sampled[:, 0] > 0) & (cols * rows[:, y0:y1]).bool()
+    return out
