@@ -7,8 +7,9 @@
 #                                             # 30 slowest tests of the median run
 #   benchmarks/suite.sh coverage [REF]        # coverage.py, branch on, subprocesses and spawned ranks included
 #
-# REF is a commit of this checkout (default HEAD); each run clones it into /tmp/suite-<REF>/ (only its logs are
-# kept: SUITE_KEEP=1 keeps the clone, its venv and caches too). Nothing of
+# SUITE_DURATIONS=0 keeps every test's duration in the log (default: the 30 slowest), to compare two trees
+# file by file. REF is a commit of this checkout (default HEAD); each run clones it into /tmp/suite-<REF>/
+# (only its logs are kept: SUITE_KEEP=1 keeps the clone, its venv and caches too). Nothing of
 # this machine's caches is reused: a fresh torch inductor cache and yolokit cache per run (a fresh machine
 # has neither). Time nothing else on the machine meanwhile.
 set -euo pipefail
@@ -39,7 +40,8 @@ case "$mode" in
       fresh "$ref" "$dir"
       start=$(date +%s)
       code=0
-      isolated "$dir" "$dir/venv/bin/python" -m pytest -q --durations=30 > "$dir/pytest.log" 2>&1 || code=$?
+      isolated "$dir" "$dir/venv/bin/python" -m pytest -q --durations="${SUITE_DURATIONS:-30}" > "$dir/pytest.log" 2>&1 \
+        || code=$?
       wall=$(( $(date +%s) - start ))
       walls+=("$wall")
       echo "run $i: ${wall} s, exit code ${code}: $(tail -n 1 "$dir/pytest.log")"
