@@ -40,8 +40,8 @@ case "$mode" in
       fresh "$ref" "$dir"
       start=$(date +%s)
       code=0
-      isolated "$dir" "$dir/venv/bin/python" -m pytest -q --durations="${SUITE_DURATIONS:-30}" > "$dir/pytest.log" 2>&1 \
-        || code=$?
+      isolated "$dir" "$dir/venv/bin/python" -m pytest -q --durations="${SUITE_DURATIONS:-30}" \
+        > "$dir/pytest.log" 2>&1 || code=$?
       wall=$(( $(date +%s) - start ))
       walls+=("$wall")
       echo "run $i: ${wall} s, exit code ${code}: $(tail -n 1 "$dir/pytest.log")"
