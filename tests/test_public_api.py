@@ -44,8 +44,8 @@ PUBLIC = {
         UnsafeFileError export_onnx load read_darknet_header save
     """,
     "losses": """
-        AnchorMatcher DetectionLoss PaddedTargets TaskAlignedAssigner YOLO26Loss YOLOv3Loss YOLOv8Loss
-        pad_targets
+        AnchorMatcher DetectionLoss PaddedTargets TaskAlignedAssigner YOLO26Loss YOLO26SegLoss YOLOv3Loss
+        YOLOv8Loss YOLOv8SegLoss pad_targets
     """,
     "models": """
         Detector LayerGraph MODELS ModelSummary ModuleRule SpecConfig SpecError TimmBackbone

@@ -176,6 +176,29 @@ def test_segmentation_rows_become_their_bounding_box():
     np.testing.assert_allclose(labels, [[1, 20, 20, 100, 60], [0, 80, 40, 120, 60]], atol=1e-4)
 
 
+def test_polygon_rows_keep_their_points_aligned_with_their_rows_through_every_repair():
+    """A set of rows mixing polygons and boxes, with a malformed row, a bad class, a duplicate and a degenerate
+    polygon: the polygons left stay beside their own rows (a box row has none), clipped and in pixels."""
+    from yolokit.data.sources.labels import parse_yolo_segments
+
+    text = "\n".join([
+        "1 0.1 0.2 0.5 0.2 0.3 0.6",           # triangle: box (20, 20, 100, 60)
+        "0 0.5 0.5 0.2 0.2",                   # a box row: no polygon
+        "7 0.1 0.1 0.2 0.1 0.2 0.2",           # class 7 of 2: dropped
+        "1 0.1 0.2 0.5 0.2 0.3 0.6",           # the triangle again: a duplicate, dropped
+        "0 0.9 0.9 1.2 0.9 1.1 1.3",           # points past the edge: clipped to (180..200, 90..100)
+        "1 0.40 0.40 0.401 0.40 0.4005 0.401",  # under a pixel: dropped
+        "0 0.3 0.3 0.4",                       # malformed
+    ])
+    labels, polygons, fixes = parse_yolo_segments(text, (100, 200), 2)
+    assert labels[:, 0].tolist() == [1, 0, 0] and len(polygons) == 3 and polygons[1] is None
+    np.testing.assert_allclose(polygons[0], [[20, 20], [100, 20], [60, 60]], rtol=1e-6)
+    np.testing.assert_allclose(polygons[2], [[180, 90], [200, 90], [200, 100]], rtol=1e-6)
+    np.testing.assert_allclose(labels[2, 1:], [180, 90, 200, 100], rtol=1e-6)
+    assert all(p.dtype == np.float32 for p in (polygons[0], polygons[2]))
+    assert len(fixes) == 5, fixes   # malformed, class, clipped, degenerate, duplicate
+
+
 def test_check_files_keeps_the_order_in_one_thread_from_the_page_cache_and_overlaps_waits():
     import threading
     import time

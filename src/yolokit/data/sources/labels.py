@@ -118,7 +118,26 @@ def parse_yolo_labels(
         labels: float32 [G, 5] `(class, x1, y1, x2, y2)` in pixels, unique rows.
         fixes: what was repaired or dropped, one phrase per kind of problem.
     """
-    rows, bad_text = [], 0
+    labels, _, fixes = parse_yolo_segments(text, shape, num_classes)
+    return labels, fixes
+
+
+def parse_yolo_segments(
+    text: str, shape: tuple[int, int], num_classes: int
+) -> tuple[np.ndarray, list[np.ndarray | None], list[str]]:
+    """:func:`parse_yolo_labels`, keeping each polygon row's points.
+
+    A polygon row (`class x1 y1 x2 y2 ...`, three points or more) gives its bounding box and its
+    points; a box row (`class cx cy w h`) gives no polygon (no mask). Rows are repaired and dropped
+    as :func:`parse_yolo_labels` does, the polygons with their rows; a polygon's points are clipped
+    to the image as its box is.
+
+    Returns:
+        labels: float32 [G, 5] as :func:`parse_yolo_labels`.
+        polygons: G entries, float32 [K, 2] `(x, y)` points in pixels for a polygon row, None for a box row.
+        fixes: what was repaired or dropped.
+    """
+    rows, points, bad_text = [], [], 0
     for line in text.splitlines():
         parts = line.split()
         if not parts:
@@ -134,25 +153,28 @@ def parse_yolo_labels(
                 rows.append((c, np.nan, np.nan, np.nan, np.nan, 1.0))
             else:
                 rows.append((c, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2, 0.0))
+            points.append(None)
         elif len(vals) >= 7 and len(vals) % 2 == 1:
-            xs, ys = np.array(vals[1::2]), np.array(vals[2::2])
-            rows.append((vals[0], xs.min(), ys.min(), xs.max(), ys.max(), 0.0))
+            xy = np.array(vals[1:], np.float64).reshape(-1, 2)
+            rows.append((vals[0], *xy.min(0), *xy.max(0), 0.0))
+            points.append(xy)
         else:
             bad_text += 1
     fixes = []
     if bad_text:
         fixes.append(f"{bad_text} malformed row(s) dropped")
     if not rows:
-        return empty_labels(), fixes
+        return empty_labels(), [], fixes
     arr = np.array(rows, np.float64)
+    kept = np.arange(len(arr))
     negative = arr[:, 5] > 0
     arr = arr[:, :5]
     if negative.any():
         fixes.append(f"{int(negative.sum())} row(s) with negative size dropped")
-    finite = np.isfinite(arr).all(1)
+    finite = np.isfinite(arr).all(1) & np.array([p is None or bool(np.isfinite(p).all()) for p in points])
     if (~finite & ~negative).any():
         fixes.append(f"{int((~finite & ~negative).sum())} row(s) with NaN/inf dropped")
-    arr = arr[finite]
+    arr, kept = arr[finite], kept[finite]
     cls = arr[:, 0]
     good_cls = (cls == np.round(cls)) & (cls >= 0) & (cls < num_classes)
     if (~good_cls).any():
@@ -160,7 +182,7 @@ def parse_yolo_labels(
         shown = ", ".join(f"{c:g}" for c in bad[:5])
         fixes.append(f"{int((~good_cls).sum())} row(s) with class id outside "
                      f"0..{num_classes - 1} ({shown}) dropped")
-    arr = arr[good_cls]
+    arr, kept = arr[good_cls], kept[good_cls]
     # beyond rounding noise of 6-decimal label files counts as outside
     outside = ((arr[:, 1:] < -_TOL) | (arr[:, 1:] > 1 + _TOL)).any(1)
     if outside.any():
@@ -169,22 +191,28 @@ def parse_yolo_labels(
     h, w = shape
     arr[:, [1, 3]] *= w
     arr[:, [2, 4]] *= h
-    return _drop_degenerate_and_duplicates(arr, fixes), fixes
+    arr, keep = _drop_degenerate_and_duplicates(arr, fixes)
+    scale = np.array([w, h], np.float64)
+    polygons = [None if points[i] is None else (points[i].clip(0, 1) * scale).astype(np.float32)
+                for i in kept[keep]]
+    return arr, polygons, fixes
 
 
-def _drop_degenerate_and_duplicates(arr: np.ndarray, fixes: list[str]) -> np.ndarray:
-    """Drop boxes under 1 px wide or high and exact duplicate rows (first one kept)."""
+def _drop_degenerate_and_duplicates(arr: np.ndarray, fixes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Drop boxes under 1 px wide or high and exact duplicate rows (first one kept): the rows left and
+    their indices in ``arr``."""
     ok = ((arr[:, 3] - arr[:, 1]) >= 1) & ((arr[:, 4] - arr[:, 2]) >= 1)
     if (~ok).any():
         fixes.append(f"{int((~ok).sum())} degenerate box(es) under 1 px dropped")
+    index = np.flatnonzero(ok)
     arr = arr[ok].astype(np.float32)
     if len(arr) > 1:                        # a dict of row bytes: far cheaper than np.unique(axis=0)
         first: dict[bytes, int] = {}
         keep = [i for i, row in enumerate(arr) if first.setdefault(row.tobytes(), i) == i]
         if len(keep) < len(arr):
             fixes.append(f"{len(arr) - len(keep)} duplicate row(s) removed")
-            arr = arr[keep]
-    return arr.reshape(-1, 5)
+            arr, index = arr[keep], index[keep]
+    return arr.reshape(-1, 5), index
 
 
 def clean_pixel_boxes(arr: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, list[str]]:
@@ -209,7 +237,7 @@ def clean_pixel_boxes(arr: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarr
     if outside.any():
         fixes.append(f"{int(outside.sum())} box(es) outside the image clipped")
     arr[:, 1:] = np.clip(arr[:, 1:], 0, lim)
-    return _drop_degenerate_and_duplicates(arr, fixes), fixes
+    return _drop_degenerate_and_duplicates(arr, fixes)[0], fixes
 
 
 # ---------------------------------------------------------------------------- cache
