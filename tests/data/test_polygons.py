@@ -42,3 +42,23 @@ def test_no_polygon_is_an_empty_map():
     index, order = overlap_mask([], (64, 96), 4)
     assert index.shape == (16, 24) and not index.any() and order.shape == (0,)
     assert polygon_masks([], (64, 96), 4).shape == (0, 16, 24)
+
+
+def test_warped_polygons_give_the_references_boxes_and_clipped_points():
+    """Four warps (a shift off the image's edges, a rotation with scale, a shear, a perspective): each polygon's
+    box is its visible part's (edge crossings and image corners inside it included; zeros when wholly off),
+    its points clipped into that box, as the reference's random perspective computes them."""
+    from yolokit.data.augment.polygons import warp_polygons
+
+    stacked = np.stack([resample_polygon(p) for p in POLYGONS[:6]])
+    h, w = REFERENCE["shape"]
+    off = 0
+    for warp in REFERENCE["warps"]:
+        boxes, points = warp_polygons(stacked.copy(), warp["matrix"].numpy(), (w, h))
+        assert np.array_equal(boxes, warp["boxes"].numpy())
+        assert np.array_equal(points.astype(np.float32), warp["points"].numpy())
+        off += int((boxes == 0).all(1).sum())
+        clipped = (boxes[:, 0] == 0) | (boxes[:, 1] == 0) | (boxes[:, 2] == w) | (boxes[:, 3] == h)
+        assert (points[..., 0] >= boxes[:, None, 0]).all() and (points[..., 1] <= boxes[:, None, 3]).all()
+        assert clipped.any() or off
+    assert off >= 2                                                   # polygons wholly off the image: zeros

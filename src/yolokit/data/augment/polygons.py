@@ -84,3 +84,63 @@ def overlap_mask(polygons: Sequence[np.ndarray], shape: tuple[int, int], ratio: 
     for value, k in enumerate(order, 1):
         np.maximum(index, masks[k] * value, out=index)
     return index, order.astype(np.int64)
+
+
+def polygon_box(points: np.ndarray, width: float, height: float) -> np.ndarray:
+    """The box of a polygon's part inside the image ``[0, width] x [0, height]``: xyxy, zeros when none is.
+
+    A polygon inside the image gives its points' extent, one wholly outside (its extent beyond an edge)
+    zeros. Otherwise the extent of its points inside the image, of its edges' crossings with the image's
+    borders, and of the image's corners that lie inside it (or on its outline).
+    """
+    points = np.asarray(points)
+    dtype = points.dtype
+    if not len(points):
+        return np.zeros(4, dtype)
+    x, y = points[:, 0], points[:, 1]
+    x1, y1, x2, y2 = x.min(), y.min(), x.max(), y.max()
+    if x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height:
+        return np.array([x1, y1, x2, y2], dtype)
+    if x2 < 0 or y2 < 0 or x1 > width or y1 > height:
+        return np.zeros(4, dtype)
+    axes = np.array((0, 0, 1, 1))                                   # the borders x = 0, x = w, y = 0, y = h
+    borders = np.array((0, width, 0, height), dtype)
+    limits = np.array((height, height, width, width), dtype)        # each border's length along the other axis
+    step = np.roll(points, -1, axis=0) - points                     # each edge, to the next point
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (borders - points[:, axes]) / step[:, axes]             # [K, 4] where an edge meets a border
+        crossing = points[:, None, :] + t[:, :, None] * step[:, None, :]
+    along = crossing[:, np.arange(4), 1 - axes]
+    corners = np.array(((0, 0), (width, 0), (0, height), (width, height)), dtype)
+    outline = points.astype(np.float32)
+    kept = np.concatenate((
+        points[(x >= 0) & (y >= 0) & (x <= width) & (y <= height)],
+        crossing[(t >= 0) & (t <= 1) & (along >= 0) & (along <= limits)],
+        corners[[cv2.pointPolygonTest(outline, (float(cx), float(cy)), False) >= 0 for cx, cy in corners]],
+    ))
+    return np.array([*kept.min(0), *kept.max(0)], dtype) if len(kept) else np.zeros(4, dtype)
+
+
+def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Polygons through a 3 x 3 warp (perspective divide included), their boxes, and the polygons clipped to them.
+
+    Args:
+        polygons: [N, K, 2] points in pixels (resampled to one count: :func:`resample_polygon`).
+        matrix: the warp, [3, 3].
+        size: (width, height) of the output image.
+
+    Returns:
+        ``(boxes, polygons)``: [N, 4] xyxy, each polygon's visible part's box (:func:`polygon_box`), and the
+        warped polygons [N, K, 2] with each point clipped into its box.
+    """
+    n, k = polygons.shape[:2]
+    if n == 0:
+        return np.zeros((0, 4), polygons.dtype), polygons
+    xy = np.ones((n * k, 3), polygons.dtype)
+    xy[:, :2] = polygons.reshape(-1, 2)
+    xy = xy @ matrix.T
+    warped = (xy[:, :2] / xy[:, 2:3]).reshape(n, k, 2)
+    boxes = np.stack([polygon_box(p, size[0], size[1]) for p in warped])
+    warped[..., 0] = warped[..., 0].clip(boxes[:, 0:1], boxes[:, 2:3])
+    warped[..., 1] = warped[..., 1].clip(boxes[:, 1:2], boxes[:, 3:4])
+    return boxes, warped
