@@ -199,6 +199,48 @@ def test_polygon_rows_keep_their_points_aligned_with_their_rows_through_every_re
     assert len(fixes) == 5, fixes   # malformed, class, clipped, degenerate, duplicate
 
 
+def test_a_segmentation_set_keeps_its_polygons_through_the_label_cache_and_the_selection(tmp_path, monkeypatch):
+    """Polygon rows mixed with box rows (within a file and across files) and a file of boxes only: the index
+    holds each row's polygon or None; the label cache gives the same back (a cache without polygons, from
+    before, is rebuilt); a detection set has none at all; a fraction and a class filter keep them aligned."""
+    import cv2
+
+    from yolokit.data.sources.labels import CACHE_SUFFIX, load_index
+    from yolokit.data.sources.selection import select
+
+    root = tmp_path / "seg"
+    rows = {"a": "0 0.1 0.1 0.5 0.1 0.3 0.5\n1 0.5 0.5 0.2 0.2\n", "b": "1 0.5 0.5 0.2 0.2\n",
+            "c": "1 0.2 0.2 0.8 0.2 0.8 0.8 0.2 0.8\n0 0.6 0.1 0.9 0.1 0.9 0.3\n"}
+    for split in ("train",):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for name, text in rows.items():
+            cv2.imwrite(str(root / "images" / split / f"{name}.jpg"), np.zeros((40, 80, 3), np.uint8))
+            (root / "labels" / split / f"{name}.txt").write_text(text)
+    yaml = root / "data.yaml"
+    yaml.write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [x, y]\n")
+    from yolokit.data.sources import readers
+
+    for attempt in ("built", "cached"):
+        if attempt == "cached":                                   # from the cache file, not built again
+            monkeypatch.setattr(readers, "_build_yolo", lambda *a: pytest.fail("built again"))
+        index = yolo_index(yaml, "train")
+        assert [len(r) for r in index.segments] == [2, 1, 2], attempt
+        assert index.segments[0][1] is None and index.segments[1] == [None]
+        np.testing.assert_allclose(index.segments[0][0], [[8, 4], [40, 4], [24, 20]], rtol=1e-6)
+        np.testing.assert_allclose(index.segments[2][1], [[48, 4], [72, 4], [72, 12]], rtol=1e-6)
+        assert all(p is None or p.dtype == np.float32 for r in index.segments for p in r)
+    cache = root / "labels" / f"train{CACHE_SUFFIX}"
+    assert cache.is_file() and load_index(cache, "not its key") is None
+    kept, _ = select(index, classes=[0])
+    assert [len(r) for r in kept.segments] == [1, 0, 1] and kept.segments[2][0].shape == (3, 2)
+    kept, _ = select(index, fraction=0.5, seed=0)
+    assert len(kept.segments) == len(kept.labels) == 2
+    assert [len(r) for r in kept.segments] == [len(lb) for lb in kept.labels]
+    monkeypatch.undo()
+    assert yolo_index(_ultralytics_style(tmp_path / "ds"), "train").segments is None
+
+
 def test_check_files_keeps_the_order_in_one_thread_from_the_page_cache_and_overlaps_waits():
     import threading
     import time

@@ -31,8 +31,9 @@ from yolokit.data.sources.labels import (
     clean_pixel_boxes,
     empty_labels,
     files_key,
+    index_segments,
     load_index,
-    parse_yolo_labels,
+    parse_yolo_segments,
     report,
     save_index,
 )
@@ -129,20 +130,18 @@ def _check_yolo_image(image: str, label: str, num_classes: int):
     try:
         shape = verify_image(image)
     except ImageError as err:
-        return None, None, Problem(image, str(err), EXCLUDED)
+        return None, (None, None), Problem(image, str(err), EXCLUDED)
     try:
         with open(label, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        return shape, empty_labels(), Problem(image, f"no label file {label}", BACKGROUND)
+        return shape, (empty_labels(), None), Problem(image, f"no label file {label}", BACKGROUND)
     except (OSError, UnicodeDecodeError) as err:
-        return None, None, Problem(image, f"label file unreadable ({err})", EXCLUDED)
-    labels, fixes = parse_yolo_labels(text, shape, num_classes)
-    if fixes:
-        return shape, labels, Problem(image, f"{label}: " + "; ".join(fixes), FIXED)
-    if len(labels) == 0:
-        return shape, labels, Problem(image, f"empty label file {label}", BACKGROUND)
-    return shape, labels, None
+        return None, (None, None), Problem(image, f"label file unreadable ({err})", EXCLUDED)
+    labels, polygons, fixes = parse_yolo_segments(text, shape, num_classes)
+    problem = (Problem(image, f"{label}: " + "; ".join(fixes), FIXED) if fixes else
+               None if len(labels) else Problem(image, f"empty label file {label}", BACKGROUND))
+    return shape, (labels, polygons), problem
 
 
 T = TypeVar("T")
@@ -177,18 +176,19 @@ def check_files(check: Callable[[T], R], items: Sequence[T], *, chunk: int = 64)
 
 
 def _build_yolo(images: list[str], names: list[str], problems: list[Problem]) -> SplitIndex:
-    index = SplitIndex(paths=[], shapes=np.zeros((0, 2), np.int32), labels=[], names=names,
-                       problems=list(problems))
-    shapes = []
+    index = SplitIndex(paths=[], shapes=np.zeros((0, 2), np.int32), labels=[], names=names, problems=list(problems))
+    shapes, polygons = [], []
     results = check_files(lambda im: _check_yolo_image(im, label_path(im), len(names)), images)
-    for image, (shape, labels, problem) in zip(images, results, strict=True):
+    for image, (shape, (labels, rows), problem) in zip(images, results, strict=True):
         if problem is not None:
             index.problems.append(problem)
         if shape is not None:
             index.paths.append(image)
             shapes.append(shape)
             index.labels.append(labels)
+            polygons.append(rows)
     index.shapes = np.array(shapes, np.int32).reshape(-1, 2)
+    index.segments = index_segments(index.labels, polygons)
     return index
 
 
