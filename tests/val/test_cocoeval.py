@@ -45,8 +45,6 @@ def random_case(seed: int, images: int = 12, classes: int = 4):
 
 
 def pycocotools_eval(image_ids, gt, det, classes):
-    COCO = pytest.importorskip("pycocotools.coco").COCO   # not on every machine (the GPU image)
-    COCOeval = pytest.importorskip("pycocotools.cocoeval").COCOeval
     dataset = {"images": [{"id": int(i)} for i in image_ids],
                "categories": [{"id": c + 1} for c in range(classes)],
                "annotations": [{"id": n + 1, "image_id": int(img), "category_id": int(c) + 1, "iscrowd": 0,
@@ -54,11 +52,18 @@ def pycocotools_eval(image_ids, gt, det, classes):
                                 "area": float((b[2] - b[0]) * (b[3] - b[1]))} for n, (img, b, c) in enumerate(gt)]}
     results = [{"image_id": int(img), "category_id": int(c) + 1, "score": float(s),
                 "bbox": [float(b[0]), float(b[1]), float(b[2] - b[0]), float(b[3] - b[1])]} for img, b, s, c in det]
+    return cocoeval(dataset, results, "bbox")
+
+
+def cocoeval(dataset: dict, results: list[dict], iou_type: str):
+    """pycocotools' evaluation of ``results`` against the ground truth ``dataset``, quietly."""
+    COCO = pytest.importorskip("pycocotools.coco").COCO   # not on every machine (the GPU image)
+    COCOeval = pytest.importorskip("pycocotools.cocoeval").COCOeval
     with contextlib.redirect_stdout(io.StringIO()):
         coco = COCO()
         coco.dataset = dataset
         coco.createIndex()
-        ev = COCOeval(coco, coco.loadRes(results), "bbox")
+        ev = COCOeval(coco, coco.loadRes(results), iou_type)
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
@@ -185,8 +190,6 @@ def test_mask_evaluation_equals_pycocotools_segm(seed):
     every size), scored by ``evaluate_masks`` and by ``COCOeval(..., "segm")`` on the masks' RLEs: the same
     12 numbers and the same precision array, to the last bit."""
     mask_utils = pytest.importorskip("pycocotools.mask")
-    COCO = pytest.importorskip("pycocotools.coco").COCO
-    COCOeval = pytest.importorskip("pycocotools.cocoeval").COCOeval
     from yolokit.val.cocoeval import CroppedMasks, evaluate_masks
 
     rng = np.random.default_rng(100 + seed)
@@ -203,14 +206,7 @@ def test_mask_evaluation_equals_pycocotools_segm(seed):
                                for n, ((img, _, c), m) in enumerate(zip(gt, gt_masks, strict=True))]}
     results = [{"image_id": int(img), "category_id": int(c) + 1, "score": float(s), "segmentation": rle(m)}
                for (img, _, s, c), m in zip(det, det_masks, strict=True)]
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco = COCO()
-        coco.dataset = dataset
-        coco.createIndex()
-        ev = COCOeval(coco, coco.loadRes(results), "segm")
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
+    ev = cocoeval(dataset, results, "segm")
     ours = evaluate_masks(CroppedMasks.from_masks(gt_masks), [c for _, _, c in gt], [i for i, _, _ in gt],
                           CroppedMasks.from_masks(det_masks), [s for _, _, s, _ in det], [c for _, _, _, c in det],
                           [i for i, _, _, _ in det], 4)
