@@ -225,18 +225,21 @@ def test_a_segmentation_set_keeps_its_polygons_through_the_label_cache_and_the_s
         if attempt == "cached":                                   # from the cache file, not built again
             monkeypatch.setattr(readers, "_build_yolo", lambda *a: pytest.fail("built again"))
         index = yolo_index(yaml, "train")
-        assert [len(r) for r in index.segments] == [2, 1, 2], attempt
-        assert index.segments[0][1] is None and index.segments[1] == [None]
-        np.testing.assert_allclose(index.segments[0][0], [[8, 4], [40, 4], [24, 20]], rtol=1e-6)
-        np.testing.assert_allclose(index.segments[2][1], [[48, 4], [72, 4], [72, 12]], rtol=1e-6)
-        assert all(p is None or p.dtype == np.float32 for r in index.segments for p in r)
+        images = [index.segments.image(i) for i in range(len(index))]
+        assert [len(r) for r in images] == [2, 1, 2], attempt
+        assert images[0][1] is None and images[1] == [None]
+        np.testing.assert_allclose(images[0][0], [[8, 4], [40, 4], [24, 20]], rtol=1e-6)
+        np.testing.assert_allclose(images[2][1], [[48, 4], [72, 4], [72, 12]], rtol=1e-6)
+        assert index.segments.points.dtype == np.float32 and index.segments.points.shape == (3 + 4 + 3, 2)
     cache = root / "labels" / f"train{CACHE_SUFFIX}"
     assert cache.is_file() and load_index(cache, "not its key") is None
     kept, _ = select(index, classes=[0])
-    assert [len(r) for r in kept.segments] == [1, 0, 1] and kept.segments[2][0].shape == (3, 2)
+    rows = [kept.segments.image(i) for i in range(3)]
+    assert [len(r) for r in rows] == [1, 0, 1] and rows[2][0].shape == (3, 2)
+    np.testing.assert_array_equal(rows[2][0], images[2][1])        # the class-0 triangle of image c, itself
     kept, _ = select(index, fraction=0.5, seed=0)
     assert len(kept.segments) == len(kept.labels) == 2
-    assert [len(r) for r in kept.segments] == [len(lb) for lb in kept.labels]
+    assert [len(kept.segments.image(i)) for i in range(2)] == [len(lb) for lb in kept.labels]
     monkeypatch.undo()
     assert yolo_index(_ultralytics_style(tmp_path / "ds"), "train").segments is None
 

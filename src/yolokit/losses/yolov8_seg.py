@@ -51,8 +51,6 @@ class YOLOv8SegLoss(YOLOv8Loss):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_masks={self.num_masks}, overlap={self.overlap}"
 
-    channel_layout = "4 * reg_max + C"
-
     def forward(self, outputs: Mapping[str, Tensor | Sequence[Tensor]], targets: Tensor | PaddedTargets, *,
                 masks: Tensor, max_boxes: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss of one batch.

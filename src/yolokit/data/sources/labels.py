@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from yolokit.data.sources.images import read_bytes
+from yolokit.data.sources.segments import Segments
 
 logger = logging.getLogger("yolokit.data")
 
@@ -61,8 +62,8 @@ class SplitIndex:
         store: shards only (`yolokit.data.store.stream.ShardStore`): where the images' bytes are read;
             `paths` then names each image (the split's url and its key) but is no file.
         items: shards only: each image's item in `store`.
-        segments: a set with polygon rows (instance segmentation): per image, per label row, float32
-            [K, 2] points in original pixels, or None for a box row (no mask); None for a set without any.
+        segments: a set with polygon rows (instance segmentation): each label row's polygon in original
+            pixels, or none for a box row (no mask), flat (:class:`Segments`); None for a set without any.
     """
 
     paths: list[str]
@@ -74,7 +75,7 @@ class SplitIndex:
     image_ids: list[int] | None = None
     store: Any = None
     items: np.ndarray | None = None
-    segments: list[list[np.ndarray | None]] | None = None
+    segments: Segments | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -281,7 +282,8 @@ def save_index(path: Path, key: str, index: SplitIndex) -> bool:
             np.savez(f, meta=np.array(meta), problems=np.array(problems),
                      paths=np.array(index.paths, dtype=str),
                      shapes=np.asarray(index.shapes, np.int32).reshape(-1, 2),
-                     counts=counts, labels=labels.astype(np.float32), **flat_segments(index.segments))
+                     counts=counts, labels=labels.astype(np.float32),
+                     **(index.segments.arrays() if index.segments is not None else {}))
         os.replace(tmp, path)
     except OSError:
         return False
@@ -305,42 +307,11 @@ def load_index(path: Path, key: str) -> SplitIndex | None:
                 problems=[Problem(*p) for p in json.loads(str(z["problems"]))],
                 category_ids=meta.get("category_ids"),
                 image_ids=meta.get("image_ids"),
-                segments=nested_segments(z["segment_points"], z["segment_sizes"], counts)
-                if "segment_sizes" in z.files else None,
+                segments=Segments.from_arrays(z),
             )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return index
-
-
-def index_segments(labels: list[np.ndarray], polygons: list[list[np.ndarray | None] | None]
-                   ) -> list[list[np.ndarray | None]] | None:
-    """A split's ``segments`` from each image's rows' polygons (None entries: box rows; None for an image
-    without a label file): None when no row of the split has a polygon (a detection set)."""
-    if not any(p is not None for rows in polygons if rows for p in rows):
-        return None
-    return [rows if rows is not None else [None] * len(lb) for lb, rows in zip(labels, polygons, strict=True)]
-
-
-def flat_segments(segments: list[list[np.ndarray | None]] | None) -> dict[str, np.ndarray]:
-    """An index's polygons as two arrays (nothing for a set without any): ``segment_sizes`` int64, each label
-    row's point count (-1 for a box row), and ``segment_points`` float32 [sum, 2], all points in row order."""
-    if segments is None:
-        return {}
-    rows = [p for image in segments for p in image]
-    sizes = np.array([-1 if p is None else len(p) for p in rows], np.int64)
-    points = [p for p in rows if p is not None]
-    return {"segment_sizes": sizes,
-            "segment_points": np.concatenate(points).astype(np.float32) if points else np.zeros((0, 2), np.float32)}
-
-
-def nested_segments(points: np.ndarray, sizes: np.ndarray, counts: np.ndarray) -> list[list[np.ndarray | None]]:
-    """:func:`flat_segments` undone: per image (``counts`` label rows each), per row, its polygon or None."""
-    ends = np.cumsum(np.maximum(sizes, 0))
-    rows = [None if k < 0 else points[e - k:e].reshape(-1, 2)
-            for k, e in zip(sizes.tolist(), ends.tolist(), strict=True)]
-    bounds = np.r_[0, np.cumsum(counts)].tolist()
-    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def cache_home() -> Path:

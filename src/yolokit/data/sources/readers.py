@@ -31,12 +31,12 @@ from yolokit.data.sources.labels import (
     clean_pixel_boxes,
     empty_labels,
     files_key,
-    index_segments,
     load_index,
     parse_yolo_segments,
     report,
     save_index,
 )
+from yolokit.data.sources.segments import split_segments
 
 _NOT_IMAGES = frozenset({".txt", ".json", ".yaml", ".yml", ".cache", ".md", ".csv", ".xml",
                          ".npy", ".npz", ".db", ".ini"})
@@ -188,7 +188,7 @@ def _build_yolo(images: list[str], names: list[str], problems: list[Problem]) ->
             index.labels.append(labels)
             polygons.append(rows)
     index.shapes = np.array(shapes, np.int32).reshape(-1, 2)
-    index.segments = index_segments(index.labels, polygons)
+    index.segments = split_segments(polygons, [len(lb) for lb in index.labels])
     return index
 
 

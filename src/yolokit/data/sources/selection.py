@@ -53,7 +53,8 @@ def select(index: SplitIndex, *, fraction: float = 1.0, seed: int = 0, classes: 
                         labels=[index.labels[i] for i in chosen],
                         image_ids=[index.image_ids[i] for i in chosen] if index.image_ids else index.image_ids,
                         items=index.items[chosen] if index.items is not None else None,
-                        segments=[index.segments[i] for i in chosen] if index.segments is not None else None)
+                        segments=None if index.segments is None else index.segments.take(
+                            [np.arange(index.segments.starts[i], index.segments.starts[i + 1]) for i in chosen]))
         notes.append(f"fraction {fraction:g}: {keep} of {n} images (seed {seed})")
     if classes is not None:
         wanted = sorted({int(c) for c in classes})
@@ -65,9 +66,8 @@ def select(index: SplitIndex, *, fraction: float = 1.0, seed: int = 0, classes: 
         kept_rows = [np.isin(x[:, 0].astype(np.int64), wanted) for x in index.labels]
         labels = [x[k] for x, k in zip(index.labels, kept_rows, strict=True)]
         dropped = total - sum(len(x) for x in labels)
-        segments = None if index.segments is None else [
-            [p for p, keep in zip(rows, k, strict=True) if keep] for rows, k in zip(index.segments, kept_rows,
-                                                                                    strict=True)]
+        segments = None if index.segments is None else index.segments.take(
+            [index.segments.starts[i] + np.flatnonzero(k) for i, k in enumerate(kept_rows)])
         index = replace(index, labels=labels, segments=segments)
         named = ", ".join(index.names[c] for c in wanted)
         notes.append(f"classes {', '.join(map(str, wanted))} ({named}): {dropped} of {total} labels of other "
