@@ -44,7 +44,7 @@ def with_mask_iou(u: Tensor, s: Tensor, outside: Tensor, masks: MaskInputs, pred
     predicted = torch.bmm(coef, masks.protos[image].float().view(r, m, h * w)) > 0  # [r, k3, h * w]
     box = pred_boxes[image[:, None], top].view(-1, 4) * masks.scale
     cols, rows_in = box_window(box, h, w)
-    predicted = (predicted.view(-1, h, w) & (cols * rows_in).bool()).view(r, -1, h * w)
+    predicted = (predicted.view(-1, h, w) & cols.bool() & rows_in.bool()).view(r, -1, h * w)
     gt = masks.gt_masks[rows].view(r, 1, h * w)
     inter = (predicted & gt).sum(-1).float()
     union = gt.sum(-1).float() + predicted.sum(-1).float() - inter

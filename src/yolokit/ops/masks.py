@@ -51,7 +51,7 @@ def decode_masks(coefficients: Tensor, protos: Tensor, boxes: Tensor, size: Sequ
     logits = F.interpolate(mask_logits(coefficients, protos)[None], (height, width), mode="bilinear",
                            align_corners=False)[0]
     cols, rows = box_window(boxes.float(), height, width)
-    return (logits > 0) & (cols * rows).bool()
+    return (logits > 0) & cols.bool() & rows.bool()
 
 
 def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio_pad: RatioPad,
@@ -90,5 +90,5 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
         y1 = min(y0 + step, height)
         grid = torch.stack(torch.meshgrid(gy[y0:y1], gx, indexing="ij")[::-1], -1).float()   # [rows, W, (x, y)]
         sampled = F.grid_sample(logits, grid[None].expand(k, -1, -1, -1), mode="bilinear", align_corners=False)
-        out[:, y0:y1] = (sampled[:, 0] > 0) & (cols * rows[:, y0:y1]).bool()
+        out[:, y0:y1] = (sampled[:, 0] > 0) & cols.bool() & rows[:, y0:y1].bool()
     return out
