@@ -90,6 +90,25 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
+@pytest.fixture
+def forked_ranks(monkeypatch):
+    """``launch()`` forks this test process for its ranks instead of spawning fresh interpreters.
+
+    A spawned rank imports torch and the trainer again (2-5 s each on 2 cores, paid by every launch of the
+    training tests); a forked one starts at once with what this process imported. What the training tests
+    check (the numbers of N ranks against one) does not depend on the start method; spawning itself, and
+    what it refuses, is tested in tests/accel/test_launcher.py and by every ``--devices N`` command.
+    """
+    import multiprocessing
+
+    from yolokit.accel import launcher
+
+    if "fork" not in multiprocessing.get_all_start_methods() or torch.cuda.is_initialized():
+        return
+    start = launcher._start
+    monkeypatch.setattr(launcher, "_start", lambda fn, args, method: start(fn, args, method or "fork"))
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_distributed_state():
     """Torchrun variables and the default process group are as they were before the test.

@@ -141,7 +141,7 @@ def test_ranks_decide_together_what_one_rank_ran_into(gloo_suite):
     assert rank0["foreach"] is False and rank1["foreach"] is False
 
 
-def test_a_rank_that_raises_does_not_hang_the_others(clean_env):
+def test_a_rank_that_raises_does_not_hang_the_others(clean_env, forked_ranks):
     start = time.monotonic()
     with pytest.raises(LaunchError) as err:
         launch(workers.rank_one_raises, 2, timeout=90)

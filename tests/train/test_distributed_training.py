@@ -23,7 +23,8 @@ from yolokit.data import make_shapes
 from yolokit.train import TrainConfig
 from yolokit.train.checkpoint import load_checkpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]   # no torchrun variables: one process unless told
+# no torchrun variables: one process unless told; launch() forks the ranks (conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env", "forked_ranks")]
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):

@@ -18,6 +18,7 @@ def test_means_skip_non_finite_batches_and_count_the_longest_bad_run():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("forked_ranks")
 def test_a_rank_without_batches_joins_the_epoch_mean():
     """Rank 1 had nothing this epoch (an uneven last step): it must not hang the others or
     skip the reduction; every rank reads the same means, over rank 0's batches."""

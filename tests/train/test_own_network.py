@@ -24,7 +24,7 @@ from yolokit.testing import assert_weights_equal
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.checkpoint import load_checkpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env", "forked_ranks")]
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from yolokit.train.checkpoint import load_checkpoint
 from yolokit.train.ema import ModelEMA
 from yolokit.train.process_state import ProcessState
 
-pytestmark = pytest.mark.usefixtures("clean_env")   # no torchrun variables: one process unless told
+pytestmark = pytest.mark.usefixtures("clean_env", "forked_ranks")   # no torchrun variables: one process unless told
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from yolokit.testing import assert_weights_equal
 from yolokit.train import TrainConfig, Trainer
 from yolokit.train.checkpoint import load_checkpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env", "forked_ranks")]
 REFERENCE_CHECKPOINT = Path(__file__).parents[1] / "interop" / "fixtures" / "yolo26-tiny-last.pt"
 
 
