@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from _models import TINY
 from PIL import Image
 
 from yolokit.cli import main, resolve_device
@@ -125,8 +126,8 @@ def test_train_val_predict_export_on_a_tiny_set(tmp_path, capsys):
 
     data = str(make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64))
     run = tmp_path / "run"
-    assert main(["train", "--data", data, "--epochs", "1", "--imgsz", "64", "--batch", "8", "--workers", "0",
-                 "--out", str(run), "--no-plots"]) == 0
+    assert main(["train", "--data", data, "--model", TINY, "--epochs", "1", "--imgsz", "64", "--batch", "8",
+                 "--workers", "0", "--out", str(run), "--no-plots"]) == 0   # the commands' path, on a small net
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_dir"] == str(run)
     weights = str(run / "weights" / "model.pt")
     val_out = tmp_path / "val"
@@ -148,7 +149,7 @@ def test_train_val_predict_export_on_a_tiny_set(tmp_path, capsys):
     pytest.importorskip("onnxscript")
     assert main(["export", "--weights", weights, "--imgsz", "64", "--device", "cpu",
                  "--out", str(tmp_path / "m.onnx")]) == 0
-    assert (tmp_path / "m.onnx").stat().st_size > 1_000_000
+    assert (tmp_path / "m.onnx").stat().st_size > 500_000     # the tiny network's ~200k float32 weights
     import onnx
 
     model = onnx.load(str(tmp_path / "m.onnx"))

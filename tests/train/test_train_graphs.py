@@ -154,6 +154,8 @@ def test_musgd_steps_stay_eager(shapes, tmp_path, tape):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # the graphed step's recording and replays: test_a_graphed_run_trains_as_the_eager_one;
+# the anchor loss on padded targets: tests/losses/test_padded_targets.py
 def test_yolov3_tiny_replays_its_steps_bit_for_bit(shapes, tmp_path, tape, monkeypatch):
     """The anchor head's loss on padded targets (padding rows weigh 0 at every level; the loss itself is
     checked against the rows in tests/losses/test_padded_targets.py). yolov3-tiny at lr 0.01 on 19 images
