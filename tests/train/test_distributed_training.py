@@ -7,7 +7,9 @@ order (``ShardedBatchSampler``), so BatchNorm sees the same batches and the runn
 combine exactly (``BatchNormSync``). 25 training images make 13 micro-batches per epoch (the
 last holds 1 image): steps of 6, 6 and 1, so the epoch is not a multiple of the accumulation,
 and in the last step rank 0 alone has a micro-batch (uneven shards; the other ranks join it with
-nothing). Three epochs with EMA, warmup and the learning-rate schedule.
+nothing). Three epochs with EMA, warmup and the learning-rate schedule. The network is
+tests/fixtures/tiny.yaml (YOLOv8's head and loss on a few layers: the subject is the processes, not
+the architecture); the validation comparison scores a yolov8n trained to find some objects.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import csv
 import _train_workers as workers
 import pytest
 import torch
+from _models import TINY
 
 from yolokit.accel.launcher import launch
 from yolokit.data import make_shapes
@@ -32,7 +35,7 @@ def shapes(tmp_path_factory):
 
 
 def config(shapes, out, **kw) -> TrainConfig:
-    base = dict(data=shapes, imgsz=64, batch=2, nbs=12, epochs=3, workers=0, out=str(out), plots=False,
+    base = dict(model=TINY, data=shapes, imgsz=64, batch=2, nbs=12, epochs=3, workers=0, out=str(out), plots=False,
                 warmup_epochs=1.0, warmup_bias_lr=0.0, close_mosaic=1, mosaic_buffer=0, seed=3, optimizer="SGD",
                 lr0=0.01)
     return TrainConfig(**{**base, **kw})
@@ -83,7 +86,7 @@ def _assert_same_training(single_dir, many_dir, many_digests):
     b = load_checkpoint(many_dir / "weights" / "last.pt")
     assert a["steps"] == b["steps"] == 9 and a["ema"]["updates"] == b["ema"]["updates"] == 9
     state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
-    assert state_a.keys() == state_b.keys() and len(state_a) > 100
+    assert state_a.keys() == state_b.keys() and len(state_a) > 50     # the tiny network: 81 tensors
     # float tolerance, per tensor relative to its norm: sums over ranks round differently from sums
     # over micro-batches. (For scale: the one-process run itself, on 1 thread vs 2, ends 3 epochs
     # up to 7e-3 apart in some BatchNorm biases with warmup's bias learning rate of 0.1, hence 0 here.)

@@ -7,7 +7,8 @@ epoch 2, whose first step is global step 4. Three epochs with EMA, warmup, the L
 the close-Mosaic switch in the last epoch. The run is ended in several ways (a crash, as a
 killed process leaves the files; Ctrl-C between steps; Ctrl-C inside an optimizer step), then
 resumed, and every tensor of the final ``last.pt`` must equal the uninterrupted run's
-(``torch.equal``), as must ``results.csv`` (except the seconds).
+(``torch.equal``), as must ``results.csv`` (except the seconds). The network is tests/fixtures/tiny.yaml
+(YOLOv8's head and loss on a few layers): the subject is the trainer's state, not the architecture.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import weakref
 import _train_workers as workers
 import pytest
 import torch
+from _models import TINY
 from _processes import alive, descendants
 
 from yolokit.accel import Interrupted
@@ -43,7 +45,7 @@ def shapes(tmp_path_factory):
 
 
 def config(shapes, out, **kw) -> TrainConfig:
-    base = dict(data=shapes, imgsz=64, batch=2, nbs=6, epochs=3, workers=0, out=str(out), plots=False,
+    base = dict(model=TINY, data=shapes, imgsz=64, batch=2, nbs=6, epochs=3, workers=0, out=str(out), plots=False,
                 warmup_epochs=1.0, close_mosaic=1, mosaic_buffer=0, seed=3, optimizer="SGD", lr0=0.01,
                 save_period_iters=2)
     return TrainConfig(**{**base, **kw})
