@@ -16,6 +16,8 @@ overwrite them.
 
 from __future__ import annotations
 
+import contextlib
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -59,6 +61,32 @@ def reachable_tensors(objects: Iterable[Any]) -> dict[int, str]:
     return found
 
 
+class _WithoutStacks:
+    """``traceback`` as fake_tensor.py sees it, but ``extract_stack`` returns an empty stack."""
+
+    @staticmethod
+    def extract_stack(*args: Any, **kwargs: Any) -> traceback.StackSummary:
+        return traceback.StackSummary()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(traceback, name)
+
+
+@contextlib.contextmanager
+def _no_mode_stacks():
+    """make_fx in its real mode makes a FakeTensorMode for each value it traces, and each mode keeps the
+    Python stack it was made in (for debugging messages): half of a step's tracing time under pytest's
+    deep stacks. The trace itself is the same without them."""
+    import torch._subclasses.fake_tensor as fake_tensor
+
+    saved = fake_tensor.traceback
+    fake_tensor.traceback = _WithoutStacks()
+    try:
+        yield
+    finally:
+        fake_tensor.traceback = saved
+
+
 class TapeBackend:
     """``StepGraphs``' backend on the CPU: record = trace with ``make_fx``; replay = run the trace."""
 
@@ -82,7 +110,8 @@ class TapeBackend:
             holder.append(out)
             return [out[k] for k in sorted(out)]
 
-        module = make_fx(traced)()
+        with _no_mode_stacks():
+            module = make_fx(traced)()
         self.traces += 1
         after = reachable_tensors(self.watch)
         self.kept = sorted(name for key, name in after.items() if key not in before)
