@@ -12,6 +12,8 @@ An item is a dict:
                 requested image could not be read at run time: reported once)
     hsv_lut     only with `hsv_in_batch`: uint8 Tensor[3, 256], the image's HSV tables, not
                 yet applied to `image` (`data.augment.color.apply_hsv_lut_batch` applies them)
+    masks       `segments` only: the rows' masks (`data.augment.segment_items`), and `mask_rows` bool
+                Tensor[G], False for a box row of a mixed set (its mask has no pixel)
 
 Randomness is explicit: item i of epoch e draws from a numpy Generator seeded with
 (seed, e, i), so an image is augmented the same way whichever process or worker loads it
@@ -36,6 +38,7 @@ from torch.utils.data import Dataset
 from yolokit.data.augment.albu import Albumentations
 from yolokit.data.augment.mosaic import mixup, mosaic4_canvas
 from yolokit.data.augment.recipes import train_recipe
+from yolokit.data.augment.segment_items import check_segments, segment_item
 from yolokit.data.augment.transforms import (
     AugmentConfig,
     apply_hsv_lut,
@@ -95,6 +98,8 @@ class DetectionDataset(Dataset):
         fraction, subset_seed, classes, single_cls: train on part of the split (a seeded
             share of the images, some classes' labels, or all classes as one); see
             `yolokit.data.sources.selection.select`. What they leave out is in `selection_notes`.
+        segments, mask_ratio, overlap_mask: items carry masks at 1/`mask_ratio` of the image (one index
+            map with `overlap_mask`), their polygons moved by every step (`data.augment.segment_items`).
 
     Attribute `hsv_in_batch` (default False; `build_dataloader(..., hsv_on_device=True)` sets it):
     an augmenting dataset draws each image's HSV gains as before but leaves them to the device:
@@ -113,11 +118,14 @@ class DetectionDataset(Dataset):
                  buffer_size: int = 64, fraction: float = 1.0, subset_seed: int = 0,
                  classes: Sequence[int] | None = None, single_cls: bool = False,
                  cache_dir: str | os.PathLike | None = None, cache_peers: tuple[int, int, str] | None = None,
-                 shards: dict | None = None) -> None:
+                 shards: dict | None = None, segments: bool = False, mask_ratio: int = 4,
+                 overlap_mask: bool = True) -> None:
         self.index, self.selection_notes = select(
             load_split(source, split, image_dir=image_dir, cache=label_cache, shards=shards), fraction=fraction,
-            seed=subset_seed,
-            classes=classes, single_cls=single_cls)
+            seed=subset_seed, classes=classes, single_cls=single_cls)
+        self.segments, self.mask_ratio, self.overlap_mask = bool(segments), int(mask_ratio), bool(overlap_mask)
+        if self.segments:
+            check_segments(self.index, f"{source} ({split})", albumentations, mask_ratio)
         self.names = self.index.names
         self._groups = self.index.groups        # shards: each image's chunk (Mosaic partners come from it)
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
@@ -146,8 +154,6 @@ class DetectionDataset(Dataset):
                                    stamp=None if self.index.store is None else self.index.stamp)
             self._disk.fill(range(local_rank, len(self), local_world), self._read_resized,
                             threads=max(1, min(8, (os.cpu_count() or 1) // local_world)), progress=local_rank == 0)
-
-    # ------------------------------------------------------------------ shared knobs
 
     @property
     def mosaic(self) -> bool:
@@ -235,8 +241,6 @@ class DetectionDataset(Dataset):
                 shapes[members] = own[members].max(0)
         self._rect_shapes = shapes
 
-    # ------------------------------------------------------------------ loading
-
     def _warn_once(self, path: str, reason: str) -> None:
         if path not in self._warned:
             self._warned.add(path)
@@ -317,6 +321,8 @@ class DetectionDataset(Dataset):
     def __getitem__(self, i: int) -> dict:
         rng = self.generator(i)
         lut = None
+        if self.segments:
+            return segment_item(self, i, rng)
         if self.augment and self.recipe_in_batch:
             return train_recipe(self, i, rng)
         if self.augment:

@@ -8,6 +8,10 @@ A batch is a dict:
     ratio_pad    list[((ratio_w, ratio_h), (pad_w, pad_h))]: input = original * ratio + pad
     indices      list[int], dataset indices (e.g. for `dataset.image_ids`)
     max_boxes    int, most boxes in one image (losses pad to it without reading the device)
+    masks        segmentation sets only (`DetectionDataset(segments=True)`): index maps uint8
+                 Tensor[B, H/r, W/r] (int32 past 255 objects in an image), value k + 1 where the
+                 image's row k is; or, without `overlap_mask`, uint8 Tensor[N, H/r, W/r], one per row
+    mask_rows    segmentation sets only: bool Tensor[N], False for a row without a polygon
 
 `build_dataloader(..., uint8_images=True)` yields `images_uint8` (uint8) instead of
 `images`, for a much faster loader; `to_device(batch, device)` gives the contract back.
@@ -65,6 +69,7 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
             rows.append(torch.cat([torch.full((g, 1), float(i)),
                                    it["classes"].reshape(g, 1).float(), it["boxes"].float()], 1))
     luts = [it.get("hsv_lut") for it in items]
+    masks = _collate_masks(items, h, w) if items and "masks" in items[0] else {}
     batch = {
         "images" if as_float else "images_uint8": images,
         "targets": torch.cat(rows) if rows else torch.zeros((0, 6)),
@@ -73,6 +78,7 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
         "ratio_pad": [it["ratio_pad"] for it in items],
         "indices": [int(it["index"]) for it in items],
         "max_boxes": max((len(it["classes"]) for it in items), default=0),
+        **masks,
     }
     if any(lut is not None for lut in luts):           # the HSV step left to to_device
         if as_float or any(lut is None for lut in luts):
@@ -82,6 +88,29 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
     if slot is not None:
         batch[SLOT_KEY] = slot                       # the loader takes it out (BatchBuffers.received)
     return batch
+
+
+def _collate_masks(items: list[dict], h: int, w: int) -> dict:
+    """A segmentation batch's ``masks`` and ``mask_rows`` (the images ``h`` x ``w``, each item's masks at the same
+    ratio, padded with background as the images are with grey): index maps [B, h/r, w/r] (int32 when an item's
+    is), or per-row masks [N, h/r, w/r] in the order of ``targets``' rows; ``mask_rows`` bool [N] likewise."""
+    first = items[0]
+    ratio = first["image"].shape[1] // first["masks"].shape[-2]
+    mh, mw = h // ratio, w // ratio
+    overlap = first["masks"].ndim == 2
+    dtype = torch.int32 if any(it["masks"].dtype == torch.int32 for it in items) else torch.uint8
+    n = len(items) if overlap else sum(len(it["masks"]) for it in items)
+    out = torch.zeros((n, mh, mw), dtype=dtype)
+    row = 0
+    for i, it in enumerate(items):
+        m = it["masks"]
+        if overlap:
+            out[i, :m.shape[0], :m.shape[1]] = m
+        else:
+            out[row:row + len(m), :m.shape[1], :m.shape[2]] = m
+            row += len(m)
+    return {"masks": out, "mask_rows": torch.cat([it["mask_rows"] for it in items]) if items else
+            torch.zeros(0, dtype=torch.bool)}
 
 
 class _Collate:
@@ -150,6 +179,9 @@ def to_device(batch: dict, device: torch.device | str, *, non_blocking: bool = F
     else:
         out["images"] = batch["images"].to(device, non_blocking=non_blocking)
     out["targets"] = batch["targets"].to(device, non_blocking=non_blocking)
+    for key in ("masks", "mask_rows"):                 # a segmentation batch's
+        if key in batch:
+            out[key] = batch[key].to(device, non_blocking=non_blocking)
     return out
 
 

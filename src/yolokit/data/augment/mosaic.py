@@ -52,6 +52,11 @@ class MosaicCanvas:
         self.ndim = 3
         self._tiles, self._pad = tiles, pad_value
 
+    @property
+    def tiles(self) -> list[tuple[np.ndarray, int, int, int, int, int, int]]:
+        """Each sample's ``(image, x1, y1, x2, y2, sx, sy)``: shown at ``[y1:y2, x1:x2]`` from its ``(sx, sy)``."""
+        return self._tiles
+
     def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
         rows, cols = key
         y0, y1, _ = rows.indices(self.shape[0])
@@ -92,11 +97,36 @@ def mosaic4_canvas(samples: list[Sample], size: int, rng: np.random.Generator, *
     Draws the same centre from ``rng`` and returns the same boxes and classes as
     ``mosaic4``; ``np.asarray`` of the canvas is ``mosaic4``'s canvas.
     """
+    canvas, boxes, classes, _ = mosaic4_rows(samples, size, rng, pad_value=pad_value)
+    return canvas, boxes, classes
+
+
+def mosaic4_polygons(polygons: list[np.ndarray], canvas: MosaicCanvas, kept: list[np.ndarray]) -> np.ndarray:
+    """The samples' polygons (float32 [G_k, K, 2] each, in their images' pixels) placed as ``mosaic4_rows`` placed
+    their boxes: shifted with their tile, clipped to the part of the canvas the tile shows, the kept rows only.
+
+    Returns:
+        float32 [G, K, 2], rows in the order of the Mosaic's boxes.
+    """
+    out = []
+    for p, (_, x1, y1, x2, y2, sx, sy), rows in zip(polygons, canvas.tiles, kept, strict=True):
+        q = p[rows] + np.array([x1 - sx, y1 - sy], np.float32)
+        q[..., 0] = q[..., 0].clip(x1, x2)
+        q[..., 1] = q[..., 1].clip(y1, y2)
+        out.append(q)
+    k = polygons[0].shape[1] if polygons and polygons[0].ndim == 3 else 0
+    return np.concatenate(out).astype(np.float32) if out else np.zeros((0, k, 2), np.float32)
+
+
+def mosaic4_rows(samples: list[Sample], size: int, rng: np.random.Generator, *,
+                 pad_value: int = PAD_VALUE) -> tuple[MosaicCanvas, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """``mosaic4_canvas``, and which rows of each sample it kept (int64 indices per sample, in order): what
+    goes with the rows (polygons: ``mosaic4_polygons``) follows them."""
     if len(samples) != 4:
         raise ValueError(f"mosaic4 needs 4 samples, got {len(samples)}")
     s2 = 2 * size
     xc, yc = (int(v) for v in rng.integers(size // 2, size + size // 2, 2))
-    tiles, all_boxes, all_classes = [], [], []
+    tiles, all_boxes, all_classes, kept = [], [], [], []
     for k, (image, boxes, classes) in enumerate(samples):
         h, w = image.shape[:2]
         x1, x2 = (max(xc - w, 0), xc) if k in (0, 2) else (xc, min(xc + w, s2))
@@ -111,9 +141,12 @@ def mosaic4_canvas(samples: list[Sample], size: int, rng: np.random.Generator, *
             keep = (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
             all_boxes.append(b[keep])
             all_classes.append(np.asarray(classes)[keep])
+            kept.append(np.flatnonzero(keep))
+        else:
+            kept.append(np.zeros(0, np.int64))
     boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4), np.float32)
     classes = np.concatenate(all_classes) if all_classes else np.zeros(0, np.int64)
-    return MosaicCanvas(s2, tiles, pad_value), boxes.astype(np.float32), classes.astype(np.int64)
+    return MosaicCanvas(s2, tiles, pad_value), boxes.astype(np.float32), classes.astype(np.int64), kept
 
 
 def mixup(a: Sample, b: Sample, rng: np.random.Generator) -> Sample:

@@ -74,11 +74,15 @@ def overlap_mask(polygons: Sequence[np.ndarray], shape: tuple[int, int], ratio: 
         objects in map order (``order[k]`` is the object of value k + 1). An image's rows must be put in that
         order too, so that row k is value k + 1.
     """
-    h, w = int(shape[0]) // ratio, int(shape[1]) // ratio
-    index = np.zeros((h, w), np.int32 if len(polygons) > 255 else np.uint8)
-    if not len(polygons):
+    return overlap_of(polygon_masks(polygons, shape, ratio), (int(shape[0]) // ratio, int(shape[1]) // ratio))
+
+
+def overlap_of(masks: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`overlap_mask` of masks already drawn: uint8 [N, h, w] of 0 and 1 at the mask's size ``shape``."""
+    index = np.zeros(shape, np.int32 if len(masks) > 255 else np.uint8)
+    if not len(masks):
         return index, np.zeros(0, np.int64)
-    masks = polygon_masks(polygons, shape, ratio).astype(index.dtype)
+    masks = masks.astype(index.dtype)
     areas = masks.reshape(len(masks), -1).sum(1, dtype=np.uint64)
     order = np.argsort(-areas)       # unsigned: an object of no pixels wraps to 0 and comes first, as the reference's
     for value, k in enumerate(order, 1):
@@ -144,3 +148,60 @@ def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int
     warped[..., 0] = warped[..., 0].clip(boxes[:, 0:1], boxes[:, 2:3])
     warped[..., 1] = warped[..., 1].clip(boxes[:, 1:2], boxes[:, 3:4])
     return boxes, warped
+
+
+# --- an item's rows' polygons through the pipeline ---------------------------------------------------------------
+
+
+def row_polygons(rows: Sequence[np.ndarray | None], boxes: np.ndarray, ratio: tuple[float, float]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """An image's rows as polygons of ``POINTS`` points in pixels of the image resized by ``ratio``.
+
+    Args:
+        rows: each row's polygon in original pixels (float [K, 2]), or None for a box row.
+        boxes: float [G, 4] xyxy, the rows' boxes already in resized pixels.
+        ratio: ``(ratio_w, ratio_h)`` from the original.
+
+    Returns:
+        ``(polygons, has_mask)``: float32 [G, POINTS, 2], and bool [G], False for a box row, whose polygon is its
+        box's outline (so that a warp gives it the box a warped box gets) and whose mask is never drawn.
+    """
+    out = np.empty((len(rows), POINTS, 2), np.float32)
+    has = np.array([p is not None for p in rows], bool).reshape(-1)
+    scale = np.array(ratio, np.float32)
+    for k, p in enumerate(rows):
+        if p is None:
+            x1, y1, x2, y2 = (float(v) for v in boxes[k])
+            out[k] = resample_polygon(np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32))
+        else:
+            out[k] = resample_polygon(p) * scale
+    return out, has
+
+
+def scale_polygons(polygons: np.ndarray, ratio: tuple[float, float], pad: tuple[float, float]) -> np.ndarray:
+    """``polygons`` [..., 2] scaled by ``ratio`` (w, h) and shifted by ``pad`` (w, h), as ``scale_boxes`` does boxes."""
+    return (polygons * np.array(ratio, np.float32) + np.array(pad, np.float32)).astype(np.float32)
+
+
+def flip_polygons(polygons: np.ndarray, shape: tuple[int, int], *, lr: bool) -> np.ndarray:
+    """``polygons`` mirrored in an image of ``shape`` (H, W): left-right (``lr``) or top-bottom."""
+    out = polygons.copy()
+    axis, size = (0, shape[1]) if lr else (1, shape[0])
+    out[..., axis] = size - polygons[..., axis]
+    return out
+
+
+def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int, int], ratio: int, *,
+                   overlap: bool) -> tuple[np.ndarray, np.ndarray]:
+    """An item's masks at 1 / ``ratio`` of its image ``shape`` (H, W), and the order its rows must take.
+
+    Box rows (``has_mask`` False) get no pixel. With ``overlap``, one index map (:func:`overlap_mask`; the rows
+    are to be put in the returned order, row k then being value k + 1); else uint8 [G, h, w] and the rows as they
+    are (``order`` is ``arange(G)``).
+    """
+    masks = polygon_masks(polygons, shape, ratio)
+    if len(masks):
+        masks[~np.asarray(has_mask, bool)] = 0
+    if overlap:
+        return overlap_of(masks, (int(shape[0]) // ratio, int(shape[1]) // ratio))
+    return masks, np.arange(len(masks), dtype=np.int64)

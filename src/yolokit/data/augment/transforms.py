@@ -165,18 +165,23 @@ def random_affine(
     """
     plan = affine_plan(rng, image.shape[:2], tuple(out_shape or image.shape[:2]), degrees=degrees,
                        translate=translate, scale=scale, shear=shear, perspective=perspective)
+    image = warp_image(image, plan, perspective=bool(perspective), pad_value=pad_value)
+    boxes, classes = affine_boxes(plan, boxes, classes, area_thr=area_thr)
+    return image, boxes, classes
+
+
+def warp_image(image: np.ndarray, plan: AffinePlan, *, perspective: bool, pad_value: int = PAD_VALUE) -> np.ndarray:
+    """`random_affine`'s image: ``image`` (or a Mosaic canvas) realised by ``plan``; ``perspective``: a drawn
+    perspective range (a full perspective warp)."""
     dsize = (plan.out_shape[1], plan.out_shape[0])
     border = (pad_value,) * 3
     if plan.kind == "empty":
-        image = np.full((*plan.out_shape, 3), pad_value, np.uint8)
-    elif plan.kind == "paste":
-        image = _paste(image, plan.spans, plan.out_shape, pad_value)  # 3x faster than a warp
-    elif perspective:
-        image = cv2.warpPerspective(np.asarray(image), plan.m, dsize, borderValue=border)
-    else:
-        image = cv2.warpAffine(np.asarray(image), plan.m[:2], dsize, borderValue=border)
-    boxes, classes = affine_boxes(plan, boxes, classes, area_thr=area_thr)
-    return image, boxes, classes
+        return np.full((*plan.out_shape, 3), pad_value, np.uint8)
+    if plan.kind == "paste":
+        return _paste(image, plan.spans, plan.out_shape, pad_value)  # 3x faster than a warp
+    if perspective:
+        return cv2.warpPerspective(np.asarray(image), plan.m, dsize, borderValue=border)
+    return cv2.warpAffine(np.asarray(image), plan.m[:2], dsize, borderValue=border)
 
 
 @dataclass
@@ -248,6 +253,27 @@ def affine_boxes(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, *,
     new[:, [1, 3]] = new[:, [1, 3]].clip(0, out_shape[0])
     keep = box_candidates(boxes, new, scale=plan.s, area_thr=area_thr)
     return new[keep], classes[keep]
+
+
+def affine_polygons(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, polygons: np.ndarray, *,
+                    area_thr: float = 0.01) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`affine_boxes` for rows with polygons (float32 [G, K, 2]): each polygon through `plan.box_m`, its visible
+    part's box replacing its warped box (`polygons.warp_polygons`), the rows kept as `box_candidates` decides
+    against the boxes before (the reference's ``area_thr`` for polygons, 0.01).
+
+    Returns:
+        boxes [G', 4], classes [G'], polygons float32 [G', K, 2] (each point within its box), and the int64
+        indices [G'] of the rows kept.
+    """
+    from yolokit.data.augment.polygons import warp_polygons
+
+    h, w = plan.out_shape
+    new, warped = warp_polygons(np.asarray(polygons, np.float32), plan.box_m, (w, h))
+    new = np.asarray(new, np.float32).reshape(-1, 4)
+    new[:, [0, 2]] = new[:, [0, 2]].clip(0, w)
+    new[:, [1, 3]] = new[:, [1, 3]].clip(0, h)
+    kept = np.flatnonzero(box_candidates(boxes, new, scale=plan.s, area_thr=area_thr))
+    return new[kept], classes[kept], warped[kept].astype(np.float32), kept
 
 
 def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, int],

@@ -373,9 +373,8 @@ def load_split(source: str | os.PathLike, split: str = "train", *,
     """Index a split of any supported source.
 
     Args:
-        source: a data.yaml path, a COCO instances json path, "shapes" (the built-in
-            synthetic set, generated on first use by `make_shapes`), or shards (`yolokit data
-            shard`): their folder or ``s3://bucket/prefix``. A data.yaml's split may name shards too.
+        source: a data.yaml path, a COCO instances json path, "shapes" or "shapes-seg" (`make_shapes`' built-in
+            set, by boxes or outlines), or shards (`yolokit data shard`): their folder or ``s3://bucket/prefix``.
         split: split name for yaml sources; ignored for a json.
         image_dir: COCO only, the image folder.
         cache: use the label cache.
@@ -387,7 +386,8 @@ def load_split(source: str | os.PathLike, split: str = "train", *,
     from yolokit.data.sources.shapes import make_shapes
     from yolokit.data.store.stream import is_shards, shard_index, shards_root_split
 
-    source = make_shapes() if str(source) == "shapes" else source
+    made = {"shapes": make_shapes, "shapes-seg": lambda: make_shapes(segments=True)}.get(str(source))
+    source = made() if made else source
     if is_shards(source):         # s3://bucket/prefix, or a folder of shards (`yolokit data shard`)
         return shard_index(shards_root_split(str(source), split), **(shards or {}))
     path = Path(source)

@@ -38,6 +38,7 @@ def make_shapes(
     max_objects: int = 6,
     background_fraction: float = 0.08,
     jpeg_quality: int = 90,
+    segments: bool = False,
 ) -> Path:
     """Generate (once) the shapes dataset and return its data.yaml.
 
@@ -51,6 +52,8 @@ def make_shapes(
         max_objects: most objects in one image.
         background_fraction: share of images with no object.
         jpeg_quality: JPEG quality of the written images.
+        segments: label each object by its outline, as YOLO segmentation rows (``class x1 y1 x2 y2
+            ...``, normalized): the same images, for instance segmentation ("shapes-seg" as a source).
 
     Returns:
         Path of data.yaml (classes: circle, rectangle, triangle, star).
@@ -66,8 +69,10 @@ def make_shapes(
     params = {"format": _FORMAT, "seed": seed, "n_train": n_train, "n_val": n_val,
               "imgsz": imgsz, "max_objects": max_objects,
               "background_fraction": background_fraction, "jpeg_quality": jpeg_quality}
+    if segments:                    # only then: a detection set's parameters, hash and folder stay as they were
+        params["segments"] = True
     tag = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    final = Path(path) if path is not None else cache_home() / f"shapes-{tag}"
+    final = Path(path) if path is not None else cache_home() / f"shapes{'-seg' if segments else ''}-{tag}"
     final = final.expanduser().resolve()
     if _matches(final, params):
         return final / "data.yaml"
@@ -116,12 +121,17 @@ def _write_dataset(tmp: Path, final: Path, params: dict) -> None:
 
 def _write_image(root: Path, split: str, split_id: int, i: int, params: dict) -> None:
     rng = np.random.default_rng([params["seed"], split_id, i])
+    outlines: list[np.ndarray] = []
     image, labels = draw_shapes_image(rng, imgsz=params["imgsz"],
                                       max_objects=params["max_objects"],
-                                      background_fraction=params["background_fraction"])
+                                      background_fraction=params["background_fraction"], outlines=outlines)
     h, w = image.shape[:2]
-    rows = [f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
-            f"{(y2 - y1) / h:.6f}" for c, x1, y1, x2, y2 in labels]
+    if params.get("segments"):      # each shape's outline as drawn, cut to the part inside the image
+        rows = [f"{c} " + " ".join(f"{x:.6f} {y:.6f}" for x, y in (clip_polygon(pts, w, h) / [w, h]).clip(0, 1))
+                for (c, *_), pts in zip(labels, outlines, strict=True)]
+    else:
+        rows = [f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
+                f"{(y2 - y1) / h:.6f}" for c, x1, y1, x2, y2 in labels]
     name = f"{split}_{i:06d}"
     ok = cv2.imwrite(str(root / "images" / split / f"{name}.jpg"), image,
                      [cv2.IMWRITE_JPEG_QUALITY, params["jpeg_quality"]])
@@ -132,7 +142,7 @@ def _write_image(root: Path, split: str, split_id: int, i: int, params: dict) ->
 
 def draw_shapes_image(
     rng: np.random.Generator, *, imgsz: int = 320, max_objects: int = 6,
-    background_fraction: float = 0.08,
+    background_fraction: float = 0.08, outlines: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, list[tuple[int, float, float, float, float]]]:
     """Draw one synthetic image.
 
@@ -141,6 +151,8 @@ def draw_shapes_image(
         imgsz: long side in pixels.
         max_objects: most objects.
         background_fraction: probability of an image with no object.
+        outlines: a list to receive each labelled shape's polygon (float64 [K, 2] pixels, as filled),
+            in the order of ``labels``; the image and draws are the same without it.
 
     Returns:
         image: uint8 [H, W, 3] BGR.
@@ -168,12 +180,35 @@ def draw_shapes_image(
             continue
         cv2.fillPoly(image, [pts], _colour(rng, mean), lineType=cv2.LINE_8)
         labels.append((cls, *box))
+        if outlines is not None:
+            outlines.append(pts.astype(np.float64))
     # mild sensor noise: a random 64 px tile of +-4, tiled (cheap and seeded)
     tile = rng.integers(0, 9, (64, 64, 3), dtype=np.uint8)
     reps = (-(-h // 64), -(-w // 64), 1)
     noise = np.tile(tile, reps)[:h, :w]
     image = cv2.subtract(cv2.add(image, noise), np.full_like(noise, 4))
     return image, labels
+
+
+def clip_polygon(points: np.ndarray, width: float, height: float) -> np.ndarray:
+    """The part of a polygon (float [K, 2], any shape) inside ``[0, width] x [0, height]``: Sutherland and
+    Hodgman's clipping by each border in turn (a part cut in two stays one outline, joined along the border)."""
+    poly = np.asarray(points, np.float64).reshape(-1, 2)
+    for axis, limit, keep_below in ((0, 0.0, False), (0, float(width), True), (1, 0.0, False),
+                                    (1, float(height), True)):
+        if not len(poly):
+            break
+        inside = poly[:, axis] <= limit if keep_below else poly[:, axis] >= limit
+        out = []
+        for k in range(len(poly)):
+            a, b = poly[k - 1], poly[k]
+            if inside[k] != inside[k - 1]:                   # the edge a -> b crosses the border
+                t = (limit - a[axis]) / (b[axis] - a[axis])
+                out.append(a + t * (b - a))
+            if inside[k]:
+                out.append(b)
+        poly = np.array(out, np.float64).reshape(-1, 2)
+    return poly
 
 
 def _pixel_extent(pts: np.ndarray, h: int, w: int) -> tuple[float, float, float, float] | None:

@@ -1,0 +1,148 @@
+"""A segmentation set's items (``DetectionDataset(segments=True)``): the detection item's steps and draws, each
+moving the rows' polygons too (``polygons``), and the masks drawn from them at the end.
+
+Mosaic shifts each tile's polygons with it and clips them to the part of the canvas the tile shows; the
+affine step warps them (``transforms.affine_polygons``: a warped polygon's visible part gives its row's box,
+and rows keep a hundredth of their area at least, the reference's threshold with polygons); letterbox,
+flips and MixUp move or join them as they do the boxes. The random draws are the detection item's, in
+its order, so an image is augmented the same way whether its set is read for boxes or for masks.
+
+An item's ``masks`` are at 1/``mask_ratio`` of its image: with ``overlap_mask`` one index map uint8
+[H/r, W/r] (int32 past 255 rows), 0 for background and k + 1 where row k is, the rows put in the map's
+order (larger objects first, a smaller one drawn over a larger: ``polygons.overlap_mask``); without it
+uint8 [G, H/r, W/r], one per row. ``mask_rows`` (bool [G]) is False for a box row of a mixed set: a row
+without a polygon keeps its box and class, and its mask has no pixel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from yolokit.data.augment.mosaic import mixup, mosaic4_polygons, mosaic4_rows
+from yolokit.data.augment.polygons import flip_polygons, instance_masks, row_polygons, scale_polygons
+from yolokit.data.augment.transforms import (
+    affine_plan,
+    affine_polygons,
+    apply_hsv_lut,
+    flip_lr,
+    flip_ud,
+    hsv_lut,
+    scale_boxes,
+    warp_image,
+)
+from yolokit.data.sources.images import letterbox
+from yolokit.data.sources.readers import DatasetError
+
+
+def check_segments(index: Any, where: str, albumentations: Any, mask_ratio: int) -> None:
+    """Refuses in one line what cannot make masks: a split without polygons, albumentations, a bad ratio."""
+    if index.segments is None:
+        raise DatasetError(f"{where}: no label row has a polygon, so there are no masks to learn; segmentation "
+                           "needs rows 'class x1 y1 x2 y2 x3 y3 ...' (a detection set trains a detection model)")
+    if albumentations is not None:
+        raise ValueError("albumentations cannot be used with segments yet: its transforms would move the image "
+                         "and boxes but not the polygons")
+    if int(mask_ratio) < 1:
+        raise ValueError(f"mask_ratio must be a positive integer, got {mask_ratio!r}")
+
+
+def _polygons(ds: Any, i: int, boxes: np.ndarray, ratio: tuple[float, float]):
+    """Image i's rows' polygons by ``load``'s ``ratio`` and ``boxes`` (``polygons.row_polygons``)."""
+    return row_polygons(ds.index.segments.image(i), boxes, ratio)
+
+
+def segment_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
+    """``__getitem__`` with polygons: the detection item's steps and draws, each moving the rows' polygons too;
+    the masks drawn from them at the end."""
+    if ds.augment and ds.recipe_in_batch:
+        raise ValueError("augment_on='device' does not move polygons yet: a segmentation set augments in the "
+                         "loader's workers (augment_on='workers')")
+    lut = None
+    if ds.augment:
+        image, boxes, classes, polys, has, ratio_pad, i, lut = _train_sample(ds, i, rng)
+    else:
+        image, boxes, classes, ratio, i = ds._load_any(i)
+        polys, has = _polygons(ds, i, boxes, ratio)
+        image, (r2, pad) = letterbox(image, ds.imgsz, stride=ds.stride, auto=ds.rect)
+        boxes, polys = scale_boxes(boxes, r2, pad), scale_polygons(polys, r2, pad)
+        ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), pad)
+    masks, order = instance_masks(polys, has, image.shape[:2], ds.mask_ratio, overlap=ds.overlap_mask)
+    boxes, classes, has = (np.asarray(boxes, np.float32).reshape(-1, 4)[order],
+                           np.asarray(classes, np.int64).reshape(-1)[order], has[order])
+    chw = np.empty((3, *image.shape[:2]), np.uint8)
+    cv2.split(np.ascontiguousarray(image), [chw[2], chw[1], chw[0]])
+    item = {
+        "image": torch.from_numpy(chw),
+        "boxes": torch.from_numpy(np.ascontiguousarray(boxes)),
+        "classes": torch.from_numpy(np.ascontiguousarray(classes)),
+        "masks": torch.from_numpy(np.ascontiguousarray(masks)),
+        "mask_rows": torch.from_numpy(np.ascontiguousarray(has, bool)),
+        "path": ds.index.paths[i],
+        "orig_shape": tuple(int(v) for v in ds.index.shapes[i]),
+        "ratio_pad": ratio_pad,
+        "index": i,
+    }
+    if lut is not None:
+        item["hsv_lut"] = torch.from_numpy(lut)
+    return item
+
+
+def _train_sample(ds: Any, i: int, rng: np.random.Generator):
+    hyp = ds.hyp
+    image, boxes, classes, polys, has, ratio_pad, i = _view(ds, i, rng)
+    if hyp.mixup > 0 and not ds.rect and rng.random() < hyp.mixup:
+        other = _view(ds, int(ds._anywhere(rng, i)), rng)
+        image, boxes, classes = mixup((image, boxes, classes), other[:3], rng)
+        polys, has = np.concatenate([polys, other[3]]), np.concatenate([has, other[4]])
+    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+    if lut is not None and not ds.hsv_in_batch:
+        image, lut = apply_hsv_lut(image, lut), None
+    if rng.random() < hyp.fliplr:            # random_flip's two draws, the polygons mirrored with the image
+        image, boxes = flip_lr(image, boxes)
+        polys = flip_polygons(polys, image.shape[:2], lr=True)
+    if rng.random() < hyp.flipud:
+        image, boxes = flip_ud(image, boxes)
+        polys = flip_polygons(polys, image.shape[:2], lr=False)
+    return image, boxes, classes, polys, has, ratio_pad, i, lut
+
+
+def _view(ds: Any, i: int, rng: np.random.Generator):
+    """``_geometric_view`` with the rows' polygons (the same draws): Mosaic + affine, or letterbox + affine."""
+    hyp, s = ds.hyp, ds.imgsz
+    affine = dict(degrees=hyp.degrees, translate=hyp.translate, scale=hyp.scale,
+                  shear=hyp.shear, perspective=hyp.perspective)
+    if not ds.rect and ds.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
+        image, boxes, classes, ratio, i = ds._load_any(i)
+        samples, polys = [(image, boxes, classes)], [_polygons(ds, i, boxes, ratio)]
+        for j in ds._partners(rng, i):
+            im, b, c, r, j = ds._load_any(j)
+            samples.append((im, b, c))
+            polys.append(_polygons(ds, j, b, r))
+        canvas, boxes, classes, kept = mosaic4_rows(samples, s, rng)
+        polygons = mosaic4_polygons([p for p, _ in polys], canvas, kept)
+        has = np.concatenate([h[k] for (_, h), k in zip(polys, kept, strict=True)]).astype(bool)
+        image, boxes, classes, polygons, has = _affine(canvas, boxes, classes, polygons, has, rng,
+                                                                    (s, s), affine)
+        return image, boxes, classes, polygons, has, (ratio, (0.0, 0.0)), i
+    shape = ds.rect_shape(i) if ds.rect else (s, s)
+    image, boxes, classes, ratio, i = ds._load_any(i)
+    polygons, has = _polygons(ds, i, boxes, ratio)
+    image, (r2, pad) = letterbox(image, shape)
+    boxes, polygons = scale_boxes(boxes, r2, pad), scale_polygons(polygons, r2, pad)
+    image, boxes, classes, polygons, has = _affine(image, boxes, classes, polygons, has, rng,
+                                                                image.shape[:2], affine)
+    return image, boxes, classes, polygons, has, ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i
+
+
+def _affine(image, boxes, classes, polygons, has, rng, out_shape, affine):
+    """``random_affine`` (the same draw) with the polygons warped: their visible parts' boxes replace the
+    warped boxes, and rows keep a hundredth of their area at least (the reference's threshold with polygons)."""
+    plan = affine_plan(rng, image.shape[:2], tuple(out_shape), **affine)
+    image = warp_image(image, plan, perspective=bool(affine["perspective"]))
+    boxes, classes, polygons, kept = affine_polygons(plan, np.asarray(boxes, np.float32).reshape(-1, 4),
+                                                     np.asarray(classes, np.int64), polygons)
+    return image, boxes, classes, polygons, has[kept]

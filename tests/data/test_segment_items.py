@@ -1,0 +1,198 @@
+"""A segmentation set's items and batches: each object's mask follows its image through every step.
+
+The shapes set labelled by outlines (``make_shapes(segments=True)``) is drawn with OpenCV's polygon fill
+from the very points it writes, so an item's mask can be checked against the pixels: without
+augmentation it is the fill itself, shifted by the letterbox; through Mosaic, a rotating, shearing,
+perspective warp, the flips and the HSV step, the pixels under a mask (its edge left out) are one
+object's colour, which a mask left unflipped or unwarped would not cover.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from yolokit.data import DetectionDataset, build_dataloader, collate, make_shapes
+from yolokit.data.augment.polygons import resample_polygon
+from yolokit.data.augment.transforms import AugmentConfig
+from yolokit.data.sources.readers import DatasetError
+
+
+@pytest.fixture(scope="module")
+def seg(tmp_path_factory):
+    """One object an image (Mosaic puts four side by side, none hidden by another)."""
+    return make_shapes(tmp_path_factory.mktemp("seg") / "set", n_train=12, n_val=6, imgsz=96, max_objects=1,
+                       background_fraction=0.0, segments=True)
+
+
+@pytest.fixture(scope="module")
+def seg_many(tmp_path_factory):
+    return make_shapes(tmp_path_factory.mktemp("seg-many") / "set", n_train=10, n_val=4, imgsz=96, segments=True)
+
+
+def test_the_outlines_label_the_same_images_as_the_boxes(tmp_path, seg_many):
+    boxes = make_shapes(tmp_path / "det", n_train=10, n_val=4, imgsz=96)
+    a = DetectionDataset(boxes, "train", imgsz=96)
+    b = DetectionDataset(seg_many, "train", imgsz=96)
+    assert seg_many.parent.name == "set" and a.index.segments is None and b.index.segments is not None
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert torch.equal(x["image"], y["image"]) and torch.equal(x["classes"], y["classes"])
+        # the box of the pixels the fill paints (whole pixels, the last one past the outline's last point)
+        # against the outline's (its points read back from 6 decimals)
+        assert (x["boxes"] - y["boxes"]).abs().max() <= 2 + 1e-3
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_without_augmentation_a_mask_is_the_outline_filled_where_the_letterbox_put_it(seg_many, overlap):
+    ds = DetectionDataset(seg_many, "val", imgsz=96, segments=True, mask_ratio=1, overlap_mask=overlap)
+    for i in range(len(ds)):
+        item = ds[i]
+        pad = np.array(item["ratio_pad"][1])
+        assert item["ratio_pad"][0] == (1.0, 1.0)                           # 96 px already: no resize
+        outlines = ds.index.segments.image(i)
+        expected = []
+        for poly in outlines:          # resampled to 1000 points as every polygon is, then filled
+            m = np.zeros((96, 96), np.uint8)
+            cv2.fillPoly(m, [(resample_polygon(poly) + pad.astype(np.float32)).astype(np.int32)], 1)
+            expected.append(m)
+        got = item["masks"].numpy()
+        if overlap:   # larger first: a row's value covers its own fill, except where a smaller row lies on it
+            assert got.shape == (96, 96) and got.max() == len(outlines)
+            areas = [int(e.sum()) for e in expected]      # larger first (an object of no pixel before all)
+            order = sorted(range(len(areas)), key=lambda k: (areas[k] > 0, -areas[k]))
+            for value, k in enumerate(order, 1):
+                assert ((got == value) <= expected[k]).all()
+                assert torch.allclose(item["boxes"][value - 1],
+                                      ds[i]["boxes"][value - 1])          # the same order every time
+        else:
+            assert got.shape == (len(outlines), 96, 96)
+            for k in range(len(outlines)):
+                assert np.array_equal(got[k], expected[k])
+        assert item["mask_rows"].all() and len(item["mask_rows"]) == len(item["classes"])
+
+
+def _object_like(image: torch.Tensor, mask: np.ndarray) -> bool:
+    """Whether ``mask`` covers one shape: the pixels well inside it are one colour (largest per-channel standard
+    deviation under 12), unlike the band just outside it (mean colours 40 apart, summed over the channels)."""
+    mask = mask.astype(np.uint8)
+    inner = cv2.erode(mask, np.ones((5, 5), np.uint8)).astype(bool)
+    near = cv2.dilate(mask, np.ones((3, 3), np.uint8)).astype(bool)
+    band = cv2.dilate(mask, np.ones((5, 5), np.uint8)).astype(bool) & ~near            # 1-2 px outside
+    pixels = image.permute(1, 2, 0).numpy().astype(np.float32)
+    if not band.any():
+        return False
+    inside, outside = pixels[inner], pixels[band]
+    return bool(inside.std(0).max() < 12 and np.abs(inside.mean(0) - outside.mean(0)).sum() > 40)
+
+
+def test_through_mosaic_warps_and_flips_each_mask_covers_one_colour(seg):
+    hyp = AugmentConfig(mosaic=1.0, degrees=20.0, shear=5.0, perspective=0.0005, translate=0.1, scale=0.3,
+                        fliplr=0.5, flipud=0.5, mixup=0.0)
+    ds = DetectionDataset(seg, "train", imgsz=96, augment=True, hyp=hyp, segments=True, mask_ratio=1,
+                          overlap_mask=False, buffer_size=0)
+    checked = 0
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            item = ds[i]
+            masks, boxes = item["masks"].numpy(), item["boxes"]
+            assert len(masks) == len(boxes) == len(item["mask_rows"]) and item["mask_rows"].all()
+            for m, box in zip(masks, boxes, strict=True):
+                ys, xs = np.nonzero(m)
+                if len(xs) == 0:
+                    continue
+                x1, y1, x2, y2 = box.tolist()                     # the visible outline's box holds its fill
+                assert x1 - 1 <= xs.min() and xs.max() <= x2 + 1 and y1 - 1 <= ys.min() and ys.max() <= y2 + 1
+                if cv2.erode(m, np.ones((5, 5), np.uint8)).sum() >= 20:
+                    assert _object_like(item["image"], m), (epoch, i)
+                    checked += 1
+    assert checked >= 30
+
+
+def test_a_mask_left_unflipped_would_be_seen(seg):
+    """The colour check above is a real one: the same masks mirrored leave the objects."""
+    hyp = AugmentConfig(mosaic=0.0, degrees=0.0, shear=0.0, translate=0.0, scale=0.0, fliplr=0.0, flipud=0.0,
+                        hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+    ds = DetectionDataset(seg, "train", imgsz=96, augment=True, hyp=hyp, segments=True, mask_ratio=1,
+                          overlap_mask=False)
+    seen = []
+    for i in range(len(ds)):
+        item = ds[i]
+        for m in item["masks"].numpy():
+            mirrored = m[:, ::-1].copy()
+            if cv2.erode(m, np.ones((5, 5), np.uint8)).sum() >= 20 and (m & mirrored).sum() < 0.3 * m.sum():
+                assert _object_like(item["image"], m)
+                seen.append(_object_like(item["image"], mirrored))
+    assert len(seen) >= 3 and not any(seen), seen
+
+
+def test_mixup_keeps_both_images_rows_and_masks(seg):
+    hyp = AugmentConfig(mosaic=0.0, mixup=1.0)
+    ds = DetectionDataset(seg, "train", imgsz=96, augment=True, hyp=hyp, segments=True, overlap_mask=False)
+    counts = [len(ds[i]["classes"]) for i in range(len(ds))]
+    assert max(counts) == 2 and all(len(ds[i]["masks"]) == c for i, c in enumerate(counts))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_batch_pads_the_masks_as_the_images_and_keeps_the_rows_order(seg_many, overlap):
+    """Rect shapes of two sizes: the masks padded with background; each row's mask (or value) within its box."""
+    ds = DetectionDataset(seg_many, "val", imgsz=96, rect=True, stride=8, segments=True, overlap_mask=overlap)
+    items = [ds[i] for i in range(len(ds))]
+    assert len({tuple(it["image"].shape) for it in items}) > 1        # rect: images of different shapes
+    batch = collate(items)
+    b, _, h, w = batch["images"].shape
+    masks, targets = batch["masks"], batch["targets"]
+    assert batch["mask_rows"].shape == (len(targets),) and batch["mask_rows"].all()
+    assert masks.shape == ((b,) if overlap else (len(targets),)) + (h // 4, w // 4)
+    first = {int(i): k for k, i in reversed(list(enumerate(targets[:, 0].tolist())))}
+    for r, (i, _, x1, y1, x2, y2) in enumerate(targets.tolist()):
+        m = masks[int(i)] == r - first[int(i)] + 1 if overlap else masks[r].bool()
+        ys, xs = torch.nonzero(m, as_tuple=True)
+        if len(xs):
+            assert x1 / 4 - 1 <= xs.min() <= xs.max() <= x2 / 4 + 1
+            assert y1 / 4 - 1 <= ys.min() <= ys.max() <= y2 / 4 + 1
+
+
+def test_the_loader_brings_masks_to_the_device_side(seg_many):
+    ds = DetectionDataset(seg_many, "train", imgsz=96, augment=True, segments=True)
+    batches = list(build_dataloader(ds, 4, workers=2, seed=0))
+    assert [len(b["masks"]) for b in batches] == [4, 4, 2]
+    for b in batches:
+        assert b["masks"].dtype == torch.uint8 and b["masks"].shape[1:] == (24, 24)
+        assert len(b["mask_rows"]) == len(b["targets"])
+        for i in range(len(b["masks"])):
+            rows = int((b["targets"][:, 0] == i).sum())
+            assert int(b["masks"][i].max()) <= rows
+
+
+def test_a_mixed_set_keeps_its_box_rows_without_masks(tmp_path):
+    root = tmp_path / "mixed"
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    cv2.imwrite(str(root / "images" / "train" / "a.jpg"), np.full((64, 64, 3), 90, np.uint8))
+    (root / "labels" / "train" / "a.txt").write_text("0 0.1 0.1 0.5 0.1 0.5 0.5 0.1 0.5\n1 0.75 0.75 0.3 0.3\n")
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b]\n")
+    ds = DetectionDataset(root / "data.yaml", "train", imgsz=64, segments=True, overlap_mask=False, mask_ratio=1)
+    item = ds[0]
+    by_class = {int(c): k for k, c in enumerate(item["classes"])}
+    assert item["mask_rows"][by_class[0]] and not item["mask_rows"][by_class[1]]
+    assert item["masks"][by_class[1]].sum() == 0                       # a box row: no pixel, no claim
+    assert abs(int(item["masks"][by_class[0]].sum()) - 26 * 26) < 60   # the square 0.1-0.5 of 64 px
+    assert torch.allclose(item["boxes"][by_class[1]], torch.tensor([38.4, 38.4, 57.6, 57.6]))
+
+
+def test_what_cannot_carry_polygons_is_refused_in_one_line(tmp_path, seg_many):
+    boxes = make_shapes(tmp_path / "det", n_train=4, n_val=2, imgsz=64)
+    with pytest.raises(DatasetError, match=r"data\.yaml \(train\): no label row has a polygon"):
+        DetectionDataset(boxes, "train", segments=True)
+    with pytest.raises(ValueError, match="albumentations cannot be used with segments yet"):
+        DetectionDataset(seg_many, "train", segments=True, augment=True, albumentations=[])
+    with pytest.raises(ValueError, match="mask_ratio must be a positive integer"):
+        DetectionDataset(seg_many, "train", segments=True, mask_ratio=0)
+    ds = DetectionDataset(seg_many, "train", segments=True, augment=True)
+    ds.recipe_in_batch = True
+    with pytest.raises(ValueError, match="augment_on='device' does not move polygons yet"):
+        ds[0]
