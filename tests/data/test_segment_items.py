@@ -17,6 +17,7 @@ import torch
 from yolokit.data import DetectionDataset, build_dataloader, collate, make_shapes
 from yolokit.data.augment.polygons import resample_polygon
 from yolokit.data.augment.transforms import AugmentConfig
+from yolokit.data.sources.coco import join_parts
 from yolokit.data.sources.readers import DatasetError
 
 
@@ -196,3 +197,53 @@ def test_what_cannot_carry_polygons_is_refused_in_one_line(tmp_path, seg_many):
     ds.recipe_in_batch = True
     with pytest.raises(ValueError, match="augment_on='device' does not move polygons yet"):
         ds[0]
+
+
+def _filled(polygons, shape=(64, 80)):
+    m = np.zeros(shape, np.uint8)
+    for p in polygons:
+        cv2.fillPoly(m, [np.asarray(p, np.float64).astype(np.int32)], 1)
+    return m
+
+
+def test_an_objects_parts_are_joined_into_one_outline_that_fills_as_they_do():
+    parts = [np.array([[5, 5], [20, 5], [20, 20], [5, 20]], np.float64),
+             np.array([[40, 30], [60, 30], [50, 50]], np.float64),
+             np.array([[10, 40], [25, 40], [25, 55], [10, 55]], np.float64)]
+    outline = join_parts(parts)
+    assert {tuple(p) for p in outline} == {tuple(p) for part in parts for p in part}   # every point, no other
+    assert len(outline) == sum(len(p) + 1 for p in parts) + 1                      # each part closed, bridges
+    union, joined = _filled(parts), _filled([outline])
+    assert (union <= joined).all()                          # the parts' pixels, and along the bridges only:
+    assert (joined.sum() - union.sum()) < 2 * 60            # two lines of a pixel's width at most
+    assert np.array_equal(join_parts(parts[:1]), parts[0])
+
+
+def test_a_coco_json_gives_each_objects_outline(tmp_path):
+    import json
+
+    cv2.imwrite(str(tmp_path / "a.jpg"), np.full((64, 80, 3), 90, np.uint8))
+    square, triangle = [5, 5, 20, 5, 20, 20, 5, 20], [40, 30, 60, 30, 50, 50]
+    annotations = [
+        {"id": 1, "image_id": 7, "category_id": 3, "bbox": [5, 5, 15, 15], "iscrowd": 0, "segmentation": [square]},
+        {"id": 2, "image_id": 7, "category_id": 5, "bbox": [5, 5, 55, 45], "iscrowd": 0,
+         "segmentation": [square, triangle]},                                      # one object in two parts
+        {"id": 3, "image_id": 7, "category_id": 3, "bbox": [60, 40, 10, 10], "iscrowd": 0,
+         "segmentation": {"counts": [0, 10], "size": [64, 80]}},                    # RLE: a box row
+        {"id": 4, "image_id": 7, "category_id": 5, "bbox": [0, 0, 30, 30], "iscrowd": 1,
+         "segmentation": {"counts": [0, 10], "size": [64, 80]}},                    # crowd: left out
+    ]
+    (tmp_path / "instances.json").write_text(json.dumps({
+        "images": [{"id": 7, "file_name": "a.jpg", "height": 64, "width": 80}], "annotations": annotations,
+        "categories": [{"id": 3, "name": "x"}, {"id": 5, "name": "y"}]}))
+    ds = DetectionDataset(tmp_path / "instances.json", imgsz=80, segments=True, overlap_mask=False, mask_ratio=1)
+    rows = ds.index.segments.image(0)
+    assert len(rows) == 3 and rows[2] is None and np.array_equal(rows[0], np.array(square, np.float32).reshape(-1, 2))
+    item = ds[0]
+    assert item["mask_rows"].tolist() == [True, True, False] and item["classes"].tolist() == [0, 1, 0]
+    pad = item["ratio_pad"][1][1]                                                   # 80 x 64 into 80 x 80
+    masks = item["masks"].numpy()[:, int(pad):int(pad) + 64]
+    both = _filled([np.reshape(square, (-1, 2)), np.reshape(triangle, (-1, 2))])
+    missed, extra = int((both & ~masks[1].astype(bool)).sum()), int((masks[1].astype(bool) & ~both.astype(bool)).sum())
+    assert missed < 0.03 * both.sum() and extra < 40, (missed, extra, int(both.sum()))   # both parts, a bridge
+    assert masks[2].sum() == 0

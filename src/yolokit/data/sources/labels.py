@@ -229,19 +229,26 @@ def clean_pixel_boxes(arr: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarr
     Returns:
         float32 [G', 5] and the list of fixes applied.
     """
+    labels, _, fixes = clean_pixel_rows(arr, shape)
+    return labels, fixes
+
+
+def clean_pixel_rows(arr: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """:func:`clean_pixel_boxes`, with the index in ``arr`` of each row kept (int64 [G'])."""
     fixes = []
     arr = np.asarray(arr, np.float64).reshape(-1, 5)
     finite = np.isfinite(arr).all(1)
     if (~finite).any():
         fixes.append(f"{int((~finite).sum())} box(es) with NaN/inf dropped")
-    arr = arr[finite]
+    arr, index = arr[finite], np.flatnonzero(finite)
     h, w = shape
     lim = np.array([w, h, w, h], np.float64)
     outside = ((arr[:, 1:] < 0) | (arr[:, 1:] > lim)).any(1)
     if outside.any():
         fixes.append(f"{int(outside.sum())} box(es) outside the image clipped")
     arr[:, 1:] = np.clip(arr[:, 1:], 0, lim)
-    return _drop_degenerate_and_duplicates(arr, fixes)[0], fixes
+    labels, keep = _drop_degenerate_and_duplicates(arr, fixes)
+    return labels, index[keep].astype(np.int64), fixes
 
 
 # ---------------------------------------------------------------------------- cache

@@ -19,6 +19,7 @@ from typing import TypeVar
 import numpy as np
 import yaml
 
+from yolokit.data.sources.coco import annotation_polygon, check_coco_image
 from yolokit.data.sources.images import ImageError, is_image_file, verify_image
 from yolokit.data.sources.labels import (
     BACKGROUND,
@@ -28,7 +29,6 @@ from yolokit.data.sources.labels import (
     Problem,
     SplitIndex,
     cache_home,
-    clean_pixel_boxes,
     empty_labels,
     files_key,
     load_index,
@@ -278,36 +278,14 @@ def _coco_image_dir(json_path: Path, first_file: str | None) -> Path:
     return parent
 
 
-def _check_coco_image(path: str, json_hw: tuple[int, int], anns: list[list[float]],
-                      unknown: int):
-    try:
-        shape = verify_image(path)
-    except ImageError as err:
-        return None, None, Problem(path, str(err), EXCLUDED)
-    fixes = [f"{unknown} annotation(s) with unknown category_id dropped"] if unknown else []
-    arr = np.array(anns, np.float64).reshape(-1, 5)
-    arr[:, 3:5] += arr[:, 1:3]  # xywh -> xyxy
-    if json_hw and tuple(json_hw) != tuple(shape) and all(json_hw):
-        fixes.append(f"json size {json_hw[1]}x{json_hw[0]} differs from the file's "
-                     f"{shape[1]}x{shape[0]}; boxes scaled")
-        arr[:, [1, 3]] *= shape[1] / json_hw[1]
-        arr[:, [2, 4]] *= shape[0] / json_hw[0]
-    labels, more = clean_pixel_boxes(arr, shape)
-    fixes += more
-    if fixes:
-        return shape, labels, Problem(path, "; ".join(fixes), FIXED)
-    if len(labels) == 0:
-        return shape, labels, Problem(path, "no annotations", BACKGROUND)
-    return shape, labels, None
-
-
 def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | None = None,
                cache: bool = True) -> SplitIndex:
     """Index a COCO instances json.
 
     Category ids are mapped, sorted, to contiguous class indices 0..K-1; the json id
     of each index is kept in `category_ids` (and each image's id in `image_ids`) for
-    evaluation. `iscrowd` annotations are left out of the targets.
+    evaluation. `iscrowd` annotations are left out of the targets. Polygons (``segmentation``) give
+    the index's `segments` (`yolokit.data.sources.coco`), when any annotation has one.
 
     Args:
         json_path: the instances json.
@@ -327,10 +305,10 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
     first = entries[0]["file_name"] if entries else None
     root = Path(image_dir) if image_dir is not None else _coco_image_dir(json_path, first)
     paths = [str(root / e["file_name"]) for e in entries]
-    key = files_key([str(json_path)] + paths, extra=f"coco|{root}")
+    key = files_key([str(json_path)] + paths, extra=f"coco|polygons|{root}")   # polygons: a cache before rebuilt
 
     def build() -> SplitIndex:
-        anns, unknown = defaultdict(list), defaultdict(int)
+        anns, outlines, unknown = defaultdict(list), defaultdict(list), defaultdict(int)
         for a in data.get("annotations", []):
             if a.get("iscrowd", 0):
                 continue
@@ -338,14 +316,15 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
                 unknown[a.get("image_id")] += 1
                 continue
             anns[a["image_id"]].append([cat_index[a["category_id"]], *a["bbox"][:4]])
+            outlines[a["image_id"]].append(annotation_polygon(a))
         index = SplitIndex(paths=[], shapes=np.zeros((0, 2), np.int32), labels=[],
                            names=[str(c["name"]) for c in cats],
                            category_ids=[int(c["id"]) for c in cats], image_ids=[])
-        jobs = [(p, (e.get("height", 0), e.get("width", 0)), anns.get(e["id"], []),
+        jobs = [(p, (e.get("height", 0), e.get("width", 0)), anns.get(e["id"], []), outlines.get(e["id"], []),
                  unknown.get(e["id"], 0)) for p, e in zip(paths, entries, strict=True)]
-        shapes = []
-        results = check_files(lambda j: _check_coco_image(*j), jobs)
-        for (path, *_), e, (shape, labels, problem) in zip(jobs, entries, results, strict=True):
+        shapes, polygons = [], []
+        results = check_files(lambda j: check_coco_image(*j), jobs)
+        for (path, *_), e, (shape, labels, rows, problem) in zip(jobs, entries, results, strict=True):
             if problem is not None:
                 index.problems.append(problem)
             if shape is not None:
@@ -353,7 +332,9 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
                 index.labels.append(labels)
                 index.image_ids.append(int(e["id"]))
                 shapes.append(shape)
+                polygons.append(rows)
         index.shapes = np.array(shapes, np.int32).reshape(-1, 2)
+        index.segments = split_segments(polygons, [len(lb) for lb in index.labels])
         return index
 
     anchor = json_path.with_suffix(CACHE_SUFFIX)
