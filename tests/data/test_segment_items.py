@@ -9,6 +9,8 @@ object's colour, which a mask left unflipped or unwarped would not cover.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cv2
 import numpy as np
 import pytest
@@ -247,3 +249,34 @@ def test_a_coco_json_gives_each_objects_outline(tmp_path):
     missed, extra = int((both & ~masks[1].astype(bool)).sum()), int((masks[1].astype(bool) & ~both.astype(bool)).sum())
     assert missed < 0.03 * both.sum() and extra < 40, (missed, extra, int(both.sum()))   # both parts, a bridge
     assert masks[2].sum() == 0
+
+
+def test_shards_keep_the_polygons_also_when_a_cut_short_write_is_finished(tmp_path, seg_many):
+    pytest.importorskip("litdata")                 # yolokit[stream]
+    from yolokit.data.store.shards import write_shards
+
+    out = tmp_path / "shards"
+    write_shards(seg_many, str(out), chunk_bytes="8KB", splits=["train"])
+    chunks = sorted((out / "train").glob("chunk-*.bin"))
+    assert len(chunks) >= 3                                             # the parts of several chunks joined
+    chunks[1].write_bytes(chunks[1].read_bytes()[:100])                 # an upload that stopped
+    write_shards(seg_many, str(out), chunk_bytes="8KB", splits=["train"])   # chunk 0 cut out of labels.npz
+    folder = DetectionDataset(seg_many, "train", imgsz=96, segments=True)
+    sharded = DetectionDataset(str(out / "train"), "train", imgsz=96, segments=True)
+    a, b = folder.index.segments, sharded.index.segments
+    assert [Path(p).name for p in folder.index.paths] == [str(p).rsplit("/", 1)[-1] for p in sharded.index.paths]
+    assert np.array_equal(a.starts, b.starts) and np.array_equal(a.bounds, b.bounds)
+    assert np.array_equal(a.points, b.points) and np.array_equal(a.boxes, b.boxes)
+    for i in range(len(folder)):
+        assert torch.equal(folder[i]["masks"], sharded[i]["masks"])
+
+
+def test_detection_shards_have_no_polygons_and_are_refused_for_masks(tmp_path):
+    pytest.importorskip("litdata")
+    from yolokit.data.store.shards import write_shards
+
+    boxes = make_shapes(tmp_path / "det", n_train=4, n_val=2, imgsz=64)
+    write_shards(boxes, str(tmp_path / "shards"), splits=["val"])
+    assert DetectionDataset(str(tmp_path / "shards" / "val"), "val").index.segments is None
+    with pytest.raises(DatasetError, match="no label row has a polygon"):
+        DetectionDataset(str(tmp_path / "shards" / "val"), "val", segments=True)

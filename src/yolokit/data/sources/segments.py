@@ -57,6 +57,23 @@ class Segments:
                         bounds=np.r_[0, np.cumsum(sizes)].astype(np.int64), boxes=self.boxes[flat],
                         points=self.points[picked.astype(np.int64)])
 
+    def images(self, first: int, last: int) -> Segments:
+        """The segments of images ``first:last`` (a shard's chunk of the split)."""
+        return self.take([np.arange(self.starts[i], self.starts[i + 1]) for i in range(first, last)])
+
+    @classmethod
+    def concat(cls, parts: Sequence[Segments]) -> Segments:
+        """The images of ``parts`` one after another (a split's chunks joined)."""
+        starts, bounds, rows, points = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], 0, 0
+        for part in parts:
+            starts.append(part.starts[1:] + rows)
+            bounds.append(part.bounds[1:] + points)
+            rows, points = rows + len(part.boxes), points + len(part.points)
+        return cls(starts=np.concatenate(starts), bounds=np.concatenate(bounds),
+                   boxes=np.concatenate([p.boxes for p in parts]).astype(bool) if parts else np.zeros(0, bool),
+                   points=np.concatenate([p.points for p in parts]).reshape(-1, 2).astype(np.float32)
+                   if parts else np.zeros((0, 2), np.float32))
+
     def arrays(self) -> dict[str, np.ndarray]:
         """What the label cache stores (:meth:`from_arrays` reads it back)."""
         return {"segment_starts": self.starts, "segment_bounds": self.bounds, "segment_boxes": self.boxes,

@@ -36,6 +36,7 @@ import numpy as np
 from yolokit.data.sources.images import ImageError, read_bytes
 from yolokit.data.sources.labels import EXCLUDED, Problem, SplitIndex
 from yolokit.data.sources.readers import DatasetError, load_split, read_data_yaml
+from yolokit.data.sources.segments import Segments
 from yolokit.data.store.remote import Place, allow_plain_http, join
 from yolokit.data.store.stream import LABELS, MANIFEST
 
@@ -90,7 +91,9 @@ def _npz(**arrays) -> bytes:
     return buf.getvalue()
 
 
-def _label_part(keys: list[str], shapes: list, labels: list[np.ndarray], image_ids: list[int] | None) -> dict:
+def _label_part(keys: list[str], shapes: list, labels: list[np.ndarray], image_ids: list[int] | None,
+                segments: Segments | None = None) -> dict:
+    """A chunk's label index (and its images' polygons, for a segmentation set)."""
     blobs = [k.encode() for k in keys]
     counts = np.array([len(x) for x in labels], np.int64)
     return dict(shapes=np.array(shapes, np.int32).reshape(-1, 2),
@@ -98,7 +101,8 @@ def _label_part(keys: list[str], shapes: list, labels: list[np.ndarray], image_i
                 labels=(np.concatenate(labels) if labels else np.zeros((0, 5))).astype(np.float32).reshape(-1, 5),
                 keys=np.frombuffer(b"".join(blobs), np.uint8).copy(),
                 key_offsets=np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64),
-                image_ids=np.array(image_ids if image_ids is not None else [], np.int64))
+                image_ids=np.array(image_ids if image_ids is not None else [], np.int64),
+                **(segments.arrays() if segments is not None else {}))
 
 
 def _merge_parts(parts: list[dict]) -> dict:
@@ -113,6 +117,8 @@ def _merge_parts(parts: list[dict]) -> dict:
             offsets.append(p[name][1:] + at)
             at += len(p[base])
         out[name] = np.concatenate(offsets)
+    if "segment_bounds" in parts[0]:
+        out.update(Segments.concat([Segments.from_arrays(p) for p in parts]).arrays())
     return out
 
 
@@ -130,11 +136,12 @@ def _read_part(place: Place, k: int, chunks: list[dict], finished: dict) -> dict
     last = first + chunks[k]["chunk_size"]
     lo, hi = whole["label_offsets"][first], whole["label_offsets"][last]
     klo, khi = whole["key_offsets"][first], whole["key_offsets"][last]
-    ids = whole["image_ids"]
+    ids, segments = whole["image_ids"], Segments.from_arrays(whole)
     return dict(shapes=whole["shapes"][first:last], labels=whole["labels"][lo:hi],
                 label_offsets=whole["label_offsets"][first:last + 1] - lo, keys=whole["keys"][klo:khi],
                 key_offsets=whole["key_offsets"][first:last + 1] - klo,
-                image_ids=ids[first:last] if len(ids) else ids)
+                image_ids=ids[first:last] if len(ids) else ids,
+                **(segments.images(first, last).arrays() if segments is not None else {}))
 
 
 def _source_key(keys: list[str], index: SplitIndex) -> str:
@@ -190,7 +197,9 @@ def _write_split(index: SplitIndex, keys: Sequence[str], place: Place, split: st
             raise RuntimeError(f"{path}: the writer's chunk does not match its items")
         part = _label_part([keys[s] for _, s in members], [index.shapes[s] for _, s in members],
                            [index.labels[s] for _, s in members],
-                           [index.image_ids[s] for _, s in members] if index.image_ids is not None else None)
+                           [index.image_ids[s] for _, s in members] if index.image_ids is not None else None,
+                           None if index.segments is None else index.segments.take(
+                               [np.arange(index.segments.starts[s], index.segments.starts[s + 1]) for _, s in members]))
         place.write(f"parts/labels-{len(progress['chunks'])}.npz", _npz(**part))
         place.put_file(info["filename"], path)
         if place.remote:

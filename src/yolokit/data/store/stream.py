@@ -33,6 +33,7 @@ import numpy as np
 
 from yolokit.data.sources.images import ImageError
 from yolokit.data.sources.labels import EXCLUDED, Problem, SplitIndex, cache_home
+from yolokit.data.sources.segments import Segments
 from yolokit.data.store.cap import parse_size, remove_orphans
 from yolokit.data.store.remote import Place, allow_plain_http, is_remote, join, quiet_cap_advice, quiet_litdata_threads
 from yolokit.data.workers import SharedArray
@@ -386,5 +387,6 @@ def shard_index(url: str | os.PathLike, *, names: list[str] | None = None, cache
     index = SplitIndex(paths=store.keys, shapes=arrays["shapes"],
                        labels=FlatLabels(arrays["labels"], arrays["label_offsets"]), names=names,
                        problems=[p for p in problems if p.action == EXCLUDED], image_ids=image_ids,
-                       category_ids=manifest.get("category_ids"), store=store, items=np.arange(n, dtype=np.int64))
+                       category_ids=manifest.get("category_ids"), store=store, items=np.arange(n, dtype=np.int64),
+                       segments=Segments.from_arrays(arrays))     # None: a detection set, or shards from before
     return index
