@@ -280,3 +280,40 @@ def test_detection_shards_have_no_polygons_and_are_refused_for_masks(tmp_path):
     assert DetectionDataset(str(tmp_path / "shards" / "val"), "val").index.segments is None
     with pytest.raises(DatasetError, match="no label row has a polygon"):
         DetectionDataset(str(tmp_path / "shards" / "val"), "val", segments=True)
+
+
+def test_copy_paste_adds_each_object_mirrored_where_it_covers_little(seg_many):
+    """Copy-paste alone (no Mosaic, no warp): the pasted rows are mirrored rows, drawn from the mirrored image,
+    and each covers less than 30% of every row's box that was there."""
+    still = dict(mosaic=0.0, degrees=0.0, translate=0.0, scale=0.0, fliplr=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+    plain = DetectionDataset(seg_many, "train", imgsz=96, augment=True, hyp=AugmentConfig(**still),
+                             segments=True, overlap_mask=False, mask_ratio=1)
+    pasted = DetectionDataset(seg_many, "train", imgsz=96, augment=True, segments=True, overlap_mask=False,
+                              mask_ratio=1, hyp=AugmentConfig(**still, copy_paste=1.0))
+    added = 0
+    for i in range(len(plain)):
+        a, b = plain[i], pasted[i]
+        n = len(a["boxes"])
+        keys = [tuple(box) for box in a["boxes"].tolist()]
+        assert sorted(tuple(box) for box in b["boxes"][:n].tolist()) == sorted(keys) or len(b["boxes"]) > n
+        old = {tuple(box): (c, m) for box, c, m in zip(a["boxes"].tolist(), a["classes"].tolist(), a["masks"],
+                                                       strict=True)}
+        new = [(tuple(box), c, m) for box, c, m in zip(b["boxes"].tolist(), b["classes"].tolist(), b["masks"],
+                                                       strict=True) if tuple(box) not in old]
+        added += len(new)
+        w = a["image"].shape[2]
+        for (x1, y1, x2, y2), c, m in new:          # a mirrored original: its class, its mask flipped, its pixels
+            source = (w - x2, y1, w - x1, y2)
+            match = min(old, key=lambda box: sum(abs(p - q) for p, q in zip(box, source, strict=True)))
+            assert sum(abs(p - q) for p, q in zip(match, source, strict=True)) < 1e-3 and old[match][0] == c
+            flipped = old[match][1].flip(-1).bool()      # a point on a pixel's edge fills the pixel after it
+            iou = max(float((m.bool() & f).sum() / (m.bool() | f).sum()) for f in (flipped, flipped.roll(1, -1)))
+            if flipped.sum() >= 100:     # a shape of a few pixels mirrored fills other pixels (truncated points)
+                assert iou > 0.9, iou
+            inside = cv2.erode(m.numpy(), np.ones((3, 3), np.uint8)).astype(bool)
+            assert torch.equal(b["image"][:, inside], a["image"].flip(-1)[:, inside])
+            for box in old:
+                bx1, by1, bx2, by2 = box
+                inter = max(0, min(x2, bx2) - max(x1, bx1)) * max(0, min(y2, by2) - max(y1, by1))
+                assert inter < 0.3 * (bx2 - bx1) * (by2 - by1)
+    assert added >= 5

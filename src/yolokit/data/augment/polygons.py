@@ -205,3 +205,40 @@ def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int,
     if overlap:
         return overlap_of(masks, (int(shape[0]) // ratio, int(shape[1]) // ratio))
     return masks, np.arange(len(masks), dtype=np.int64)
+
+
+def copy_paste(image: np.ndarray, boxes: np.ndarray, classes: np.ndarray, polygons: np.ndarray, has_mask: np.ndarray,
+               fraction: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The image's objects mirrored left-right and pasted onto it (the reference's copy-paste, "flip" mode).
+
+    A mirrored object is a candidate when it covers less than 30% of every object's box (its box's
+    intersection with that box, over that box's area); candidates are taken least overlapping first,
+    ``round(fraction * candidates)`` of them. Each is painted from the mirrored image through its polygon's
+    fill and added as a row. Box rows (no polygon) are never pasted.
+
+    Returns:
+        image (a new array), and boxes, classes, polygons, has_mask with the pasted rows after the others.
+    """
+    h, w = image.shape[:2]
+    mirrored_boxes = boxes.copy()
+    mirrored_boxes[:, 0], mirrored_boxes[:, 2] = w - boxes[:, 2], w - boxes[:, 0]
+    mirrored = flip_polygons(polygons, (h, w), lr=True)
+    lo = np.maximum(mirrored_boxes[:, None, :2], boxes[None, :, :2])
+    hi = np.minimum(mirrored_boxes[:, None, 2:], boxes[None, :, 2:])
+    inter = np.clip(hi - lo, 0, None).prod(-1)
+    area = np.maximum((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]), 1e-7)
+    ioa = inter / area[None, :]                                        # [mirrored, existing]
+    candidates = np.flatnonzero((ioa < 0.30).all(1) & np.asarray(has_mask, bool))
+    candidates = candidates[np.argsort(ioa.max(1)[candidates], kind="stable")]
+    taken = candidates[:round(fraction * len(candidates))]
+    if not len(taken):
+        return image, boxes, classes, polygons, has_mask
+    paint = np.zeros((h, w), np.uint8)
+    for j in taken:                  # one at a time: contours drawn together fill their overlaps by parity
+        cv2.drawContours(paint, [mirrored[j].astype(np.int32)], -1, 1, cv2.FILLED)
+    image = image.copy()
+    where = paint.astype(bool)
+    image[where] = cv2.flip(np.ascontiguousarray(image), 1)[where]
+    return (image, np.concatenate([boxes, mirrored_boxes[taken]]).astype(np.float32),
+            np.concatenate([classes, np.asarray(classes)[taken]]), np.concatenate([polygons, mirrored[taken]]),
+            np.concatenate([np.asarray(has_mask, bool), np.ones(len(taken), bool)]))

@@ -4,8 +4,10 @@ moving the rows' polygons too (``polygons``), and the masks drawn from them at t
 Mosaic shifts each tile's polygons with it and clips them to the part of the canvas the tile shows; the
 affine step warps them (``transforms.affine_polygons``: a warped polygon's visible part gives its row's box,
 and rows keep a hundredth of their area at least, the reference's threshold with polygons); letterbox,
-flips and MixUp move or join them as they do the boxes. The random draws are the detection item's, in
-its order, so an image is augmented the same way whether its set is read for boxes or for masks.
+flips and MixUp move or join them as they do the boxes. Copy-paste (``AugmentConfig.copy_paste``, 0 by
+default as the reference's) pastes the image's objects mirrored onto it after Mosaic, before the warp.
+The random draws are the detection item's, in its order (and, with copy-paste on, one more before each
+warp), so without copy-paste an image is augmented the same way whether its set is read for boxes or masks.
 
 An item's ``masks`` are at 1/``mask_ratio`` of its image: with ``overlap_mask`` one index map uint8
 [H/r, W/r] (int32 past 255 rows), 0 for background and k + 1 where row k is, the rows put in the map's
@@ -23,7 +25,13 @@ import numpy as np
 import torch
 
 from yolokit.data.augment.mosaic import mixup, mosaic4_polygons, mosaic4_rows
-from yolokit.data.augment.polygons import flip_polygons, instance_masks, row_polygons, scale_polygons
+from yolokit.data.augment.polygons import (
+    copy_paste,
+    flip_polygons,
+    instance_masks,
+    row_polygons,
+    scale_polygons,
+)
 from yolokit.data.augment.transforms import (
     affine_plan,
     affine_polygons,
@@ -125,6 +133,9 @@ def _view(ds: Any, i: int, rng: np.random.Generator):
         canvas, boxes, classes, kept = mosaic4_rows(samples, s, rng)
         polygons = mosaic4_polygons([p for p, _ in polys], canvas, kept)
         has = np.concatenate([h[k] for (_, h), k in zip(polys, kept, strict=True)]).astype(bool)
+        if hyp.copy_paste > 0 and rng.random() < hyp.copy_paste:      # on the whole canvas, as the reference's
+            canvas, boxes, classes, polygons, has = copy_paste(np.asarray(canvas), boxes, classes, polygons, has,
+                                                               hyp.copy_paste)
         image, boxes, classes, polygons, has = _affine(canvas, boxes, classes, polygons, has, rng,
                                                                     (s, s), affine)
         return image, boxes, classes, polygons, has, (ratio, (0.0, 0.0)), i
@@ -133,6 +144,8 @@ def _view(ds: Any, i: int, rng: np.random.Generator):
     polygons, has = _polygons(ds, i, boxes, ratio)
     image, (r2, pad) = letterbox(image, shape)
     boxes, polygons = scale_boxes(boxes, r2, pad), scale_polygons(polygons, r2, pad)
+    if hyp.copy_paste > 0 and rng.random() < hyp.copy_paste:
+        image, boxes, classes, polygons, has = copy_paste(image, boxes, classes, polygons, has, hyp.copy_paste)
     image, boxes, classes, polygons, has = _affine(image, boxes, classes, polygons, has, rng,
                                                                 image.shape[:2], affine)
     return image, boxes, classes, polygons, has, ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i

@@ -34,6 +34,8 @@ class AugmentConfig:
         fliplr: probability of a left-right flip
         mosaic: probability of a Mosaic of 4 images
         mixup: probability of MixUp with a second image
+        copy_paste: segmentation sets only: probability of pasting the image's objects mirrored
+            left-right onto it, before the affine step (`polygons.copy_paste`)
     """
 
     hsv_h: float = 0.015
@@ -48,6 +50,7 @@ class AugmentConfig:
     fliplr: float = 0.5
     mosaic: float = 1.0
     mixup: float = 0.0
+    copy_paste: float = 0.0
 
 
 def scale_boxes(boxes: np.ndarray, ratio: tuple[float, float],
