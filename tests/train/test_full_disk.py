@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _models import TINY
 from _torchrun_env import subprocess_env
 
 from yolokit.data import make_shapes
@@ -76,8 +77,8 @@ def _descendants_alive(token: str) -> list[str]:
 def test_a_full_disk_keeps_the_last_checkpoint_and_says_so_in_one_line(tmp_path):
     data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64)
     run = tmp_path / "run"
-    flags = ["train", "--data", str(data), "--imgsz", "64", "--batch", "4", "--nbs", "4", "--epochs", "3",
-             "--workers", "1", "--no-plots", "--out", str(run)]
+    flags = ["train", "--data", str(data), "--model", TINY, "--imgsz", "64", "--batch", "4", "--nbs", "4",
+             "--epochs", "3", "--workers", "1", "--no-plots", "--out", str(run)]   # the disk's path, a small net
     done = subprocess.run([sys.executable, "-c", FILLS_UP, "3", *flags], env=subprocess_env(), capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 1, done.stderr[-3000:]

@@ -104,7 +104,7 @@ def _train_cli(url: str, out: Path, *extra: str) -> subprocess.Popen:
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_the_store_stopped_mid_epoch_ends_in_one_line_and_the_run_resumes(tmp_path):
+def test_the_store_stopped_mid_epoch_ends_in_one_line_with_its_checkpoint_intact(tmp_path):
     from s3store import SeaweedS3, weed_binary
 
     if weed_binary() is None:
@@ -132,11 +132,8 @@ def test_the_store_stopped_mid_epoch_ends_in_one_line_and_the_run_resumes(tmp_pa
             assert f"yolokit train --resume {out}" in errors[0]
             state = load_checkpoint(last)                   # intact, at the last step taken
             assert 1 <= state["steps"] < 20 and state["epoch"] == 0
-            store.start()
-            resumed = subprocess.run([sys.executable, "-m", "yolokit", "train", "--resume", str(out)],
-                                     capture_output=True, text=True, timeout=300)
-            assert resumed.returncode == 0, resumed.stderr[-3000:]
-            assert load_checkpoint(last)["steps"] == 20
+            # its resume is a mid-epoch resume from shards: test_a_run_from_the_store_stopped_mid_epoch_resumes_
+            # bit_for_bit above, and after a stopped store on two processes the extended test below
     finally:
         store.stop()
 
