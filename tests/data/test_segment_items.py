@@ -317,3 +317,15 @@ def test_copy_paste_adds_each_object_mirrored_where_it_covers_little(seg_many):
                 inter = max(0, min(x2, bx2) - max(x1, bx1)) * max(0, min(y2, by2) - max(y1, by1))
                 assert inter < 0.3 * (bx2 - bx1) * (by2 - by1)
     assert added >= 5
+
+
+def test_the_built_in_segmentation_set_is_a_source_name_everywhere(tmp_path, monkeypatch, seg_many):
+    """"shapes-seg" (make_shapes(segments=True)) for a dataset and for `yolokit data shard`."""
+    import yolokit.data.sources.shapes as shapes_module
+    from yolokit.data.store.shards import _splits_of
+
+    asked = []
+    monkeypatch.setattr(shapes_module, "make_shapes", lambda **kw: asked.append(kw) or seg_many)
+    assert _splits_of("shapes-seg", None)[1] == seg_many.parent and asked == [{"segments": True}]
+    assert DetectionDataset("shapes-seg", "val", segments=True).index.segments is not None
+    assert asked[-1] == {"segments": True}

@@ -251,10 +251,10 @@ def _write_split(index: SplitIndex, keys: Sequence[str], place: Place, split: st
 
 def _splits_of(src: str | os.PathLike, splits: list[str] | None) -> tuple[list[str], Path | None, bool]:
     """The splits to write, the root keys are made relative to, and whether the source is a COCO json."""
-    if str(src) == "shapes":
+    if str(src) in ("shapes", "shapes-seg"):
         from yolokit.data.sources.shapes import make_shapes
 
-        src = make_shapes()
+        src = make_shapes(segments=True) if str(src) == "shapes-seg" else make_shapes()
     path = Path(src)
     if path.suffix.lower() == ".json":
         return splits or ["train"], None, True
@@ -317,7 +317,7 @@ def write_split(index: SplitIndex, out: str | os.PathLike, split: str, *, keys: 
 def write_shards(src: str | os.PathLike, out: str | os.PathLike, *, splits: list[str] | None = None,
                  chunk_bytes: int | str = "64MB", image_dir: str | os.PathLike | None = None,
                  log_every: int = 10000) -> dict[str, ShardSummary]:
-    """Write a YOLO-format dataset (its data.yaml or folder, or "shapes") or a COCO json as shards.
+    """Write a YOLO-format dataset (its data.yaml or folder, "shapes" or "shapes-seg") or a COCO json as shards.
 
     Args:
         src: the source dataset.
