@@ -329,3 +329,14 @@ def test_the_built_in_segmentation_set_is_a_source_name_everywhere(tmp_path, mon
     assert _splits_of("shapes-seg", None)[1] == seg_many.parent and asked == [{"segments": True}]
     assert DetectionDataset("shapes-seg", "val", segments=True).index.segments is not None
     assert asked[-1] == {"segments": True}
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_cached_images_give_the_same_masks(tmp_path, seg_many, cache):
+    kw = dict(imgsz=96, augment=True, segments=True, buffer_size=0)
+    plain = DetectionDataset(seg_many, "train", **kw)
+    cached = DetectionDataset(seg_many, "train", cache_images=cache, cache_dir=tmp_path / "cache", **kw)
+    for i in range(len(plain)):
+        a, b = plain[i], cached[i]
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["masks"], b["masks"])
+        assert torch.equal(a["boxes"], b["boxes"]) and len(a["masks"]) == 96 // 4
