@@ -340,3 +340,13 @@ def test_cached_images_give_the_same_masks(tmp_path, seg_many, cache):
         a, b = plain[i], cached[i]
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["masks"], b["masks"])
         assert torch.equal(a["boxes"], b["boxes"]) and len(a["masks"]) == 96 // 4
+
+
+def test_copy_paste_on_a_set_read_for_boxes_says_once_that_it_is_off(tmp_path, caplog):
+    boxes = make_shapes(tmp_path / "det", n_train=4, n_val=2, imgsz=64)
+    with caplog.at_level("WARNING", logger="yolokit.data"):
+        ds = DetectionDataset(boxes, "train", imgsz=64, augment=True, hyp=AugmentConfig(copy_paste=0.5))
+        DetectionDataset(boxes, "val", imgsz=64, hyp=AugmentConfig(copy_paste=0.5))      # no augmentation: silent
+    said = [r.getMessage() for r in caplog.records if "copy_paste" in r.getMessage()]
+    assert len(said) == 1 and "copy_paste 0.5 is off" in said[0] and "(train)" in said[0]
+    assert len(ds[0]["boxes"]) >= 0 and "masks" not in ds[0]

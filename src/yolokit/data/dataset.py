@@ -124,13 +124,12 @@ class DetectionDataset(Dataset):
             load_split(source, split, image_dir=image_dir, cache=label_cache, shards=shards), fraction=fraction,
             seed=subset_seed, classes=classes, single_cls=single_cls)
         self.segments, self.mask_ratio, self.overlap_mask = bool(segments), int(mask_ratio), bool(overlap_mask)
-        if self.segments:
-            check_segments(self.index, f"{source} ({split})", albumentations, mask_ratio)
         self.names = self.index.names
         self._groups = self.index.groups        # shards: each image's chunk (Mosaic partners come from it)
         self.imgsz, self.augment, self.rect, self.stride = imgsz, augment, rect, stride
         self._rect_shapes: np.ndarray | None = None  # rect training: (h, w) of each image's batch
         self.hyp = hyp or AugmentConfig()
+        check_segments(self, f"{source} ({split})", albumentations)
         if albumentations is not None and not isinstance(albumentations, Albumentations):
             albumentations = Albumentations(albumentations)
         self.albumentations = albumentations

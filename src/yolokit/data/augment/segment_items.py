@@ -18,6 +18,7 @@ without a polygon keeps its box and class, and its mask has no pixel.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import cv2
@@ -45,9 +46,18 @@ from yolokit.data.augment.transforms import (
 from yolokit.data.sources.images import letterbox
 from yolokit.data.sources.readers import DatasetError
 
+logger = logging.getLogger("yolokit.data")
 
-def check_segments(index: Any, where: str, albumentations: Any, mask_ratio: int) -> None:
-    """Refuses in one line what cannot make masks: a split without polygons, albumentations, a bad ratio."""
+
+def check_segments(ds: Any, where: str, albumentations: Any) -> None:
+    """Refuses in one line what cannot make masks (a split without polygons, albumentations, a bad ratio); for a
+    set read for boxes, says once that copy-paste, which needs outlines, is off."""
+    if not ds.segments:
+        if ds.augment and ds.hyp.copy_paste > 0:
+            logger.warning("%s: copy_paste %g is off: it pastes objects by their outlines, and this set is read "
+                           "for boxes (segments=False)", where, ds.hyp.copy_paste)
+        return
+    index, mask_ratio = ds.index, ds.mask_ratio
     if index.segments is None:
         raise DatasetError(f"{where}: no label row has a polygon, so there are no masks to learn; segmentation "
                            "needs rows 'class x1 y1 x2 y2 x3 y3 ...' (a detection set trains a detection model)")
