@@ -315,8 +315,6 @@ class DetectionDataset(Dataset):
                 j = (j + 1) % n
         raise DatasetError("no image of the dataset can be read any more")
 
-    # ------------------------------------------------------------------ items
-
     def __getitem__(self, i: int) -> dict:
         rng = self.generator(i)
         lut = None
@@ -331,20 +329,24 @@ class DetectionDataset(Dataset):
             image, (r2, pad) = letterbox(image, self.imgsz, stride=self.stride, auto=self.rect)
             boxes = scale_boxes(boxes, r2, pad)
             ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), pad)
+        return self.item(image, boxes, classes, ratio_pad, i, lut)
+
+    def item(self, image: np.ndarray, boxes: np.ndarray, classes: np.ndarray, ratio_pad: tuple, i: int,
+             lut: np.ndarray | None, **extra: torch.Tensor) -> dict:
+        """An item (see the module docstring) of image ``i``'s final BGR pixels, rows and ``extra`` tensors."""
         chw = np.empty((3, *image.shape[:2]), np.uint8)   # BGR HWC -> RGB CHW: split into the planes
         cv2.split(np.ascontiguousarray(image), [chw[2], chw[1], chw[0]])   # (one copy; 2.5x a stack of splits)
-        item = {
+        return {
             "image": torch.from_numpy(chw),
             "boxes": torch.from_numpy(np.ascontiguousarray(boxes, np.float32).reshape(-1, 4)),
             "classes": torch.from_numpy(np.ascontiguousarray(classes, np.int64).reshape(-1)),
+            **extra,
             "path": self.index.paths[i],
             "orig_shape": tuple(int(v) for v in self.index.shapes[i]),
             "ratio_pad": ratio_pad,
             "index": i,
+            **({} if lut is None else {"hsv_lut": torch.from_numpy(lut)}),   # only with hsv_in_batch
         }
-        if lut is not None:
-            item["hsv_lut"] = torch.from_numpy(lut)
-        return item
 
     def _train_sample(self, i: int, rng: np.random.Generator):
         hyp = self.hyp

@@ -114,8 +114,7 @@ def mosaic4_polygons(polygons: list[np.ndarray], canvas: MosaicCanvas, kept: lis
         q[..., 0] = q[..., 0].clip(x1, x2)
         q[..., 1] = q[..., 1].clip(y1, y2)
         out.append(q)
-    k = polygons[0].shape[1] if polygons and polygons[0].ndim == 3 else 0
-    return np.concatenate(out).astype(np.float32) if out else np.zeros((0, k, 2), np.float32)
+    return np.concatenate(out).astype(np.float32)
 
 
 def mosaic4_rows(samples: list[Sample], size: int, rng: np.random.Generator, *,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 
@@ -89,24 +88,10 @@ def segment_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
         boxes, polys = scale_boxes(boxes, r2, pad), scale_polygons(polys, r2, pad)
         ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), pad)
     masks, order = instance_masks(polys, has, image.shape[:2], ds.mask_ratio, overlap=ds.overlap_mask)
-    boxes, classes, has = (np.asarray(boxes, np.float32).reshape(-1, 4)[order],
-                           np.asarray(classes, np.int64).reshape(-1)[order], has[order])
-    chw = np.empty((3, *image.shape[:2]), np.uint8)
-    cv2.split(np.ascontiguousarray(image), [chw[2], chw[1], chw[0]])
-    item = {
-        "image": torch.from_numpy(chw),
-        "boxes": torch.from_numpy(np.ascontiguousarray(boxes)),
-        "classes": torch.from_numpy(np.ascontiguousarray(classes)),
-        "masks": torch.from_numpy(np.ascontiguousarray(masks)),
-        "mask_rows": torch.from_numpy(np.ascontiguousarray(has, bool)),
-        "path": ds.index.paths[i],
-        "orig_shape": tuple(int(v) for v in ds.index.shapes[i]),
-        "ratio_pad": ratio_pad,
-        "index": i,
-    }
-    if lut is not None:
-        item["hsv_lut"] = torch.from_numpy(lut)
-    return item
+    return ds.item(image, np.asarray(boxes, np.float32).reshape(-1, 4)[order],
+                   np.asarray(classes, np.int64).reshape(-1)[order], ratio_pad, i, lut,
+                   masks=torch.from_numpy(np.ascontiguousarray(masks)),
+                   mask_rows=torch.from_numpy(np.ascontiguousarray(has[order], bool)))
 
 
 def _train_sample(ds: Any, i: int, rng: np.random.Generator):
