@@ -90,6 +90,28 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
+def _autograd_survives_fork() -> bool:
+    """Whether a child forked now can run a backward pass.
+
+    Once this process's autograd engine has started device threads (a backward with an accelerator
+    registered: a visible GPU, or another backend that some test's library brought in), a forked child
+    refuses every backward ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"). That happened in CI's extended run and cannot be read from Python, so it is tried:
+    a fork that runs one backward, about 20 ms.
+    """
+    pid = os.fork()
+    if pid == 0:   # the child: exit code 0 when its backward ran
+        code = 1
+        try:
+            x = torch.ones(2, requires_grad=True)
+            (x * 2).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 @pytest.fixture
 def forked_ranks(monkeypatch):
     """``launch()`` forks this test process for its ranks instead of spawning fresh interpreters.
@@ -104,6 +126,8 @@ def forked_ranks(monkeypatch):
     from yolokit.accel import launcher
 
     if "fork" not in multiprocessing.get_all_start_methods() or torch.cuda.is_initialized():
+        return
+    if not _autograd_survives_fork():   # the ranks then spawn, as they would outside the tests
         return
     start = launcher._start
     monkeypatch.setattr(launcher, "_start", lambda fn, args, method: start(fn, args, method or "fork"))
