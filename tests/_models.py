@@ -8,6 +8,7 @@ import torch
 # 4 to 32 channels. A step traces, compiles and records in a fraction of yolov8n's time; the architectures
 # themselves are checked parameter for parameter in tests/models.
 TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny.yaml")
+TINY_SEG = str(Path(__file__).resolve().parent / "fixtures" / "tiny-seg.yaml")   # the same, with a Segment head
 
 
 def lively(model):

@@ -53,11 +53,12 @@ def draw_detections(
     font_scale: float = 0.5,
     show_scores: bool = True,
 ) -> np.ndarray:
-    """Draws boxes with class names and scores on a copy of ``image``.
+    """Draws boxes with class names and scores (and masks) on a copy of ``image``.
 
     Args:
         image: HxWx3 uint8 RGB image in the pixel frame of the detections.
-        detections: boxes xyxy in pixels, scores, labels (tensors or numpy).
+        detections: boxes xyxy in pixels, scores, labels (tensors or numpy), and masks (drawn filled
+            in the class's colour, half opaque) when they have them.
         names: class names by index; missing names fall back to the index.
         thickness: box line width in pixels.
         font_scale: OpenCV font scale of the captions.
@@ -71,6 +72,11 @@ def draw_detections(
     canvas = np.ascontiguousarray(image.copy())
     det = detections.numpy()
     h, w = canvas.shape[:2]
+    if det.masks is not None and len(det.masks):   # a segmentation model's: each mask filled, half opaque
+        if det.masks.shape[-2:] != (h, w):
+            raise ValueError(f"masks of shape {det.masks.shape[-2:]} do not cover the {h}x{w} image")
+        for mask, label in zip(det.masks, det.labels, strict=True):
+            canvas[mask] = (canvas[mask] * 0.5 + np.array(class_colour(label), np.float32) * 0.5).astype(np.uint8)
     for box, score, label in zip(det.boxes, det.scores, det.labels, strict=True):
         x1, y1, x2, y2 = (int(round(float(v))) for v in box)
         x1, x2 = max(0, min(x1, w - 1)), max(0, min(x2, w - 1))

@@ -125,18 +125,46 @@ def test_bad_segment_rows_name_the_row(head, end2end, message):
     assert head[0] in str(info.value)
 
 
-def test_the_trainer_says_in_one_line_that_it_does_not_train_masks_yet(tmp_path, capsys):
+def test_the_trainer_builds_the_seg_losses_and_refuses_a_box_only_set_in_one_line(tmp_path, capsys):
     from yolokit.cli import main
+    from yolokit.losses import YOLO26SegLoss, YOLOv8SegLoss
 
-    model = yolokit.create_model("yolov8n-seg", num_classes=3)
-    with pytest.raises(ValueError, match="yolov8n-seg is an instance segmentation model"):
-        build_loss(model, TrainConfig())
+    loss = build_loss(yolokit.create_model("yolov8n-seg", num_classes=3), TrainConfig(overlap_mask=False))
+    assert type(loss) is YOLOv8SegLoss and loss.num_masks == 32 and not loss.overlap
+    assert type(build_loss(yolokit.create_model("yolo26n-seg", num_classes=3), TrainConfig())) is YOLO26SegLoss
     data = yolokit.data.make_shapes(tmp_path / "set", n_train=2, n_val=1, imgsz=64)
     assert main(["train", "--model", "yolo11n-seg", "--data", str(data), "--imgsz", "64",
                  "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "yolo11n-seg is an instance segmentation model" in err[0], err
-    assert not (tmp_path / "run").exists()
+    assert len(err) == 1 and "no label row has a polygon" in err[0] and "(train)" in err[0], err
+    assert not list((tmp_path / "run").glob("weights/*.pt"))
+
+
+@pytest.mark.parametrize("nms", [True, False])
+def test_predict_gives_each_detection_the_mask_of_the_point_it_came_from(nms):
+    """An image letterboxed at ratio 1 into the input (only padded below): each detection's mask in the
+    original is the input mask (``decode_masks``) of its own point's coefficients, cut out of the padding."""
+    from yolokit.models.detector import input_batch
+    from yolokit.ops.masks import decode_masks
+    from yolokit.ops.nms import end_to_end_points, nms_points
+
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolo26n-seg" if not nms else "yolov8n-seg", num_classes=3).eval()
+    image = torch.rand(3, 64, 64)
+    (det,) = model.predict(image, conf=0.0, max_det=6, nms=nms, orig_shapes=[(50, 64)],
+                           ratio_pad=[((1.0, 1.0), (0.0, 7.0))])
+    batch, _, _ = input_batch(image, 32, "cpu", torch.float32)
+    with torch.no_grad():
+        out = model(batch)
+    preds = model.decode(out) if nms else model.decode(out, nms=False)
+    levels = out["coefficients" if nms else "one2one_coefficients"]
+    coefficients = torch.cat([c.flatten(2) for c in levels], 2)[0].T
+    ((kept, point),) = (nms_points(preds, conf=0.0, max_det=6) if nms else
+                        end_to_end_points(preds, conf=0.0, max_det=6))
+    assert len(det) == len(point) == 6 and torch.equal(det.scores, kept.scores)
+    at_input = decode_masks(coefficients[point], out["protos"][0], kept.boxes, (64, 64))[:, 7:57]
+    assert det.masks.shape == (6, 50, 64) and torch.equal(det.masks, at_input)
+    assert yolokit.create_model("yolov8n", num_classes=3).predict(image)[0].masks is None   # a detection model
 
 
 def test_the_seg_models_have_built_in_names_at_every_scale():

@@ -124,3 +124,35 @@ def test_show_in_ipython_displays_the_result(monkeypatch):
     monkeypatch.setitem(sys.modules, "IPython.display", types.SimpleNamespace(display=shown.append))
     result = make_result()
     assert result.show() is None and shown == [result]       # IPython then asks it for _repr_png_
+
+
+def make_seg_result():
+    """Two detections with masks: a 40 x 30 rectangle and a disc of radius 15, on a 100 x 200 image."""
+    result = make_result()
+    masks = torch.zeros(2, 100, 200, dtype=torch.bool)
+    masks[0, 15:45, 20:60] = True
+    ys, xs = torch.meshgrid(torch.arange(100.0), torch.arange(200.0), indexing="ij")
+    masks[1] = (xs - 150) ** 2 + (ys - 60) ** 2 <= 15**2
+    result.masks = masks
+    return result
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")   # pycocotools' decode, NumPy 2
+def test_masks_give_polygon_rows_coco_rles_and_filled_drawings():
+    mask_utils = pytest.importorskip("pycocotools.mask")
+    result = make_seg_result()
+    rect, disc = result.polygons()
+    assert rect.tolist() == [[20, 15], [20, 44], [59, 44], [59, 15]]       # the rectangle's corners
+    assert len(disc) > 8 and np.abs(np.hypot(disc[:, 0] - 150, disc[:, 1] - 60) - 15).max() < 1.5
+    cls, *values = result.txt_lines(save_conf=True)[0].split()
+    assert cls == "1" and values[-1] == "0.9" and [float(v) for v in values[:-1]] == pytest.approx(
+        [0.1, 0.15, 0.1, 0.44, 0.295, 0.44, 0.295, 0.15])
+    for row, mask in zip(result.coco(image_id=3), result.masks.numpy(), strict=True):
+        rle = {**row["segmentation"], "counts": row["segmentation"]["counts"].encode()}
+        assert row["segmentation"]["size"] == [100, 200] and np.array_equal(mask_utils.decode(rle), mask)
+    drawn = result.plot()
+    plain = make_result().plot()
+    assert (drawn[30, 40] != plain[30, 40]).all() and (drawn[65, 150] != plain[65, 150]).any()   # tinted
+    assert (drawn[5, 5] == plain[5, 5]).all() and (drawn[90, 30] == plain[90, 30]).all()   # elsewhere as before
+    with pytest.raises(ValueError, match="has no masks"):
+        make_result().polygons()

@@ -14,7 +14,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from yolokit.models.layers import Conv
 from yolokit.models.necks import neck_units
 from yolokit.ops.geometry import unletterbox_boxes
-from yolokit.ops.nms import Detections, end_to_end_detections, non_max_suppression
+from yolokit.ops.masks import masks_in_original
+from yolokit.ops.nms import (
+    Detections,
+    end_to_end_detections,
+    end_to_end_points,
+    nms_points,
+    non_max_suppression,
+)
 
 
 @dataclass(frozen=True)
@@ -191,8 +198,13 @@ class Detector(nn.Module):
             preds = self.decode(maps) if nms else self.decode(maps, nms=False)
         finally:
             self.train(was_training)
+        seg = None
+        if getattr(self.head, "segments", False):   # each point's coefficients, in decode's point order
+            levels = maps["coefficients" if nms else "one2one_coefficients"]
+            seg = (torch.cat([c.float().flatten(2) for c in levels], 2).transpose(1, 2), maps["protos"],
+                   tuple(batch.shape[-2:]))
         return detections_of(preds, orig_shapes, ratio_pad, nms=nms, conf=conf, iou=iou, max_det=max_det,
-                             classes=classes, agnostic=agnostic, multi_label=multi_label)
+                             classes=classes, agnostic=agnostic, multi_label=multi_label, seg=seg)
 
     def fuse(self, channels_last: bool | None = None) -> Detector:
         """Prepares the model for inference: folds every batch norm into its convolution.
@@ -292,15 +304,32 @@ def input_batch(images: Tensor, stride: int, device: torch.device | str, dtype: 
 def detections_of(predictions: Tensor, orig_shapes: Sequence[tuple[int, int]], ratio_pad: Sequence[Any], *,
                   nms: bool = True, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
                   classes: Sequence[int] | None = None, agnostic: bool = False,
-                  multi_label: bool = False) -> list[Detections]:
+                  multi_label: bool = False, seg: tuple[Tensor, Tensor, tuple[int, int]] | None = None,
+                  ) -> list[Detections]:
     """Decoded predictions Tensor[B, P, 4 + C] -> ``Detector.predict``'s detections: NMS (or, with
-    ``nms=False``, an end-to-end branch's top-k), boxes mapped back to each original image."""
-    if nms:
-        dets = non_max_suppression(predictions, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
-                                   multi_label=multi_label, max_det=max_det)
-    else:
-        dets = end_to_end_detections(predictions, conf=conf, classes=classes, max_det=max_det, agnostic=agnostic)
-    return mapped_back(dets, orig_shapes, ratio_pad)
+    ``nms=False``, an end-to-end branch's top-k), boxes mapped back to each original image.
+
+    ``seg``: a segmentation head's ``(coefficients Tensor[B, P, M], prototypes Tensor[B, M, h, w], the input's
+    (height, width))``: each detection also gets its mask in its original image (``ops.masks.masks_in_original``).
+    """
+    if seg is None:
+        if nms:
+            dets = non_max_suppression(predictions, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
+                                       multi_label=multi_label, max_det=max_det)
+        else:
+            dets = end_to_end_detections(predictions, conf=conf, classes=classes, max_det=max_det,
+                                         agnostic=agnostic)
+        return mapped_back(dets, orig_shapes, ratio_pad)
+    found = (nms_points(predictions, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
+                        multi_label=multi_label, max_det=max_det) if nms else
+             end_to_end_points(predictions, conf=conf, classes=classes, max_det=max_det, agnostic=agnostic))
+    coefficients, protos, size = seg
+    out = []
+    for b, ((d, point), rp, shape) in enumerate(zip(found, ratio_pad, orig_shapes, strict=True)):
+        boxes = unletterbox_boxes(d.boxes, rp, shape)
+        masks = masks_in_original(coefficients[b, point], protos[b], boxes, rp, size, shape)
+        out.append(Detections(boxes, d.scores, d.labels, masks))
+    return out
 
 
 def mapped_back(dets: Sequence[Detections], orig_shapes: Sequence[tuple[int, int]],

@@ -55,13 +55,14 @@ def decode_masks(coefficients: Tensor, protos: Tensor, boxes: Tensor, size: Sequ
 
 
 def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio_pad: RatioPad,
-                      input_size: Sequence[int], orig_shape: Sequence[int], *, chunk_pixels: int = 2**24) -> Tensor:
+                      input_size: Sequence[int], orig_shape: Sequence[int], *, chunk_pixels: int = 2**22) -> Tensor:
     """Masks in the original image, sampled once from the prototypes (no letterboxed mask in between).
 
     Each original pixel's centre maps to the input (``original * ratio + pad``) and from there to the
     prototypes, which span the whole input; its logit is read there by bilinear interpolation (the same
     as upsampling the prototype logits to the input, for a pixel on the input's grid), then kept where
-    above 0 and inside the detection's box in original pixels.
+    above 0 and inside the detection's box in original pixels. Only the pixels inside each box are sampled:
+    the work is the boxes' areas, not the detections times the image.
 
     Args:
         coefficients: Tensor[K, M]; protos: Tensor[M, h, w].
@@ -69,7 +70,7 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
         ratio_pad: the image's ``((ratio_w, ratio_h), (pad_w, pad_h))`` into the input.
         input_size: (height, width) of the network's input.
         orig_shape: (height, width) of the original image.
-        chunk_pixels: output pixels computed at once (K x height x width float32 otherwise).
+        chunk_pixels: most pixels of one box sampled at once (a large box is sampled in bands of rows).
 
     Returns:
         Tensor[K, height, width] bool.
@@ -84,11 +85,16 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
     gx = ((torch.arange(width, device=device, dtype=torch.float64) + 0.5) * rw + pw) / in_w * 2 - 1
     gy = ((torch.arange(height, device=device, dtype=torch.float64) + 0.5) * rh + ph) / in_h * 2 - 1
     logits = mask_logits(coefficients, protos)[:, None]                      # [K, 1, h, w]
-    cols, rows = box_window(boxes.float(), height, width)
-    step = max(1, chunk_pixels // max(1, k * width))
-    for y0 in range(0, height, step):
-        y1 = min(y0 + step, height)
-        grid = torch.stack(torch.meshgrid(gy[y0:y1], gx, indexing="ij")[::-1], -1).float()   # [rows, W, (x, y)]
-        sampled = F.grid_sample(logits, grid[None].expand(k, -1, -1, -1), mode="bilinear", align_corners=False)
-        out[:, y0:y1] = (sampled[:, 0] > 0) & cols.bool() & rows[:, y0:y1].bool()
+    # pixel i is inside [a, b) when a <= i < b: columns ceil(x1) ... ceil(x2) - 1, clipped to the image
+    window = boxes.detach().double().ceil().clamp_min(0).cpu()
+    window = torch.minimum(window, torch.tensor([width, height, width, height], dtype=torch.float64)).long()
+    for j, (x1, y1, x2, y2) in enumerate(window.tolist()):
+        if x2 <= x1 or y2 <= y1:
+            continue
+        step = max(1, chunk_pixels // (x2 - x1))
+        for r0 in range(y1, y2, step):
+            r1 = min(r0 + step, y2)
+            grid = torch.stack(torch.meshgrid(gy[r0:r1], gx[x1:x2], indexing="ij")[::-1], -1).float()
+            sampled = F.grid_sample(logits[j:j + 1], grid[None], mode="bilinear", align_corners=False)
+            out[j, r0:r1, x1:x2] = sampled[0, 0] > 0
     return out

@@ -18,11 +18,16 @@ class Detections:
         boxes: Tensor[K, 4] (or ndarray) xyxy in pixels.
         scores: Tensor[K] confidence in [0, 1].
         labels: Tensor[K] int64 class indices.
+        masks: a segmentation model's: Tensor[K, H, W] bool (or ndarray), each detection's mask in the same
+            pixels as its box (the original image's, from ``Detector.predict`` with ``orig_shapes``); None
+            for a detection model.
     """
 
     boxes: Any
     scores: Any
     labels: Any
+    masks: Any = None
+
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -35,11 +40,13 @@ class Detections:
             self.boxes.detach().cpu().float().numpy(),
             self.scores.detach().cpu().float().numpy(),
             self.labels.detach().cpu().long().numpy(),
+            None if self.masks is None else self.masks.detach().cpu().bool().numpy(),
         )
 
     def to(self, device: torch.device | str) -> Detections:
         """The same detections on ``device`` (tensors only)."""
-        return Detections(self.boxes.to(device), self.scores.to(device), self.labels.to(device))
+        return Detections(self.boxes.to(device), self.scores.to(device), self.labels.to(device),
+                          None if self.masks is None else self.masks.to(device))
 
     def __repr__(self) -> str:
         rows = []
@@ -80,6 +87,15 @@ def non_max_suppression(
     Returns:
         A list of B ``Detections`` with float32 boxes and scores, int64 labels.
     """
+    return [d for d, _ in nms_points(predictions, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
+                                     multi_label=multi_label, max_det=max_det, max_candidates=max_candidates)]
+
+
+def nms_points(predictions: Tensor, *, conf: float = 0.25, iou: float = 0.7, classes: Sequence[int] | None = None,
+               agnostic: bool = False, multi_label: bool = False, max_det: int = 300, max_candidates: int = 30000,
+               ) -> list[tuple[Detections, Tensor]]:
+    """``non_max_suppression``, each image's detections with the prediction (point) index each came from,
+    Tensor[K] int64: what a segmentation head's mask coefficients are read by."""
     if predictions.ndim != 3 or predictions.shape[-1] < 5:
         raise ValueError(f"predictions must be Tensor[B, P, 4 + C], got shape {tuple(predictions.shape)}")
     if not 0.0 <= iou <= 1.0:
@@ -93,17 +109,17 @@ def non_max_suppression(
             boxes, score = boxes[point], scores[point, label]
         else:
             score, label = scores.max(dim=1)
-            keep = score > conf
-            boxes, score, label = boxes[keep], score[keep], label[keep]
+            point = (score > conf).nonzero().flatten()
+            boxes, score, label = boxes[point], score[point], label[point]
         if allowed is not None:
             keep = torch.isin(label, allowed)
-            boxes, score, label = boxes[keep], score[keep], label[keep]
+            boxes, score, label, point = boxes[keep], score[keep], label[keep], point[keep]
         if score.numel() > max_candidates:
             top = score.topk(max_candidates).indices
-            boxes, score, label = boxes[top], score[top], label[top]
+            boxes, score, label, point = boxes[top], score[top], label[top], point[top]
         groups = torch.zeros_like(label) if agnostic else label
         keep = _best_kept(boxes, score, groups, iou, max_det)
-        results.append(Detections(boxes[keep], score[keep], label[keep].long()))
+        results.append((Detections(boxes[keep], score[keep], label[keep].long()), point[keep]))
     return results
 
 
@@ -183,6 +199,11 @@ def top_k_predictions(predictions: Tensor, *, max_det: int = 300, agnostic: bool
         raise ValueError(f"predictions must be Tensor[B, P, 4 + C], got shape {tuple(predictions.shape)}")
     if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
         raise ValueError(f"max_det must be a positive integer, got {max_det!r}")
+    return top_k_points(predictions, max_det=max_det, agnostic=agnostic)[0]
+
+
+def top_k_points(predictions: Tensor, *, max_det: int = 300, agnostic: bool = False) -> tuple[Tensor, Tensor]:
+    """``top_k_predictions``'s rows, and the point each row came from: Tensor[B, k] int64."""
     boxes, scores = predictions[..., :4], predictions[..., 4:]
     k, classes = min(max_det, scores.shape[1]), scores.shape[2]
 
@@ -194,11 +215,12 @@ def top_k_predictions(predictions: Tensor, *, max_det: int = 300, agnostic: bool
     if agnostic:
         score, point = best.topk(k, dim=1)
         return torch.cat((rows(point, boxes), score[..., None], label.gather(1, point)[..., None].to(score.dtype)),
-                         dim=-1)
+                         dim=-1), point
     points = best.topk(k, dim=1).indices                         # the k points with the best scores
     score, pair = rows(points, scores).flatten(1).topk(k, dim=1)  # the k best of their (point, class) pairs
     point = points.gather(1, torch.div(pair, classes, rounding_mode="floor"))
-    return torch.cat((rows(point, boxes), score[..., None], (pair % classes)[..., None].to(score.dtype)), dim=-1)
+    return torch.cat((rows(point, boxes), score[..., None], (pair % classes)[..., None].to(score.dtype)),
+                     dim=-1), point
 
 
 def end_to_end_detections(predictions: Tensor, *, conf: float = 0.25, classes: Sequence[int] | None = None,
@@ -214,12 +236,21 @@ def end_to_end_detections(predictions: Tensor, *, conf: float = 0.25, classes: S
         max_det: the k of the top-k.
         agnostic: one class per point (see ``top_k_predictions``).
     """
+    return [d for d, _ in end_to_end_points(predictions, conf=conf, classes=classes, max_det=max_det,
+                                            agnostic=agnostic)]
+
+
+def end_to_end_points(predictions: Tensor, *, conf: float = 0.25, classes: Sequence[int] | None = None,
+                      max_det: int = 300, agnostic: bool = False) -> list[tuple[Detections, Tensor]]:
+    """``end_to_end_detections``, each image's with the point each detection came from (Tensor[K] int64)."""
+    if predictions.ndim != 3 or predictions.shape[-1] < 5:
+        raise ValueError(f"predictions must be Tensor[B, P, 4 + C], got shape {tuple(predictions.shape)}")
     allowed = None if classes is None else torch.as_tensor(list(classes), device=predictions.device)
     results = []
-    for rows in top_k_predictions(predictions.float(), max_det=max_det, agnostic=agnostic):
+    for rows, point in zip(*top_k_points(predictions.float(), max_det=max_det, agnostic=agnostic), strict=True):
         keep = rows[:, 4] > conf
         if allowed is not None:
             keep &= torch.isin(rows[:, 5].long(), allowed)
         kept = rows[keep]
-        results.append(Detections(kept[:, :4], kept[:, 4], kept[:, 5].long()))
+        results.append((Detections(kept[:, :4], kept[:, 4], kept[:, 5].long()), point[keep]))
     return results

@@ -130,7 +130,7 @@ def predict_iter(
 
 def _result(frame: Frame, det: Any, names: list[str]) -> Result:
     return Result(det.boxes, det.scores, det.labels, names, frame.path, frame.name, tuple(frame.image.shape[-2:]),
-                  frame.image, frame.frame, frame.fps)
+                  frame.image, frame.frame, frame.fps, getattr(det, "masks", None))
 
 
 def predict(

@@ -34,6 +34,8 @@ class Result:
             None for a result without pixels (``yolokit val``'s), which cannot be drawn or cropped.
         frame: index of the frame in its video or stream; None for a still image.
         fps: the video's frame rate; None for a still image.
+        masks: a segmentation model's: Tensor[K, H, W] bool, each detection's mask in original pixels
+            (``polygons()`` gives their outlines); None for a detection model.
 
     Printed, it is one line (``Result(path='a.jpg', 640x480, 3 detections: 2 circle, 1 square)``, width
     first); in a notebook, its drawn image (``_repr_png_``); ``show()`` shows that anywhere.
@@ -49,13 +51,28 @@ class Result:
     image: Tensor | None
     frame: int | None = None
     fps: float | None = None
+    masks: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
 
     @property
     def detections(self) -> Detections:
-        return Detections(self.boxes, self.scores, self.labels)
+        return Detections(self.boxes, self.scores, self.labels, self.masks)
+
+    def polygons(self) -> list[np.ndarray]:
+        """Each detection's mask outline: float32 [N, 2] (x, y) in original pixels, its largest outer contour
+        (OpenCV's, corners kept); an empty mask gives its box's four corners. Raises ValueError without masks."""
+        if self.masks is None:
+            raise ValueError(f"the result of {self.path} has no masks (a detection model's)")
+        out = []
+        for mask, (x1, y1, x2, y2) in zip(self.masks.cpu().numpy().astype(np.uint8), self.boxes.tolist(), strict=True):
+            contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+            if contours:
+                out.append(max(contours, key=len).reshape(-1, 2).astype(np.float32))
+            else:
+                out.append(np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32))
+        return out
 
     @property
     def orig_img(self) -> np.ndarray:
@@ -91,9 +108,15 @@ class Result:
         return json.dumps(self.records())
 
     def txt_lines(self, *, save_conf: bool = False) -> list[str]:
-        """YOLO label lines: ``class cx cy w h`` normalized to [0, 1] (then the score with ``save_conf``)."""
+        """YOLO label lines: ``class cx cy w h`` normalized to [0, 1] (then the score with ``save_conf``); with
+        masks, YOLO segmentation rows ``class x1 y1 x2 y2 ...`` (``polygons()``, normalized)."""
         h, w = self.orig_shape
         lines = []
+        if self.masks is not None:
+            for poly, s, c in zip(self.polygons(), self.scores.tolist(), self.labels.tolist(), strict=True):
+                points = " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in poly.tolist())
+                lines.append(f"{c} {points}" + (f" {s:.6g}" if save_conf else ""))
+            return lines
         for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(), strict=True):
             values = [(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h]
             conf = f" {s:.6g}" if save_conf else ""
@@ -102,13 +125,20 @@ class Result:
 
     def coco(self, image_id: int | str, category_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
         """COCO detection results: ``image_id``, ``category_id``, ``bbox`` [x, y, w, h] in pixels,
-        ``score``. ``category_id`` is the class index, or ``category_ids[class]`` when given (a
+        ``score``, and with masks ``segmentation`` (COCO RLE, what ``COCO.loadRes`` reads for ``segm``). ``category_id`` is the class index, or ``category_ids[class]`` when given (a
         COCO json's ids, ``DetectionDataset.category_ids``)."""
         ids = list(category_ids) if category_ids is not None else None
-        return [{"image_id": image_id, "category_id": ids[c] if ids is not None else c,
-                 "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], "score": round(s, 5)}
-                for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
-                                                  strict=True)]
+        out = [{"image_id": image_id, "category_id": ids[c] if ids is not None else c,
+                "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], "score": round(s, 5)}
+               for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
+                                                 strict=True)]
+        if self.masks is not None:          # COCO's segm results: each mask as an uncompressed-counts RLE
+            from pycocotools import mask as mask_utils
+
+            for row, mask in zip(out, self.masks.cpu().numpy(), strict=True):
+                rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+                row["segmentation"] = {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode()}
+        return out
 
     def crops(self) -> list[tuple[int, np.ndarray]]:
         """(class, HxWx3 uint8 RGB cut-out) per detection; boxes rounded outwards, at least 1 px."""

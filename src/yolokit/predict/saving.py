@@ -141,7 +141,8 @@ class ResultWriter:
         ids = list(image_ids) if image_ids is not None else None
 
         def write(index: int, path: str, shape: tuple[int, int], det: Any) -> None:
-            result = Result(det.boxes, det.scores, det.labels, names, path, Path(path).name, tuple(shape), None)
+            result = Result(det.boxes, det.scores, det.labels, names, path, Path(path).name, tuple(shape), None,
+                            masks=getattr(det, "masks", None))
             self.write(result, None if ids is None else ids[index])
 
         return write

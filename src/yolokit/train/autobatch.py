@@ -168,7 +168,8 @@ def training_probe(model: nn.Module, train_net: nn.Module, criterion: nn.Module,
             gen = torch.Generator(device=device).manual_seed(seed)
             images = torch.rand(b, 3, imgsz, imgsz, device=device, generator=gen)
             forward_backward(train_net, criterion, precision, images, _targets(b, max_boxes, imgsz, device, gen),
-                             max_boxes=max_boxes, weight=b, channels_last=channels_last)
+                             max_boxes=max_boxes, weight=b, channels_last=channels_last,
+                             masks=_masks(criterion, b, max_boxes, imgsz, device))
             del images
             if world > 1:                    # accel.reduce.all_reduce_gradients: every bucket at once
                 held.append(torch.empty(sum(p.numel() for p in params), device=device, dtype=params[0].dtype))
@@ -197,6 +198,16 @@ def _validation_forward(model: nn.Module, b: int, imgsz: int, device: torch.devi
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     model.decode(model(images))
+
+
+def _masks(criterion: nn.Module, b: int, boxes: int, imgsz: int, device: torch.device) -> torch.Tensor | None:
+    """A segmentation loss's masks at the default ratio 4 (one index map per image, or one mask per box), empty:
+    what they cost does not depend on what they hold; None for a detection loss."""
+    loss = getattr(criterion, "_orig_mod", criterion)
+    if not getattr(loss, "num_masks", None):
+        return None
+    side = max(1, imgsz // 4)
+    return torch.zeros(b if loss.overlap else b * boxes, side, side, dtype=torch.uint8, device=device)
 
 
 def _targets(b: int, boxes: int, imgsz: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:

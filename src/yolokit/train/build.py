@@ -23,8 +23,9 @@ from yolokit.accel import Accumulator, GracefulStop, Precision, RankExchange, Wa
 from yolokit.accel.checkpointing import enable_activation_checkpointing
 from yolokit.accel.graphs import StepGraphs
 from yolokit.data import DetectionDataset, build_dataloader
+from yolokit.data.augment.segment_items import read_masks
 from yolokit.data.store.cap import CacheUse, share_cache
-from yolokit.losses import YOLO26Loss, YOLOv3Loss, YOLOv8Loss
+from yolokit.losses import YOLO26Loss, YOLO26SegLoss, YOLOv3Loss, YOLOv8Loss, YOLOv8SegLoss
 from yolokit.models import Detector, build_model, config_from_dict, create_model
 from yolokit.models.heads import AnchorHead, DFLHead, EndToEndHead
 from yolokit.train.autobatch import resolve_batch, training_probe, worst_case_boxes
@@ -76,6 +77,12 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     # model and loss: the model given, a resumed run's architecture, pretrained weights' or config.model's;
     # every process starts from the main one's weights
     cfg, model = run_model(cfg, len(names), given=model, resume=resume, report=notes.append)
+    if getattr(model.head, "segments", False):   # a segmentation model: its training items carry masks
+        if settings.augment_on == "device":
+            raise ValueError(f"augment_on='device' does not move polygons yet: {model.name} trains with the "
+                             "augmentation in the loader's workers (augment_on='workers')")
+        read_masks(train_set, f"{cfg.data} (train)", mask_ratio=cfg.mask_ratio, overlap=cfg.overlap_mask)
+        #          validation scores masks against the val split's own polygons (val.masks), not the items' masks
     if model.config is None:
         notes.append(f"no weights/model.pt at the end: {model.name} holds no architecture as data (a model YAML "
                      "or a built-in does); its weights are in weights/last.pt")
@@ -148,6 +155,8 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
                   data_check=plan.world > 1 and any(d.index.store is not None and d.index.store.remote
                                                     for d in (train_set, val_set)))
     progress, resume_meter = Progress(), None
+    if getattr(model.head, "segments", False) and val_set.index.segments is not None:
+        progress.result.mask_map50 = progress.result.mask_map50_95 = 0.0   # results.csv's mask columns from row 1
     if resume is not None:
         resume_meter = restore_run(parts, progress, resume)
         notes.append(resume_note(parts, progress))
@@ -213,12 +222,16 @@ def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
     A DFL head (YOLOv8, YOLO11, any anchor-free YAML model) trains with :class:`YOLOv8Loss` at
     its levels and strides; an end-to-end head (YOLO26) with :class:`YOLO26Loss` (its branch
     weights set per epoch by the trainer, ``set_epoch``); an anchor head (YOLOv3) with
-    :class:`YOLOv3Loss`.
+    :class:`YOLOv3Loss`. A segmentation head's loss adds the mask term: :class:`YOLOv8SegLoss`,
+    :class:`YOLO26SegLoss` (``overlap_mask``: the masks' form).
     """
     head = model.head
-    if getattr(head, "segments", False):
-        raise ValueError(f"{model.name} is an instance segmentation model: yolokit builds and runs it, "
-                        "but trains detection models only so far (its loss is ready, its data is not: no masks yet)")
+    if getattr(head, "segments", False):   # the detection terms as below, and the mask term
+        seg = dict(box=config.box, cls=config.cls, dfl=config.dfl, num_masks=head.num_masks,
+                   overlap=config.overlap_mask)
+        if isinstance(head, EndToEndHead):
+            return YOLO26SegLoss(head.num_classes, head.strides, reg_max=head.reg_max, **seg)
+        return YOLOv8SegLoss(head.num_classes, head.strides, reg_max=head.reg_max, **seg)
     if isinstance(head, EndToEndHead):
         return YOLO26Loss(head.num_classes, head.strides, reg_max=head.reg_max, box=config.box, cls=config.cls,
                           dfl=config.dfl)

@@ -194,7 +194,7 @@ class ProgressBar(Callback):
             self.bar.set_postfix(self.postfix, refresh=True)
             self.bar.close()
         if "mAP50" in row:
-            self.metrics = {k: row[k] for k in ("precision", "recall", "mAP50", "mAP50-95")}
+            self.metrics = {k: row[k] for k in METRICS if k in row}
         val = _metrics_line(row) if "mAP50" in row else ""
         if not self.verbose:          # quiet: the epoch's one line
             losses = " ".join(f"{k} {v}" for k, v in means.items())
@@ -236,9 +236,14 @@ class ProgressBar(Callback):
             self.bar.close()
 
 
+METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_mAP50", "mask_mAP50-95")
+
+
 def _metrics_line(values: dict[str, float]) -> str:
+    masks = (f"  mask mAP50 {values['mask_mAP50']:.3f}  mask mAP50-95 {values['mask_mAP50-95']:.3f}"
+             if "mask_mAP50" in values else "")
     return (f"P {values['precision']:.3f}  R {values['recall']:.3f}  mAP50 {values['mAP50']:.3f}  "
-            f"mAP50-95 {values['mAP50-95']:.3f}")
+            f"mAP50-95 {values['mAP50-95']:.3f}{masks}")
 
 
 class CSVLogger(Callback):

@@ -70,6 +70,9 @@ class TrainConfig:
     box: float = 7.5              # the box loss's gain
     cls: float = 0.5              # the class loss's gain
     dfl: float = 1.5              # the distribution focal loss's gain
+    # segmentation models (yolov8n-seg ...): the masks the loss trains against
+    overlap_mask: bool = True     # one index map per image (larger objects under smaller); False: a mask per object
+    mask_ratio: int = 4           # masks at 1/N of the image's size
     # augmentation: the data pipeline's own config (flags and flat YAML keys name its fields: --hsv-h)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     close_mosaic: int = 10        # the last N epochs train without Mosaic and MixUp

@@ -102,24 +102,27 @@ def loader_batches(parts: Parts) -> Iterator[dict]:
 def micro_step(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[dict[str, Tensor], int]:
     """One micro-batch on the device at this step's size (multi-scale): forward, loss, backward of
     ``loss * images`` (Ultralytics' ``loss * batch``). Returns ``(loss parts, images)``."""
-    images, targets = on_device(parts, epoch, step, micro)
+    images, targets, masks = on_device(parts, epoch, step, micro, masks=True)
     _, losses = forward_backward(parts.train_net, parts.criterion, parts.precision, images, targets,
                                  max_boxes=micro["max_boxes"], weight=len(images),
-                                 channels_last=parts.settings.channels_last)
+                                 channels_last=parts.settings.channels_last, masks=masks)
     return losses, len(images)
 
 
-def on_device(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[Tensor, Tensor]:
-    """A micro-batch's images (in the run's layout, at this step's size) and targets on the device."""
+def on_device(parts: Parts, epoch: int, step: int, micro: dict, *, masks: bool = False) -> tuple:
+    """A micro-batch's images (in the run's layout, at this step's size) and targets on the device; with
+    ``masks``, also a segmentation batch's masks (None for a detection batch). Multi-scale resizes the images
+    and boxes only: the masks stay at their size, which the mask loss reads as fractions of the image."""
     data = to_device(micro, parts.plan.device, non_blocking=True, compiled=parts.settings.compile_augment)
     images, targets = parts.scale(data["images"], data["targets"], epoch, step)
     if parts.settings.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    return images, targets
+    return (images, targets, data.get("masks")) if masks else (images, targets)
 
 
 def forward_backward(net: nn.Module, criterion: nn.Module, precision: Precision, images: Tensor, targets: Tensor,
-                     *, max_boxes: int | None, weight: float, channels_last: bool) -> tuple[Tensor, dict[str, Tensor]]:
+                     *, max_boxes: int | None, weight: float, channels_last: bool, masks: Tensor | None = None,
+                     ) -> tuple[Tensor, dict[str, Tensor]]:
     """Backpropagates ``loss * weight`` of one micro-batch under ``precision``.
 
     Args:
@@ -131,6 +134,7 @@ def forward_backward(net: nn.Module, criterion: nn.Module, precision: Precision,
         max_boxes: most boxes of one image in the batch (the loss pads to it), or None.
         weight: this micro-batch's share of the step (the trainer passes its image count).
         channels_last: lay the images out NHWC first.
+        masks: a segmentation batch's masks (``DetectionDataset(segments=True)``), passed to the criterion.
 
     Returns:
         ``(loss, parts)``: the unweighted loss, detached, and the loss's named parts.
@@ -138,7 +142,8 @@ def forward_backward(net: nn.Module, criterion: nn.Module, precision: Precision,
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     with precision.autocast():
-        loss, parts = criterion(net(images), targets, max_boxes=max_boxes)
+        extra = {} if masks is None else {"masks": masks}
+        loss, parts = criterion(net(images), targets, max_boxes=max_boxes, **extra)
     precision.backward(loss * weight)
     return loss.detach(), parts
 
@@ -152,6 +157,8 @@ def graphs_off_reason(config: TrainConfig, *, device: torch.device, world: int, 
         return f"they need a CUDA device, this run trains on {device.type}"
     if world > 1:
         return "several processes exchange gradients on the host's schedule, which a graph does not record"
+    if getattr(getattr(criterion, "_orig_mod", criterion), "num_masks", None):
+        return "a segmentation loss takes masks, which the recorded step does not carry yet"
     if not getattr(criterion, "takes_padded_targets", False):
         loss = type(getattr(criterion, "_orig_mod", criterion)).__name__
         return f"{loss} takes its targets as rows, whose number changes from batch to batch"

@@ -17,6 +17,7 @@ from yolokit.data.sources.images import ImageError, decode_image, read_image
 from yolokit.data.store.remote import StoreError, StoreStopped, one_line
 from yolokit.ops.geometry import unletterbox_boxes
 from yolokit.ops.nms import Detections
+from yolokit.val.masks import mask_record, mask_scores
 from yolokit.val.metrics import EvalResult, coco_evaluate
 
 Sample = tuple[np.ndarray, Detections, Detections]  # (original RGB image, predictions, ground truth)
@@ -76,7 +77,8 @@ def validate(
 
     Returns:
         ``(result, samples)``; ``result.names`` are the class names of the loader's dataset, else the
-        model's, when they number ``num_classes``.
+        model's, when they number ``num_classes``. A segmentation model on a set with polygons also gets
+        mask mAP (``result.mask_map50``, ``result.mask_map50_95``: ``yolokit.val.masks``).
     """
     device = model_device(model)
     records, samples = [], []  # per image: (dataset index, detections, (boxes, labels), shape)
@@ -97,8 +99,12 @@ def validate(
         records = [r for part in distributed.all_gather_object(records) for r in part]
     records.sort(key=lambda r: r[0])
     predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
-    return coco_evaluate(predictions, targets, shapes, num_classes,
-                         names=class_names(model, loader, num_classes)), samples
+    result = coco_evaluate(predictions, targets, shapes, num_classes, names=class_names(model, loader, num_classes))
+    if records and all(r[4] is not None for r in records):   # a segmentation model on a set with polygons
+        result.mask_map50, result.mask_map50_95 = mask_scores(
+            [r[4] for r in records], [r[1].scores.numpy() for r in records],
+            [r[1].labels.numpy() for r in records], num_classes)
+    return result, samples
 
 
 def class_names(model: Any, loader: Any, num_classes: int) -> list[str] | None:
@@ -116,6 +122,7 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
          samples: list, *, conf: float, iou: float, max_det: int, multi_label: bool, nms: bool, keep_samples: int,
          on_image: ImageSink | None) -> None:
     """``validate``'s pass over this rank's batches: each image's record (and the first samples) appended."""
+    dataset = getattr(loader, "dataset", None)
     for batch in batches:
         batch = to_device(batch, device, non_blocking=True)
         dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det, multi_label=multi_label,
@@ -126,12 +133,14 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
             mine = rows[rows[:, 0] == i]
             boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
             det, labels = det.to("cpu"), mine[:, 1].long()
-            records.append((int(indices[i]), det, (boxes.numpy(), labels.numpy()), tuple(shape)))
+            masks = mask_record(det.masks, dataset, int(indices[i]), tuple(shape))   # cropped: kept compact
+            records.append((int(indices[i]), Detections(det.boxes, det.scores, det.labels),
+                            (boxes.numpy(), labels.numpy()), tuple(shape), masks))
             if on_image is not None:
                 on_image(int(indices[i]), batch["paths"][i], tuple(shape), det)
             if len(samples) < keep_samples:
                 truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
-                samples.append((_original_rgb(getattr(loader, "dataset", None), int(indices[i]), batch["paths"][i],
+                samples.append((_original_rgb(dataset, int(indices[i]), batch["paths"][i],
                                               shape), det, truth))
 
 

@@ -70,6 +70,7 @@ class EvalResult:
         confusion: [C + 1, C + 1] counts, rows predicted class, columns true class; the
             last row and column are background (missed boxes, false detections).
         stats: COCOeval's 12 summary numbers.
+        mask_map50, mask_map50_95: a segmentation model's mask AP (COCO's ``segm``), else None.
         names: class names by index, when the evaluation knew them (``validate`` takes the split's);
             ``table()`` and the notebook view use them, else class indices.
 
@@ -98,14 +99,23 @@ class EvalResult:
     confusion: np.ndarray = field(default_factory=lambda: np.zeros((1, 1), np.int64))
     stats: np.ndarray = field(default_factory=lambda: np.zeros(12))
     names: list[str] | None = None
+    mask_map50: float | None = None
+    mask_map50_95: float | None = None
 
     @property
     def fitness(self) -> float:
-        """Model selection score: 0.1 mAP50 + 0.9 mAP50-95."""
-        return 0.1 * self.map50 + 0.9 * self.map50_95
+        """Model selection score: 0.1 mAP50 + 0.9 mAP50-95; with masks, the boxes' plus the masks' (as the
+        reference sums its box and mask fitness)."""
+        masks = 0.0 if self.mask_map50 is None else 0.1 * self.mask_map50 + 0.9 * (self.mask_map50_95 or 0.0)
+        return 0.1 * self.map50 + 0.9 * self.map50_95 + masks
 
     def as_dict(self) -> dict[str, float]:
-        return {"precision": self.precision, "recall": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}
+        """The headline numbers (results.csv's columns): P, R, mAP50, mAP50-95, and a segmentation model's
+        ``mask_mAP50`` and ``mask_mAP50-95``."""
+        out = {"precision": self.precision, "recall": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}
+        if self.mask_map50 is not None:
+            out.update({"mask_mAP50": self.mask_map50, "mask_mAP50-95": self.mask_map50_95 or 0.0})
+        return out
 
     def table(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Rows ``class, images, instances, P, R, mAP50, mAP50-95``: "all" first, then each class
@@ -125,12 +135,17 @@ class EvalResult:
         head = f"{'Class':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}"
         lines = [head] + [f"{r['class']:>22.22}{r['images']:>11}{r['instances']:>11}" + "".join(
             f"{r[k]:>11.3f}" for k in SCORES) for r in self.table(names)]
+        if self.mask_map50 is not None:   # a segmentation model: its masks' AP over all classes
+            lines.insert(2, f"{'all (masks)':>22}{self.images:>11}{int(self.class_instances.sum()):>11}"
+                            f"{'':>11}{'':>11}{self.mask_map50:>11.3f}{self.mask_map50_95 or 0.0:>11.3f}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         every = self.table()[0]  # "all"
+        masks = "" if self.mask_map50 is None else (f"; masks mAP50 {self.mask_map50:.3f}, "
+                                                    f"mAP50-95 {self.mask_map50_95 or 0.0:.3f}")
         return (f"EvalResult({every['images']} images, {every['instances']} instances: " + ", ".join(
-            f"{k} {every[k]:.3f}" for k in SCORES) + ")")
+            f"{k} {every[k]:.3f}" for k in SCORES) + masks + ")")
 
     def _repr_html_(self) -> str:
         """``table()`` as an HTML table (a notebook shows it), scores to 3 decimals."""

@@ -67,6 +67,14 @@ def check_segments(ds: Any, where: str, albumentations: Any) -> None:
         raise ValueError(f"mask_ratio must be a positive integer, got {mask_ratio!r}")
 
 
+def read_masks(ds: Any, where: str, *, mask_ratio: int = 4, overlap: bool = True) -> None:
+    """Makes a built set's items carry masks, as ``DetectionDataset(segments=True, ...)`` would have: what a
+    trainer does once it knows its model segments (the set was scanned before the model was built). The same
+    refusals as at construction, naming ``where``. Call it before the loader's workers start."""
+    ds.segments, ds.mask_ratio, ds.overlap_mask = True, int(mask_ratio), bool(overlap)
+    check_segments(ds, where, ds.albumentations)
+
+
 def _polygons(ds: Any, i: int, boxes: np.ndarray, ratio: tuple[float, float]):
     """Image i's rows' polygons by ``load``'s ``ratio`` and ``boxes`` (``polygons.row_polygons``)."""
     return row_polygons(ds.index.segments.image(i), boxes, ratio)

@@ -1,0 +1,81 @@
+"""A segmentation model trains as a detection model does: the trainer reads masks for it, its loss has the
+mask term, validation scores its masks, and a resumed run ends with the uninterrupted run's bits.
+
+13 images of the generated segmentation set (``shapes-seg``: polygons) in micro-batches of 2, ``nbs`` 6: steps
+of 3, 3 and 1 micro-batches, two epochs with multi-scale (the masks keep their size while the images change
+theirs). The network is tests/fixtures/tiny-seg.yaml: tiny.yaml with YOLOv8's Segment head.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import _train_workers as workers
+import pytest
+import torch
+from _models import TINY, TINY_SEG
+
+from yolokit.data import DatasetError, make_shapes
+from yolokit.testing import assert_weights_equal
+from yolokit.train import TrainConfig, Trainer, train
+from yolokit.train.checkpoint import load_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]
+
+
+@pytest.fixture(scope="module")
+def seg_shapes(tmp_path_factory):
+    return str(make_shapes(tmp_path_factory.mktemp("seg") / "set", n_train=13, n_val=5, imgsz=96, segments=True))
+
+
+def config(data, out, **kw) -> TrainConfig:
+    base = dict(model=TINY_SEG, data=data, imgsz=96, batch=2, nbs=6, epochs=2, workers=0, out=str(out), plots=False,
+                warmup_epochs=1.0, close_mosaic=1, mosaic_buffer=0, seed=3, optimizer="SGD", lr0=0.01,
+                save_period_iters=2, multi_scale=True, verbose=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def _rows(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("seconds", "data%")}
+            for r in csv.DictReader((run_dir / "results.csv").open())]
+
+
+def test_a_segmentation_model_trains_scores_its_masks_and_resumes_bit_for_bit(seg_shapes, tmp_path):
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    result = train(config(seg_shapes, whole))
+    rows = _rows(whole)
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    for row in rows:
+        assert {"train/box", "train/seg", "train/cls", "train/dfl", "mask_mAP50", "mask_mAP50-95"} <= row.keys()
+        assert float(row["train/seg"]) > 0 and all(math.isfinite(float(v)) for k, v in row.items() if k != "epoch")
+        box, masks = (0.1 * float(row[f"{p}mAP50"]) + 0.9 * float(row[f"{p}mAP50-95"]) for p in ("", "mask_"))
+        assert float(row["fitness"]) == pytest.approx(box + masks, rel=1e-5, abs=1e-9)   # the reference's sum
+    assert {"mask_mAP50", "mask_mAP50-95"} <= result.keys()
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        workers.fit_until(config(seg_shapes, out), at=10)          # in epoch 2's step 2: last.pt is step 4's
+    state = load_checkpoint(out / "weights" / "last.pt")
+    assert (state["epoch"], state["step_in_epoch"], state["steps"]) == (1, 1, 4)
+    assert state["ranks"][0]["meter"]["keys"] == ["box", "seg", "cls", "dfl"]
+    Trainer(TrainConfig(resume=str(out))).fit()
+    a, b = load_checkpoint(whole / "weights" / "last.pt"), load_checkpoint(out / "weights" / "last.pt")
+    assert a["steps"] == b["steps"] == 6
+    assert_weights_equal(a["model"], b["model"])
+    assert_weights_equal(a["ema"]["module"], b["ema"]["module"])
+    assert any("proto" in k for k in a["model"]) and a["best_fitness"] == b["best_fitness"]
+    assert _rows(out) == rows
+
+
+def test_a_segmentation_model_on_a_set_without_polygons_stops_at_setup_in_one_line(tmp_path):
+    data = make_shapes(tmp_path / "boxes", n_train=4, n_val=2, imgsz=96)
+    with pytest.raises(DatasetError, match=r"\(train\): no label row has a polygon"):
+        train(config(str(data), tmp_path / "run", epochs=1))
+    assert not list((tmp_path / "run").glob("weights/*.pt"))
+
+
+def test_a_detection_model_trains_on_a_segmentation_set_from_its_boxes(seg_shapes, tmp_path):
+    train(config(seg_shapes, tmp_path / "run", model=TINY, epochs=1, multi_scale=False))
+    (row,) = _rows(tmp_path / "run")
+    assert "train/seg" not in row and "mask_mAP50" not in row and float(row["train/box"]) > 0
+    assert torch.isfinite(torch.tensor(float(row["fitness"])))

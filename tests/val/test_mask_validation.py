@@ -1,0 +1,130 @@
+"""A segmentation model's validation: its masks in original pixels, scored against the split's own polygons as
+COCO's ``segm`` evaluation scores them (``yolokit.val.masks``).
+
+The model is a stand-in that reads the loader's batches in step with ``validate`` (the same loader again, no
+shuffle, no workers) and answers each image with its own ground truth: perfect masks give 1.0; the same masks
+cut back for every other object give the number pycocotools computes from the polygons and the masks' RLEs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from yolokit.data import DetectionDataset, build_dataloader, make_shapes
+from yolokit.ops.nms import Detections
+from yolokit.val import validate
+from yolokit.val.masks import polygon_masks
+
+
+@pytest.fixture(scope="module")
+def seg_val(tmp_path_factory):
+    data = make_shapes(tmp_path_factory.mktemp("seg") / "set", n_train=2, n_val=7, imgsz=96, segments=True)
+    ds = DetectionDataset(str(data), "val", imgsz=96, rect=True, stride=32)
+    return ds, build_dataloader(ds, 3, workers=0, shuffle=False, uint8_images=True, stride=32)   # 3 batches
+
+
+def truth_masks(ds, i):
+    """Image i's ground truth masks as whole bool arrays (pycocotools' rasterization of its polygons)."""
+    h, w = (int(v) for v in ds.index.shapes[i])
+    cropped = polygon_masks(ds.index.segments.image(i), ds.index.labels[i][:, 1:5], (h, w))
+    out = np.zeros((len(cropped), h, w), bool)
+    for m, (x1, y1, x2, y2), crop in zip(out, cropped.bounds, cropped.crops, strict=True):
+        m[y1:y2, x1:x2] = crop
+    return out
+
+
+def cut(mask):
+    """The mask without the right 40% of its columns (an IoU near 0.6)."""
+    cols = np.flatnonzero(mask.any(0))
+    out = mask.copy()
+    if len(cols):
+        out[:, cols[0] + int(0.6 * (cols[-1] - cols[0] + 1)):] = False
+    return out
+
+
+def answer(ds, i, cut_every_other: bool):
+    """The stand-in's masks for image i: its ground truth, every other one cut back when asked."""
+    masks = truth_masks(ds, i)
+    return np.array([cut(m) if cut_every_other and k % 2 else m for k, m in enumerate(masks)], bool).reshape(
+        masks.shape)
+
+
+class Oracle(torch.nn.Module):
+    """``predict`` answers each image of the loader's next batch with its ground truth (every other mask cut
+    back when ``cut``), scores falling with the row."""
+
+    def __init__(self, ds, loader, cut_every_other: bool):
+        super().__init__()
+        self.ds, self.batches, self.cut = ds, iter(loader), cut_every_other
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def predict(self, images, **kw):
+        out = []
+        for i in next(self.batches)["indices"]:
+            masks = answer(self.ds, int(i), self.cut)
+            labels = torch.as_tensor(self.ds.index.labels[int(i)][:, 0]).long()
+            boxes = torch.as_tensor(self.ds.index.labels[int(i)][:, 1:5]).float()
+            scores = torch.linspace(0.9, 0.5, len(labels))
+            out.append(Detections(boxes, scores, labels, torch.from_numpy(masks)))
+        return out
+
+
+def pycocotools_segm(ds, oracle_masks) -> np.ndarray:
+    """COCOeval(..., "segm") stats: ground truth as the split's polygons, detections as the masks' RLEs."""
+    mask_utils = pytest.importorskip("pycocotools.mask")
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    images, annotations, results = [], [], []
+    for i in range(len(ds)):
+        h, w = (int(v) for v in ds.index.shapes[i])
+        images.append({"id": i + 1, "height": h, "width": w})
+        labels = ds.index.labels[i]
+        for k, (poly, row) in enumerate(zip(ds.index.segments.image(i), labels, strict=True)):
+            seg = [np.asarray(poly, np.float64).reshape(-1).tolist()]
+            rle = mask_utils.merge(mask_utils.frPyObjects(seg, h, w))
+            annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": int(row[0]) + 1,
+                                "segmentation": seg, "area": float(mask_utils.area(rle)), "iscrowd": 0,
+                                "bbox": [float(v) for v in mask_utils.toBbox(rle)]})
+        for k, (m, row) in enumerate(zip(oracle_masks[i], labels, strict=True)):
+            rle = mask_utils.encode(np.asfortranarray(m.astype(np.uint8)))
+            rle["counts"] = rle["counts"].decode()
+            results.append({"image_id": i + 1, "category_id": int(row[0]) + 1, "segmentation": rle,
+                            "score": float(np.linspace(0.9, 0.5, len(labels))[k])})
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO()
+        gt.dataset = {"images": images, "annotations": annotations,
+                      "categories": [{"id": c + 1} for c in range(len(ds.names))]}
+        gt.createIndex()
+        ev = COCOeval(gt, gt.loadRes(results), "segm")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return ev.stats
+
+
+def test_perfect_masks_score_one_and_cut_masks_score_what_pycocotools_scores(seg_val):
+    ds, loader = seg_val
+    assert ds.index.segments is not None and len(ds) == 7
+    perfect, _ = validate(Oracle(ds, loader, False), loader, num_classes=len(ds.names))
+    assert perfect.mask_map50 == perfect.mask_map50_95 == 1.0 and perfect.map50_95 == 1.0
+    assert perfect.fitness == pytest.approx(2.0)
+
+    result, _ = validate(Oracle(ds, loader, True), loader, num_classes=len(ds.names))
+    stats = pycocotools_segm(ds, [answer(ds, i, True) for i in range(len(ds))])
+    assert result.mask_map50_95 == pytest.approx(stats[0], abs=1e-12) and 0.3 < stats[0] < 0.95
+    assert result.mask_map50 == pytest.approx(stats[1], abs=1e-12)
+    assert result.map50_95 == 1.0                                       # the boxes were left whole
+    assert "all (masks)" in result.format_table() and "masks mAP50" in repr(result)
+
+
+def test_a_box_row_is_scored_as_its_rectangle():
+    boxes = np.array([[2.0, 3.0, 10.0, 8.0], [0.0, 0.0, 4.0, 4.0]])
+    masks = polygon_masks([None, np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]])], boxes, (12, 16))
+    assert list(masks.bounds[0]) == [2, 3, 10, 8] and masks.crops[0].all() and masks.area[0] == 8 * 5
+    assert 6 <= masks.area[1] <= 12                                     # a triangle of area 8
