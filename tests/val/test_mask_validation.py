@@ -85,7 +85,7 @@ def pycocotools_segm(ds, oracle_masks) -> np.ndarray:
         h, w = (int(v) for v in ds.index.shapes[i])
         images.append({"id": i + 1, "height": h, "width": w})
         labels = ds.index.labels[i]
-        for k, (poly, row) in enumerate(zip(ds.index.segments.image(i), labels, strict=True)):
+        for poly, row in zip(ds.index.segments.image(i), labels, strict=True):
             seg = [np.asarray(poly, np.float64).reshape(-1).tolist()]
             rle = mask_utils.merge(mask_utils.frPyObjects(seg, h, w))
             annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": int(row[0]) + 1,

@@ -125,8 +125,9 @@ class Result:
 
     def coco(self, image_id: int | str, category_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
         """COCO detection results: ``image_id``, ``category_id``, ``bbox`` [x, y, w, h] in pixels,
-        ``score``, and with masks ``segmentation`` (COCO RLE, what ``COCO.loadRes`` reads for ``segm``). ``category_id`` is the class index, or ``category_ids[class]`` when given (a
-        COCO json's ids, ``DetectionDataset.category_ids``)."""
+        ``score``, and with masks ``segmentation`` (COCO RLE, what ``COCO.loadRes`` reads for ``segm``).
+        ``category_id`` is the class index, or ``category_ids[class]`` when given (a COCO json's ids,
+        ``DetectionDataset.category_ids``)."""
         ids = list(category_ids) if category_ids is not None else None
         out = [{"image_id": image_id, "category_id": ids[c] if ids is not None else c,
                 "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], "score": round(s, 5)}

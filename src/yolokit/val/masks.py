@@ -29,7 +29,7 @@ def polygon_masks(polygons: Sequence[np.ndarray | None], boxes: np.ndarray, shap
         boxes: float [G, 4] xyxy in original pixels.
         shape: (height, width) of the original image.
     """
-    from pycocotools import mask as mask_utils   # here: only a segmentation validation needs it
+    from pycocotools import mask as mask_utils  # here: only a segmentation validation needs it
 
     h, w = int(shape[0]), int(shape[1])
     masks = []
