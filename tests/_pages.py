@@ -10,6 +10,8 @@ copies it, so a block finds what the page tells the reader to have:
   COCO json, with COCO's 80 categories (the shapes are the first four), as the pages' COCO models take;
 - ``runs/train``: a small trained run (1 epoch of that set), its ``weights/model.pt`` also as
   ``model.pt``; ``runs/v8n``, ``runs/v8n-p2``, ``runs/mine``, ``runs/full``: copies of it to compare;
+- ``my-seg-set``: a small segmentation set (32 + 8 images of 64 px, polygons), and ``runs/seg``: a
+  yolov8n-seg trained on it for 1 epoch;
 - ``my.yaml``: a TrainConfig YAML;
 - ``best.pt``: a 2-class yolov8s; ``yolov8n.pt`` and ``yolo11n.pt``: Ultralytics checkpoints
   (written by the stand-ins of tests/interop); ``yolo26n.pt``: a (narrow) YOLO26 checkpoint
@@ -105,4 +107,10 @@ def stage(root: Path) -> tuple[Path, dict[str, str]]:
     shutil.copy(files / "runs" / "train" / "weights" / "model.pt", files / "model.pt")
     for name in ("v8n", "v8n-p2", "mine", "full"):
         shutil.copytree(files / "runs" / "train", files / "runs" / name)
+    seg = make_shapes(files / "my-seg-set", n_train=32, n_val=8, imgsz=64, segments=True)   # as the guide's block
+    trained = subprocess.run([sys.executable, "-m", "yolokit", "train", "--model", "yolov8n-seg", "--data", str(seg),
+                              "--epochs", "1", "--imgsz", "64", "--batch", "8", "--workers", "0", "--no-plots",
+                              "--quiet", "--out", str(files / "runs" / "seg")], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
     return files, env

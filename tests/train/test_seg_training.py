@@ -16,12 +16,13 @@ import pytest
 import torch
 from _models import TINY, TINY_SEG
 
+from yolokit.accel.launcher import launch
 from yolokit.data import DatasetError, make_shapes
 from yolokit.testing import assert_weights_equal
 from yolokit.train import TrainConfig, Trainer, train
 from yolokit.train.checkpoint import load_checkpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env", "forked_ranks")]
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,30 @@ def test_a_detection_model_trains_on_a_segmentation_set_from_its_boxes(seg_shape
     (row,) = _rows(tmp_path / "run")
     assert "train/seg" not in row and "mask_mAP50" not in row and float(row["train/box"]) > 0
     assert torch.isfinite(torch.tensor(float(row["fitness"])))
+
+
+def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    return float((x - y).norm() / y.norm().clamp_min(1e-12)) if y.norm() > 0 else float(x.norm())
+
+
+def test_two_processes_train_the_segmentation_model_one_process_trains(seg_shapes, tmp_path):
+    """13 images, micro-batches of 2, steps of 4 images (``nbs`` 4): one process accumulates 2 micro-batches,
+    two processes (batch 4) take one each; 7 micro-batches an epoch make steps of 2, 2, 2 and 1, the last one
+    on rank 0 only (uneven shards). Masks travel with their micro-batches; every rank holds the same weights
+    after every step, and they equal one process's to float rounding (sums over ranks round differently from
+    sums over micro-batches)."""
+    single = tmp_path / "one"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the kernels of the ranks (one thread each)
+    try:
+        one = workers.fit_recording(config(seg_shapes, single, nbs=4, multi_scale=False, save_period_iters=0))
+    finally:
+        torch.set_num_threads(threads)
+    many = launch(workers.fit_recording, 2, config(seg_shapes, tmp_path / "two", batch=4, nbs=4, multi_scale=False,
+                                                   save_period_iters=0), timeout=600)
+    assert len(one["digests"]) == 8 and all(r["digests"] == many[0]["digests"] for r in many)
+    a, b = (load_checkpoint(p / "weights" / "last.pt") for p in (single, tmp_path / "two"))
+    worst = max(_relative(b["model"][k], v) for k, v in a["model"].items() if v.is_floating_point())
+    assert 0 < worst < 1e-3, worst
+    assert many[0]["result"]["mask_mAP50-95"] == pytest.approx(one["result"]["mask_mAP50-95"], abs=1e-6)

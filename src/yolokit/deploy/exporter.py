@@ -141,6 +141,9 @@ def export(
             said = str(exc) if isinstance(exc, ExportError) else \
                 f"the {format} file {out} did not run: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             raise ExportError(f"{said} (the file is removed)") from None
+    if getattr(model.head, "segments", False):   # said, not dropped silently
+        line += (f"\n{model.name} is a segmentation model: the file carries its boxes, scores and classes; its "
+                 "masks (coefficients and prototypes) are not exported yet, so predict on the file gives boxes only")
     if report is not None:
         report(line)
     return out
