@@ -107,3 +107,25 @@ def test_two_processes_train_the_segmentation_model_one_process_trains(seg_shape
     worst = max(_relative(b["model"][k], v) for k, v in a["model"].items() if v.is_floating_point())
     assert 0 < worst < 1e-3, worst
     assert many[0]["result"]["mask_mAP50-95"] == pytest.approx(one["result"]["mask_mAP50-95"], abs=1e-6)
+
+
+def test_fine_tuning_from_the_reference_seg_checkpoint_keeps_all_but_the_class_scores(seg_shapes, tmp_path):
+    """The reference's yolov8-seg checkpoint (tests/interop/fixtures: narrowed, 3 classes) fine-tuned with
+    ``weights`` on the 4-class set: the backbone, held frozen, keeps the checkpoint's tensors; the prototype
+    network and the coefficient branches come from it too and train on."""
+    from pathlib import Path
+
+    import yolokit
+
+    weights = Path(__file__).resolve().parents[1] / "interop" / "fixtures" / "yolov8-seg-tiny.pt"
+    source = yolokit.load(weights).float().state_dict()
+    out = tmp_path / "tuned"
+    result = train(config(seg_shapes, out, model=None, weights=str(weights), epochs=1, multi_scale=False,
+                          save_period_iters=0, freeze="backbone"))
+    tuned = load_checkpoint(out / "weights" / "last.pt")["model"]
+    backbone = [k for k in source if k.startswith("backbone.") and source[k].is_floating_point()]
+    assert backbone and all(torch.equal(tuned[k].float(), source[k]) for k in backbone)
+    moved = [k for k in source if k.startswith(("head.proto.", "head.coef.")) and "weight" in k]
+    assert moved and not all(torch.equal(tuned[k].float(), source[k]) for k in moved)       # trained from there
+    assert tuned["head.cls.0.2.weight"].shape[0] == 4 != source["head.cls.0.2.weight"].shape[0]
+    assert "mask_mAP50-95" in result
