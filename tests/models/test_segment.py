@@ -180,15 +180,3 @@ def test_the_seg_models_have_built_in_names_at_every_scale():
     with pytest.raises(ValueError, match="task must be 'detect' or 'segment'"):
         yolokit.list_models("pose")
 
-
-def test_exporting_a_seg_model_says_that_the_file_has_no_masks(tmp_path, monkeypatch):
-    """The file is written as a detection model's (the writer stubbed here: exports are tested in tests/deploy);
-    the report says in plain words what it leaves out."""
-    from yolokit.deploy import exporter
-
-    monkeypatch.setattr(exporter, "export_onnx", lambda model, out, **kw: out.write_bytes(b""))
-    lines = []
-    exporter.export(yolokit.create_model("yolov8n-seg", num_classes=3), "onnx", tmp_path / "m.onnx", imgsz=64,
-                    check=False, report=lines.append)
-    assert len(lines) == 1 and lines[0].splitlines()[1].startswith("yolov8n-seg is a segmentation model")
-    assert "masks (coefficients and prototypes) are not exported yet" in lines[0]

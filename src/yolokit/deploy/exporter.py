@@ -23,6 +23,9 @@ scores as they are (in [0, 1]):
 - float32: 1e-4 (0.064 px at 640);
 - float16: 2e-2; int8: boxes 5e-2, scores 0.1. These only catch a broken graph:
   their accuracy is judged by mAP (``yolokit val --weights <file>``, ``yolokit benchmark``).
+
+A segmentation model's masks are compared too (``mask_iou``: the IoU of the model's and the file's masks of
+the same points, at least ``MASK_IOU``: 0.99 in float32, 0.95 in float16, 0.8 in int8).
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ import torch
 from torch import Tensor
 
 from yolokit.deploy.runtime import ExportedModel, ExportError, require
-from yolokit.interop.onnx import export_graph, export_onnx, export_shapes, file_info
+from yolokit.interop.onnx import export_graph, export_onnx, export_shapes, file_info, mask_outputs
 from yolokit.models import Detector
+from yolokit.ops.masks import decode_masks
 from yolokit.ops.nms import detection_rows
 
 FORMATS = {"onnx": ".onnx", "openvino": "_openvino", "pt2": ".pt2"}
@@ -113,6 +117,9 @@ def export(
                          + ("" if device in ("cpu", "cuda") else "; pt2 also takes cuda"))
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda': no CUDA device here")
+    if nms and mask_outputs(model):
+        raise ValueError(f"NMS in the graph is not built for a segmentation model ({model.name}): export it without "
+                         "--nms (its masks then come with the predictions; yolokit predict runs NMS)")
     if end_to_end is None:
         end_to_end = model.end_to_end and not nms
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
@@ -121,6 +128,7 @@ def export(
         raise ValueError(f"imgsz {h}x{w} must be a multiple of {model.name}'s largest stride {stride}")
     require(format)
     out = output_path(model.name, format, out)
+    out.parent.mkdir(parents=True, exist_ok=True)   # as a run folder is made: a new folder is no error
     options = dict(nms=nms, end_to_end=end_to_end, conf=conf, iou=iou, max_det=max_det, dynamic=dynamic)
     started = time.perf_counter()
     if format == "onnx":
@@ -141,9 +149,6 @@ def export(
             said = str(exc) if isinstance(exc, ExportError) else \
                 f"the {format} file {out} did not run: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             raise ExportError(f"{said} (the file is removed)") from None
-    if getattr(model.head, "segments", False):   # said, not dropped silently
-        line += (f"\n{model.name} is a segmentation model: the file carries its boxes, scores and classes; its "
-                 "masks (coefficients and prototypes) are not exported yet, so predict on the file gives boxes only")
     if report is not None:
         report(line)
     return out
@@ -220,11 +225,18 @@ def check_export(model: Detector, path: str | Path, *, precision: str = "fp32", 
     box_tol, score_tol = TOLERANCES[precision]
     graph = export_graph(model, nms=info["output"] == "detections", end_to_end=info["output"] == "end_to_end",
                          max_det=info["max_det"])
-    box, score, counts = 0.0, 0.0, 0
+    box, score, counts, worst_mask = 0.0, 0.0, 0, None
     for batch in sample_batches(model, h, w, info["dynamic"]):
         with torch.no_grad():
             eager = graph(batch)
-        got = exported(batch).float().cpu()
+        got = exported(batch)
+        if exported.masks:   # a segmentation model's: its masks compared, then its boxes and scores as any model's
+            got = tuple(t.float().cpu() for t in got)
+            iou = mask_iou(eager, got, tuple(batch.shape[-2:]), rows=info["output"] == "end_to_end")
+            if iou is not None:
+                worst_mask = iou if worst_mask is None else min(worst_mask, iou)
+            eager, got = eager[0], got[0]
+        got = got.float().cpu()
         side = max(batch.shape[-2:])
         if info["output"] == "predictions":
             if got.shape != eager.shape:
@@ -242,9 +254,46 @@ def check_export(model: Detector, path: str | Path, *, precision: str = "fp32", 
             f"scores within {score:.2g} (tolerance {score_tol:g})")
     if counts:
         line += f", {counts} detections more or fewer in an image"
-    if box > box_tol or score > score_tol or (counts and precision == "fp32"):
+    if exported.masks:
+        line += (f", masks IoU {worst_mask:.4f} at least (tolerance {MASK_IOU[precision]:g})" if worst_mask is not None
+                 else ", masks: none of 100 pixels to compare on the check images")
+    if box > box_tol or score > score_tol or (counts and precision == "fp32") or (
+            worst_mask is not None and worst_mask < MASK_IOU[precision]):
         raise ExportError(f"{exported.format} export of {path} differs from the model: {line}")
     return line
+
+
+MASK_IOU = {"fp32": 0.99, "fp16": 0.95, "int8": 0.8}
+"""The check's smallest allowed IoU between a mask of the model and the file's, per precision."""
+
+
+def mask_iou(eager: tuple[Tensor, ...], got: tuple[Tensor, ...], size: tuple[int, int], *, rows: bool,
+             points: int = 20, least: int = 100) -> float | None:
+    """The smallest IoU between the model's and the file's masks at the input (``ops.masks.decode_masks``) of the
+    same predictions, over the whole input (not cut to a box: an untrained model's boxes may hold no pixel,
+    its coefficients and prototypes still differ or not): each image's ``points`` best points and ``points``
+    more spread over all of them (an end-to-end file's first rows, where its rows agree with the model's in class and box within a pixel), masks of
+    ``least`` pixels or more (their union); None when there is none."""
+    (preds, coefficients, protos), (got_preds, got_coefficients, got_protos) = eager, got
+    worst = None
+    for b in range(len(preds)):
+        if rows:
+            n = min(points, len(preds[b]), len(got_preds[b]))
+            same = (preds[b, :n, 5] == got_preds[b, :n, 5]) & ((preds[b, :n, :4] - got_preds[b, :n, :4]).abs()
+                                                                  .amax(-1) < 1)
+            index = same.nonzero().flatten()
+        else:   # the best points, and points spread over every level (an untrained model's best may have no mask)
+            n = preds.shape[1]
+            index = torch.cat((preds[b, :, 4:].amax(-1).topk(min(points, n)).indices,
+                               torch.linspace(0, n - 1, min(points, n)).long())).unique()
+        boxes = preds.new_tensor([[0.0, 0.0, size[1], size[0]]]).expand(len(index), 4)
+        a = decode_masks(coefficients[b, index], protos[b], boxes, size)
+        g = decode_masks(got_coefficients[b, index], got_protos[b], boxes, size)
+        union = (a | g).sum((1, 2))
+        if (union >= least).any():
+            iou = float(((a & g).sum((1, 2))[union >= least] / union[union >= least]).min())
+            worst = iou if worst is None else min(worst, iou)
+    return worst
 
 
 def graph_nms(predictions: Tensor, *, conf: float, iou: float, max_det: int) -> list[Tensor]:

@@ -5,7 +5,8 @@
 predictions, ``models.detector.detections_of`` applies the same NMS or top-k and maps the boxes
 back), and the attributes ``yolokit.predict`` and ``yolokit.val`` read (``names``, ``strides``,
 ``num_classes``, ``end_to_end``, ``device``). A file with NMS in its graph gives its own detections,
-with the thresholds it was exported with.
+with the thresholds it was exported with. A segmentation model's file also gives each prediction's mask
+coefficients and the prototypes, and ``predict`` gives each detection its mask as ``Detector.predict`` does.
 
 Every format stores what ``interop.onnx.file_info`` says about the file: the ONNX metadata key
 ``yolokit``, ``yolokit.json`` beside an OpenVINO model, the ``.pt2`` package's AOTInductor metadata.
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from yolokit.models.detector import detections_of, input_batch, mapped_back
+from yolokit.ops.masks import masks_in_original
 from yolokit.ops.nms import Detections
 
 EXTRAS = {"onnx": ("onnxruntime", "export"), "openvino": ("openvino", "openvino"), "pt2": ("torch", "")}
@@ -97,6 +99,7 @@ class ExportedModel:
         self.num_classes = len(self.names)
         self.name = self.info.get("name", self.path.stem)
         self.end_to_end = self.info["output"] == "end_to_end"
+        self.masks = list(self.info.get("masks", []))   # a segmentation model's outputs: coefficients, protos
         self.has_names = True
 
     def __repr__(self) -> str:
@@ -126,14 +129,16 @@ class ExportedModel:
             raise ValueError(f"{self.path} has no one-to-one (end-to-end) output: its detections need NMS "
                              "(nms=False needs a yolo26 model exported end to end)")
 
-    def __call__(self, batch: Tensor) -> Tensor:
-        """The file's output for a float32 batch in [0, 1] (Tensor[B, 3, H, W])."""
+    def __call__(self, batch: Tensor) -> Tensor | tuple[Tensor, ...]:
+        """The file's output for a float32 batch in [0, 1] (Tensor[B, 3, H, W]); a segmentation model's file
+        gives a tuple: that output, the mask coefficients and the prototypes."""
         fixed = self.fixed_imgsz
         if fixed is not None and tuple(batch.shape[-2:]) != fixed:
             raise ExportError(f"{self.path} was exported for {fixed[1]}x{fixed[0]} input, got "
                               f"{batch.shape[-1]}x{batch.shape[-2]}: use --imgsz {max(fixed)} (square letterbox), "
                               "or export again without --static")
-        return self._run(batch)
+        outputs = self._run(batch)
+        return tuple(outputs) if self.masks else outputs[0]
 
     @torch.inference_mode()
     def predict(self, images: Tensor, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
@@ -147,23 +152,32 @@ class ExportedModel:
             self.check_nms(nms)
         batch, orig_shapes, ratio_pad = input_batch(images, int(max(self.strides)), "cpu", torch.float32,
                                                     orig_shapes, ratio_pad)
-        out = self(batch).float().cpu()
+        out = self(batch)
+        out, coefficients, protos = (t.float().cpu() for t in out) if self.masks else (out.float().cpu(), None, None)
+        size = tuple(batch.shape[-2:])
         if self.info["output"] == "predictions":
             return detections_of(out, orig_shapes, ratio_pad, nms=True, conf=conf, iou=iou, max_det=max_det,
-                                 classes=classes, agnostic=agnostic, multi_label=multi_label)
+                                 classes=classes, agnostic=agnostic, multi_label=multi_label,
+                                 seg=None if coefficients is None else (coefficients, protos, size))
         if self.info["output"] == "end_to_end":
             rows = list(out)
         else:   # detections [K, 7]: image, box, score, label
             rows = [out[out[:, 0] == i][:, 1:] for i in range(len(batch))]
             rows = [r[r[:, 4].argsort(descending=True)] for r in rows]
-        dets = []
+        dets, kept = [], []
         for r in rows:
             keep = r[:, 4] > conf
             if classes is not None:
                 keep &= torch.isin(r[:, 5].long(), torch.as_tensor(list(classes)))
-            r = r[keep][:max_det]
-            dets.append(Detections(r[:, :4], r[:, 4], r[:, 5].long()))
-        return mapped_back(dets, orig_shapes, ratio_pad)
+            index = keep.nonzero().flatten()[:max_det]
+            dets.append(Detections(r[index, :4], r[index, 4], r[index, 5].long()))
+            kept.append(index)
+        dets = mapped_back(dets, orig_shapes, ratio_pad)
+        if coefficients is None:
+            return dets
+        return [Detections(d.boxes, d.scores, d.labels,   # the rows' masks (an end-to-end file's rows are its points)
+                           masks_in_original(coefficients[b, k], protos[b], d.boxes, rp, size, shape))
+                for b, (d, k, rp, shape) in enumerate(zip(dets, kept, ratio_pad, orig_shapes, strict=True))]
 
 
 def load_exported(path: str | Path, *, device: str | torch.device = "cpu") -> ExportedModel:
@@ -197,8 +211,8 @@ def _open_onnx(path: Path, device: torch.device) -> tuple[dict[str, Any], Callab
     info = _info_from_onnx(session.get_modelmeta().custom_metadata_map, path)
     name = session.get_inputs()[0].name
 
-    def run(batch: Tensor) -> Tensor:
-        return torch.from_numpy(session.run(None, {name: np.ascontiguousarray(batch.cpu().numpy())})[0])
+    def run(batch: Tensor) -> list[Tensor]:
+        return [torch.from_numpy(o) for o in session.run(None, {name: np.ascontiguousarray(batch.cpu().numpy())})]
 
     return info, run
 
@@ -218,8 +232,9 @@ def _open_openvino(path: Path, device: torch.device) -> tuple[dict[str, Any], Ca
     hint = {} if info.get("half") or info.get("int8") else {"INFERENCE_PRECISION_HINT": "f32"}
     compiled = ov.Core().compile_model(str(xml), "CPU", hint)
 
-    def run(batch: Tensor) -> Tensor:
-        return torch.from_numpy(np.asarray(compiled(np.ascontiguousarray(batch.cpu().numpy()))[0]))
+    def run(batch: Tensor) -> list[Tensor]:
+        result = compiled(np.ascontiguousarray(batch.cpu().numpy()))
+        return [torch.from_numpy(np.asarray(result[output])) for output in compiled.outputs]
 
     return info, run
 
@@ -241,8 +256,9 @@ def _open_pt2(path: Path, device: torch.device) -> tuple[dict[str, Any], Callabl
         raise ValueError(f"{path} was compiled for {info.get('device', 'cpu')}: use --device "
                          f"{info.get('device', 'cpu')}, or export again with --device {device.type}")
 
-    def run(batch: Tensor) -> Tensor:
-        return package(batch.to(device))
+    def run(batch: Tensor) -> list[Tensor]:
+        out = package(batch.to(device))
+        return list(out) if isinstance(out, (list, tuple)) else [out]
 
     return info, run
 

@@ -17,6 +17,9 @@ replaces NMS inside the graph (no NMS op):
 - ``detections`` [B, k, 6]: rows ``(x1, y1, x2, y2, score, class)``, best first, k =
   min(max_det, points) (``ops.nms.top_k_predictions``); the caller keeps the rows above its
   threshold. ``end_to_end=False`` exports its one-to-many branch as any other model.
+A segmentation model's file has two more outputs: ``coefficients`` [B, P, M] (each prediction's mask
+coefficients; end to end, each row's [B, k, M]) and ``protos`` [B, M, H/4, W/4] (``mask_outputs``); NMS in
+its graph is not built.
 Batch norms are folded into the convolutions by the exporter (eval mode); a model in
 another dtype or on another device is exported from a float32 CPU copy. With ``half=True`` the
 weights and the arithmetic are float16; the input and the output stay float32 (casts at both ends). The export uses
@@ -39,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from yolokit.models import Detector
-from yolokit.ops.nms import top_k_predictions
+from yolokit.ops.nms import top_k_points
 
 _PROTOBUF_LIMIT = 2**31 - 2**26  # leave room below protobuf's 2 GiB for the graph itself
 
@@ -59,16 +62,31 @@ class DecodedDetector(nn.Module):
         super().__init__()
         self.model, self.best_class_only, self.top_k = model, best_class_only, top_k
 
-    def forward(self, images: Tensor) -> Tensor:
-        """Tensor[B, 3, H, W] -> Tensor[B, P, 4 + C] (or [B, k, 6] with ``top_k``)."""
+    def forward(self, images: Tensor) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """Tensor[B, 3, H, W] -> Tensor[B, P, 4 + C] (or [B, k, 6] with ``top_k``); a segmentation model's
+        also each point's (row's) mask coefficients Tensor[B, P, M] (or [B, k, M]) and the prototypes
+        Tensor[B, M, H/4, W/4]."""
+        out = self.model(images)
+        seg = getattr(self.model.head, "segments", False)
         if self.top_k is not None:
-            return top_k_predictions(self.model.decode(self.model(images), nms=False), max_det=self.top_k)
-        preds = self.model.decode(self.model(images))
+            rows, point = top_k_points(self.model.decode(out, nms=False), max_det=self.top_k)
+            if not seg:
+                return rows
+            coefficients = flat_coefficients(out["one2one_coefficients"])
+            return rows, coefficients.gather(1, point[..., None].expand(-1, -1, coefficients.shape[-1])), \
+                out["protos"]
+        preds = self.model.decode(out)
         if self.best_class_only:
             boxes, scores = preds[..., :4], preds[..., 4:]
             scores = scores * (scores == scores.amax(dim=-1, keepdim=True)).to(scores.dtype)
             preds = torch.cat((boxes, scores), dim=-1)
-        return preds
+        return (preds, flat_coefficients(out["coefficients"]), out["protos"]) if seg else preds
+
+
+def flat_coefficients(levels: list[Tensor]) -> Tensor:
+    """A segmentation head's per-level coefficients Tensor[B, M, H_l, W_l] as Tensor[B, P, M], in ``decode``'s
+    point order."""
+    return torch.cat([c.flatten(2) for c in levels], 2).transpose(1, 2)
 
 
 class HalfGraph(nn.Module):
@@ -79,8 +97,9 @@ class HalfGraph(nn.Module):
         super().__init__()
         self.module = module.half()
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.module(images.half()).float()
+    def forward(self, images: Tensor) -> Tensor | tuple[Tensor, ...]:
+        out = self.module(images.half())
+        return tuple(t.float() for t in out) if isinstance(out, tuple) else out.float()
 
 
 def export_graph(model: Detector, *, nms: bool = False, end_to_end: bool = False, max_det: int = 300,
@@ -156,6 +175,10 @@ def export_onnx(
 
     if end_to_end is None:
         end_to_end = model.end_to_end and not nms
+    masks = mask_outputs(model)
+    if nms and masks:
+        raise ValueError(f"NMS in the graph is not built for a segmentation model ({model.name}): export it without "
+                         "--nms (its masks then come with the predictions; yolokit predict runs NMS)")
     if end_to_end and (nms or not model.end_to_end):
         raise ValueError(f"end_to_end export needs a model with a one-to-one branch (such as yolo26) and no NMS; "
                          f"{model.name}: end-to-end {model.end_to_end}, nms {nms}")
@@ -168,7 +191,7 @@ def export_onnx(
     example, dynamic_shapes = export_shapes(model, h, w, dynamic=dynamic)
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         program = torch.onnx.export(wrapper, (example,), dynamo=True, input_names=["images"],
-                                    output_names=["detections" if end_to_end else "predictions"],
+                                    output_names=["detections" if end_to_end else "predictions", *masks],
                                     dynamic_shapes=dynamic_shapes, opset_version=opset, verbose=False)
     proto = program.model_proto
     if nms:
@@ -191,6 +214,12 @@ def export_onnx(
     return path
 
 
+def mask_outputs(model: Any) -> list[str]:
+    """The outputs a segmentation model's file adds after its first: ``coefficients`` (each prediction's, or
+    with ``end_to_end`` each row's: [B, P or k, M]) and ``protos`` ([B, M, H/4, W/4]); none for a detection model."""
+    return ["coefficients", "protos"] if getattr(getattr(model, "head", None), "segments", False) else []
+
+
 OUTPUTS = {
     "detections": "detections [K, 7]: image_index, x1, y1, x2, y2, score, label",
     "end_to_end": "detections [B, k, 6]: x1, y1, x2, y2, score, label (one-to-one, no NMS)",
@@ -202,12 +231,13 @@ def file_info(model: Detector, h: int, w: int, *, nms: bool, end_to_end: bool, d
               conf: float, iou: float, max_det: int) -> dict[str, Any]:
     """What an exported file says about itself (every format stores this dict as json): the model's
     name, config, strides and class names, the export size, whether other sizes run, the precision, the
-    output (a key of ``OUTPUTS``) and the thresholds baked into the graph."""
+    output (a key of ``OUTPUTS``), the thresholds baked into the graph, and ``masks``: the outputs a
+    segmentation model adds (``mask_outputs``; empty for a detection model)."""
     return {"name": model.name, "config": json.dumps(asdict(model.config)) if model.config is not None else "",
             "strides": [int(s) for s in model.strides], "names": list(model.names), "imgsz": [h, w],
             "dynamic": bool(dynamic), "half": bool(half),
             "output": "detections" if nms else "end_to_end" if end_to_end else "predictions",
-            "conf": float(conf), "iou": float(iou), "max_det": int(max_det)}
+            "conf": float(conf), "iou": float(iou), "max_det": int(max_det), "masks": mask_outputs(model)}
 
 
 def add_nms(proto: Any, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300) -> None:
