@@ -272,8 +272,8 @@ def mask_iou(eager: tuple[Tensor, ...], got: tuple[Tensor, ...], size: tuple[int
     """The smallest IoU between the model's and the file's masks at the input (``ops.masks.decode_masks``) of the
     same predictions, over the whole input (not cut to a box: an untrained model's boxes may hold no pixel,
     its coefficients and prototypes still differ or not): each image's ``points`` best points and ``points``
-    more spread over all of them (an end-to-end file's first rows, where its rows agree with the model's in class and box within a pixel), masks of
-    ``least`` pixels or more (their union); None when there is none."""
+    more spread over all of them (an end-to-end file's first rows, where its rows agree with the model's in
+    class and box within a pixel), masks of ``least`` pixels or more (their union); None when there is none."""
     (preds, coefficients, protos), (got_preds, got_coefficients, got_protos) = eager, got
     worst = None
     for b in range(len(preds)):
