@@ -67,7 +67,12 @@ def _cases():
         "bad_class.jpg": (good, GOOD_ROW + "2 0.5 0.5 0.1 0.1\n-1 0.5 0.5 0.1 0.1\n"
                                      "0.5 0.5 0.5 0.1 0.1\n",
                           "fixed", "3 row(s) with class id outside 0..1 (-1, 0.5, 2) dropped"),
-        "outside.jpg": (good, "0 0.1 0.5 0.22 0.5\n", "fixed", "1 row(s) outside [0, 1] clipped"),
+        "outside.jpg": (good, "0 0.1 0.5 0.22 0.5\n", "fixed", "1 row(s) outside [0, 1] clipped (row 1)"),
+        "polygon_outside.jpg": (good, GOOD_ROW + "1 0.1 0.1 1.4 0.2 0.5 0.6\n", "fixed",
+                                "1 row(s) outside [0, 1] clipped (row 2)"),
+        "polygon_odd.jpg": (good, GOOD_ROW + "1 0.1 0.1 0.4 0.2 0.5\n1 0.1 0.1 0.4 0.2 0.5 0.6\n", "fixed",
+                            "1 malformed row(s) dropped (row 2: 5 values after the class, neither a box (4) nor "
+                            "a polygon (x y pairs, 3 points or more))"),
         "degenerate.jpg": (good, GOOD_ROW + "1 0.5 0.5 0 0.2\n1 0.5 0.5 0.01 0.2\n", "fixed",
                            "2 degenerate box(es) under 1 px dropped"),
         "nan.jpg": (good, GOOD_ROW + "1 nan 0.5 0.1 0.1\n", "fixed",
@@ -76,7 +81,8 @@ def _cases():
                          "1 row(s) with negative size dropped"),
         "duplicate.jpg": (good, GOOD_ROW * 3, "fixed", "2 duplicate row(s) removed"),
         "malformed.jpg": (good, GOOD_ROW + "1 0.5 0.5\nhello world 1 2 3\n", "fixed",
-                          "2 malformed row(s) dropped"),
+                          "2 malformed row(s) dropped (row 2: 2 values after the class, neither a box (4) nor a "
+                          "polygon (x y pairs, 3 points or more); row 3: not numbers)"),
         "binary_label.jpg": (good, None, "excluded", "label file unreadable"),
         "gray.png": (_png(gray), GOOD_ROW, None, ""),
         "rgba.png": (_png(rgba), GOOD_ROW, None, ""),
@@ -111,8 +117,8 @@ def test_each_bad_file_reported_once_with_its_reason(bad_yaml, caplog):
         assert sum(f"/{name}:" in m for m in messages) == 1, name
     summary = [m for m in messages if "images excluded" in m]
     assert len(summary) == 1
-    assert "14 images, " in summary[0]
-    assert "2 backgrounds, 7 label files fixed, 7 images excluded" in summary[0]
+    assert "16 images, " in summary[0]
+    assert "2 backgrounds, 9 label files fixed, 7 images excluded" in summary[0]
     # nothing silently dropped: every file is either used or reported
     listed = {p.name for p in (bad_yaml.parent / "images" / "train").iterdir()}
     used = {Path(p).name for p in index.paths}
@@ -152,7 +158,7 @@ def test_whole_epoch_runs_without_crashing(bad_yaml):
     ds = DetectionDataset(bad_yaml, "train", imgsz=64, augment=True)
     loader = build_dataloader(ds, 4, workers=0, seed=0)
     seen = sum(len(b["paths"]) for b in loader)
-    assert seen == len(ds) == 14
+    assert seen == len(ds) == 16
 
 
 def test_image_broken_after_indexing_is_replaced_and_reported(bad_yaml, caplog):

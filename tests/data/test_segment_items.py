@@ -226,31 +226,42 @@ def test_an_objects_parts_are_joined_into_one_outline_that_fills_as_they_do():
 def test_a_coco_json_gives_each_objects_outline(tmp_path):
     import json
 
+    mask_utils = pytest.importorskip("pycocotools.mask")
     cv2.imwrite(str(tmp_path / "a.jpg"), np.full((64, 80, 3), 90, np.uint8))
     square, triangle = [5, 5, 20, 5, 20, 20, 5, 20], [40, 30, 60, 30, 50, 50]
+    block = np.zeros((64, 80), np.uint8)
+    block[40:50, 60:70] = 1
+    rle = mask_utils.encode(np.asfortranarray(block))
+    rle["counts"] = rle["counts"].decode()
     annotations = [
         {"id": 1, "image_id": 7, "category_id": 3, "bbox": [5, 5, 15, 15], "iscrowd": 0, "segmentation": [square]},
         {"id": 2, "image_id": 7, "category_id": 5, "bbox": [5, 5, 55, 45], "iscrowd": 0,
          "segmentation": [square, triangle]},                                      # one object in two parts
         {"id": 3, "image_id": 7, "category_id": 3, "bbox": [60, 40, 10, 10], "iscrowd": 0,
-         "segmentation": {"counts": [0, 10], "size": [64, 80]}},                    # RLE: a box row
+         "segmentation": rle},                                                     # RLE: its outline
         {"id": 4, "image_id": 7, "category_id": 5, "bbox": [0, 0, 30, 30], "iscrowd": 1,
          "segmentation": {"counts": [0, 10], "size": [64, 80]}},                    # crowd: left out
+        {"id": 5, "image_id": 7, "category_id": 5, "bbox": [30, 2, 8, 8], "iscrowd": 0,
+         "segmentation": {"counts": [0, 10], "size": [32, 40]}},                    # another size: a box row
     ]
     (tmp_path / "instances.json").write_text(json.dumps({
         "images": [{"id": 7, "file_name": "a.jpg", "height": 64, "width": 80}], "annotations": annotations,
         "categories": [{"id": 3, "name": "x"}, {"id": 5, "name": "y"}]}))
     ds = DetectionDataset(tmp_path / "instances.json", imgsz=80, segments=True, overlap_mask=False, mask_ratio=1)
     rows = ds.index.segments.image(0)
-    assert len(rows) == 3 and rows[2] is None and np.array_equal(rows[0], np.array(square, np.float32).reshape(-1, 2))
+    assert len(rows) == 4 and rows[3] is None and np.array_equal(rows[0], np.array(square, np.float32).reshape(-1, 2))
+    assert rows[2].min(0).tolist() == [60, 40] and rows[2].max(0).tolist() == [69, 49]   # the RLE's outline
+    (problem,) = ds.index.problems
+    assert "annotation 5: RLE size 40x32 differs from the image's 80x64, kept as a box row" in problem.reason
     item = ds[0]
-    assert item["mask_rows"].tolist() == [True, True, False] and item["classes"].tolist() == [0, 1, 0]
+    assert item["mask_rows"].tolist() == [True, True, True, False] and item["classes"].tolist() == [0, 1, 0, 1]
     pad = item["ratio_pad"][1][1]                                                   # 80 x 64 into 80 x 80
     masks = item["masks"].numpy()[:, int(pad):int(pad) + 64]
     both = _filled([np.reshape(square, (-1, 2)), np.reshape(triangle, (-1, 2))])
     missed, extra = int((both & ~masks[1].astype(bool)).sum()), int((masks[1].astype(bool) & ~both.astype(bool)).sum())
     assert missed < 0.03 * both.sum() and extra < 40, (missed, extra, int(both.sum()))   # both parts, a bridge
-    assert masks[2].sum() == 0
+    assert 81 <= masks[2].sum() <= 100 and masks[2][40:50, 60:70].sum() == masks[2].sum()   # the block
+    assert masks[3].sum() == 0
 
 
 def test_shards_keep_the_polygons_also_when_a_cut_short_write_is_finished(tmp_path, seg_many):

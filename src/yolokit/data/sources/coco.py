@@ -4,12 +4,13 @@ An annotation's ``segmentation`` is a list of polygons (flat ``[x1, y1, x2, y2, 
 seen in several parts (occluded, cut by another) has several. The pipeline draws one polygon per row, so the
 parts are joined into one outline (:func:`join_parts`): each part is walked around once, and the next part is
 reached and left by the shortest bridge between the two (the bridge has no width and paints only its line,
-as the reference's joined outlines do). A run-length (RLE) ``segmentation`` of a non-crowd object gives a box
-row; crowd annotations are left out, as for detection.
+as the reference's joined outlines do). A run-length (RLE) ``segmentation`` of a non-crowd object is decoded
+and its outer contours are its parts; crowd annotations are left out, as for detection.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,15 +20,43 @@ from yolokit.data.sources.images import ImageError, verify_image
 from yolokit.data.sources.labels import BACKGROUND, EXCLUDED, FIXED, Problem, clean_pixel_rows
 
 
-def annotation_polygon(annotation: dict[str, Any]) -> np.ndarray | None:
-    """An annotation's outline: float64 [K, 2] pixels (its parts joined), or None (RLE, or no part of three
-    points or more)."""
+def annotation_polygon(annotation: dict[str, Any], image_hw: tuple[int, int] = (0, 0)
+                       ) -> tuple[np.ndarray | None, str | None]:
+    """An annotation's outline: float64 [K, 2] pixels (its parts joined), or None (no part of three points or
+    more: a box row); and what was wrong with it, or None.
+
+    A run-length ``segmentation`` (``{"size": [h, w], "counts": ...}``, compressed or not) is decoded and its
+    outer contours are the parts; one whose size is not the image's (``image_hw``, the json's height and
+    width) gives a box row, and says so.
+    """
     parts = annotation.get("segmentation")
+    if isinstance(parts, dict) and "counts" in parts:
+        return _rle_outline(parts, annotation.get("id"), image_hw)
     if not isinstance(parts, list):
-        return None
+        return None, None
     parts = [np.asarray(p, np.float64).reshape(-1, 2) for p in parts
              if isinstance(p, (list, tuple)) and len(p) >= 6 and len(p) % 2 == 0]
-    return join_parts(parts) if parts else None
+    return (join_parts(parts) if parts else None), None
+
+
+def _rle_outline(rle: dict[str, Any], ann_id: Any, image_hw: tuple[int, int]) -> tuple[np.ndarray | None, str | None]:
+    import cv2
+    from pycocotools import mask as mask_utils  # here: only a json with RLE objects needs it
+
+    size = [int(v) for v in rle.get("size", [0, 0])]
+    if all(image_hw) and tuple(size) != tuple(int(v) for v in image_hw):
+        return None, (f"annotation {ann_id}: RLE size {size[1]}x{size[0]} differs from the image's "
+                      f"{image_hw[1]}x{image_hw[0]}, kept as a box row (no mask)")
+    try:
+        encoded = mask_utils.frPyObjects(rle, *size) if isinstance(rle["counts"], list) else rle
+        with warnings.catch_warnings():   # pycocotools' decode under NumPy 2: a DeprecationWarning per call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            mask = np.ascontiguousarray(mask_utils.decode(encoded), np.uint8)
+    except Exception as exc:   # pycocotools' own errors on bad counts
+        return None, f"annotation {ann_id}: RLE cannot be decoded ({type(exc).__name__}), kept as a box row"
+    contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    parts = [c.reshape(-1, 2).astype(np.float64) for c in contours if len(c) >= 3]
+    return (join_parts(parts) if parts else None), None
 
 
 def join_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -50,14 +79,15 @@ def _walk(parts: list[np.ndarray], i: int, start: int) -> np.ndarray:
 
 
 def check_coco_image(path: str, json_hw: tuple[int, int], anns: list[list[float]],
-                     polygons: list[np.ndarray | None], unknown: int):
+                     polygons: list[np.ndarray | None], unknown: int, notes: Sequence[str] = ()):
     """One image of the json: its shape, its rows (class, x1, y1, x2, y2) cleaned as a YOLO label's are, each
-    kept row's polygon (None for a box row), and what was fixed or why it was left out."""
+    kept row's polygon (None for a box row), and what was fixed or why it was left out (``notes``: what
+    ``annotation_polygon`` said of its annotations)."""
     try:
         shape = verify_image(path)
     except ImageError as err:
         return None, None, None, Problem(path, str(err), EXCLUDED)
-    fixes = [f"{unknown} annotation(s) with unknown category_id dropped"] if unknown else []
+    fixes = ([f"{unknown} annotation(s) with unknown category_id dropped"] if unknown else []) + list(notes)
     arr = np.array(anns, np.float64).reshape(-1, 5)
     arr[:, 3:5] += arr[:, 1:3]  # xywh -> xyxy
     scale = np.ones(2)

@@ -141,16 +141,17 @@ def parse_yolo_segments(
         polygons: G entries, float32 [K, 2] `(x, y)` points in pixels for a polygon row, None for a box row.
         fixes: what was repaired or dropped.
     """
-    rows, points, bad_text = [], [], 0
-    for line in text.splitlines():
+    rows, points, lines, bad_text = [], [], [], []
+    for number, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if not parts:
             continue
         try:
             vals = [float(v) for v in parts]
         except ValueError:
-            bad_text += 1
+            bad_text.append(f"row {number}: not numbers")
             continue
+        lines.append(number)
         if len(vals) == 5:
             c, cx, cy, w, h = vals
             if w < 0 or h < 0:  # kept as NaN so the finite check below drops it
@@ -163,10 +164,13 @@ def parse_yolo_segments(
             rows.append((vals[0], *xy.min(0), *xy.max(0), 0.0))
             points.append(xy)
         else:
-            bad_text += 1
+            lines.pop()
+            bad_text.append(f"row {number}: {len(vals) - 1} values after the class, neither a box (4) nor a "
+                            "polygon (x y pairs, 3 points or more)")
     fixes = []
     if bad_text:
-        fixes.append(f"{bad_text} malformed row(s) dropped")
+        fixes.append(f"{len(bad_text)} malformed row(s) dropped ({'; '.join(bad_text[:3])}"
+                     f"{'; ...' if len(bad_text) > 3 else ''})")
     if not rows:
         return empty_labels(), [], fixes
     arr = np.array(rows, np.float64)
@@ -190,7 +194,9 @@ def parse_yolo_segments(
     # beyond rounding noise of 6-decimal label files counts as outside
     outside = ((arr[:, 1:] < -_TOL) | (arr[:, 1:] > 1 + _TOL)).any(1)
     if outside.any():
-        fixes.append(f"{int(outside.sum())} row(s) outside [0, 1] clipped")
+        which = [lines[i] for i in kept[outside]]
+        fixes.append(f"{int(outside.sum())} row(s) outside [0, 1] clipped (row{'s' if len(which) > 1 else ''} "
+                     f"{', '.join(map(str, which[:5]))}{', ...' if len(which) > 5 else ''})")
     arr[:, 1:] = arr[:, 1:].clip(0, 1)
     h, w = shape
     arr[:, [1, 3]] *= w

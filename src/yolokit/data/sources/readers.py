@@ -305,10 +305,11 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
     first = entries[0]["file_name"] if entries else None
     root = Path(image_dir) if image_dir is not None else _coco_image_dir(json_path, first)
     paths = [str(root / e["file_name"]) for e in entries]
-    key = files_key([str(json_path)] + paths, extra=f"coco|polygons|{root}")   # polygons: a cache before rebuilt
+    key = files_key([str(json_path)] + paths, extra=f"coco|polygons-rle|{root}")   # RLE outlines: caches rebuilt
 
     def build() -> SplitIndex:
-        anns, outlines, unknown = defaultdict(list), defaultdict(list), defaultdict(int)
+        anns, outlines, unknown, notes = defaultdict(list), defaultdict(list), defaultdict(int), defaultdict(list)
+        sizes = {e["id"]: (e.get("height", 0), e.get("width", 0)) for e in entries}
         for a in data.get("annotations", []):
             if a.get("iscrowd", 0):
                 continue
@@ -316,12 +317,15 @@ def coco_index(json_path: str | os.PathLike, *, image_dir: str | os.PathLike | N
                 unknown[a.get("image_id")] += 1
                 continue
             anns[a["image_id"]].append([cat_index[a["category_id"]], *a["bbox"][:4]])
-            outlines[a["image_id"]].append(annotation_polygon(a))
+            outline, note = annotation_polygon(a, sizes.get(a["image_id"], (0, 0)))
+            outlines[a["image_id"]].append(outline)
+            if note:
+                notes[a["image_id"]].append(note)
         index = SplitIndex(paths=[], shapes=np.zeros((0, 2), np.int32), labels=[],
                            names=[str(c["name"]) for c in cats],
                            category_ids=[int(c["id"]) for c in cats], image_ids=[])
         jobs = [(p, (e.get("height", 0), e.get("width", 0)), anns.get(e["id"], []), outlines.get(e["id"], []),
-                 unknown.get(e["id"], 0)) for p, e in zip(paths, entries, strict=True)]
+                 unknown.get(e["id"], 0), notes.get(e["id"], [])) for p, e in zip(paths, entries, strict=True)]
         shapes, polygons = [], []
         results = check_files(lambda j: check_coco_image(*j), jobs)
         for (path, *_), e, (shape, labels, rows, problem) in zip(jobs, entries, results, strict=True):
