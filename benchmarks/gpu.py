@@ -98,7 +98,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from gpu import augment, deploy, epoch, feeding, flops, memory, precision, suite
+from gpu import augment, deploy, epoch, feeding, flops, memory, precision, segment, suite
 from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
@@ -120,12 +120,13 @@ SECTIONS = {   # in order of priority (issue 42): what is still unknown and deci
     "checkpointing": memory.checkpointing,   # met its targets on the H100 (62.6% / 1.30x, 55.3% / 1.24x)
     "loader": feeding.utilisation,
     "deploy": deploy.pt2_cuda,               # issue 52: the AOTInductor .pt2 compiled for CUDA, after the rest
+    "seg": segment.seg_step,                  # issue 60: yolov8s-seg's step against yolov8s's, its peak memory
 }
 # seconds, sized from the 2026-11-27 runs: precision took 73 s for 3 of its 4 rows, channels_last ~20 s a row,
 # batch 138 s, augment 5-6 s; the reference timed out at 60 s in its own interpreter
 CAPS = {"tests": 90, "reference": 110, "precision": 100, "fused": 80, "epoch": 200, "launch": 120,
         "channels_last": 120, "augment": 40, "batch": 150, "mfu": 150, "checkpointing": 60, "loader": 75,
-        "deploy": 150}
+        "deploy": 150, "seg": 90}
 LEASE_S = 900        # a session's device time: 15 minutes, the machine's start, idle waits and transfers included
 START_S = 60         # a machine's start and the working tree's transfer (27 s seen on 2026-11-27)
 SETUP_S = 40         # a command's own start: the reference's wheels, python, CUDA, the header

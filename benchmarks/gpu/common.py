@@ -201,6 +201,8 @@ class TrainStep:
         images = inputs.random_images(batch, s.imgsz).to(s.device)
         self.images = images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
         self.targets = inputs.random_targets(batch, BOXES, s.imgsz).to(s.device)
+        seg = getattr(self.model.head, "segments", False)   # a segmentation model: its masks, as the loader's
+        self.masks = inputs.box_masks(self.targets.cpu(), batch, s.imgsz).to(s.device) if seg else None
         self.graphs = None
         if graphs:
             from yolokit.accel.graphs import StepGraphs, bucket
@@ -228,7 +230,7 @@ class TrainStep:
         from yolokit.train.step import forward_backward
 
         return forward_backward(self.net, self.criterion, self.amp, images, targets, max_boxes=max_boxes,
-                                weight=weight, channels_last=self.channels_last)[0]
+                                weight=weight, channels_last=self.channels_last, masks=self.masks)[0]
 
 
 def images_per_second(s: Settings, fns: list[Callable[[], Any]], batch: int | list[int]) -> list[float]:

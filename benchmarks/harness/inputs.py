@@ -94,3 +94,15 @@ def evaluation_set(images: int, *, classes: int = 80, max_gt: int = 15, max_det:
                     "boxes": boxes[order].astype(np.float32), "scores": scores[order].astype(np.float32),
                     "labels": labels[order].astype(np.int64), "shape": (h, w)})
     return out
+
+
+def box_masks(targets: Tensor, batch: int, size: int, *, ratio: int = 4) -> Tensor:
+    """A segmentation batch's masks for ``random_targets``: one uint8 index map per image at ``size / ratio``
+    (``overlap_mask``, the trainer's default), each row's box filled with ``k + 1`` (its rank in its image)."""
+    side = size // ratio
+    masks = torch.zeros(batch, side, side, dtype=torch.uint8)
+    ranks: dict[int, int] = {}
+    for image, _, x1, y1, x2, y2 in targets.tolist():
+        k = ranks[int(image)] = ranks.get(int(image), 0) + 1
+        masks[int(image), int(y1) // ratio:int(y2) // ratio + 1, int(x1) // ratio:int(x2) // ratio + 1] = k
+    return masks

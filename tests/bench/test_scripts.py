@@ -37,7 +37,7 @@ def test_run_py_writes_json(tmp_path):
 
 
 GPU_SECTIONS = ["tests", "reference", "precision", "fused", "epoch", "launch", "channels_last", "augment", "batch",
-                "mfu", "checkpointing", "loader", "deploy"]   # in order of priority (issue 42; issue 52's .pt2 last)
+                "mfu", "checkpointing", "loader", "deploy", "seg"]   # in order of priority (issue 42; then 52, 60)
 
 
 def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
@@ -70,6 +70,10 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     assert tests["pytest -m gpu: failed or errors"]["value"] == 0
     assert tests["pytest -m gpu: passed"]["data"]["skipped"] >= 5
     assert "deselected" in tests["pytest -m gpu: passed"]["note"]
+
+    seg = rows["seg"]   # the segmentation step: both models stepped, the ratio of their rates
+    assert seg["yolov8s-seg bf16 img/s"]["value"] > 0 and seg["yolov8s-seg bf16 peak memory"]["value"] is None
+    assert seg["yolov8s-seg / yolov8s img/s"]["value"] > 0
 
     precision = rows["precision"]
     assert [r["value"] > 0 for r in precision.values()] == [True] * 6
