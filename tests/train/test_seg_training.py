@@ -129,3 +129,19 @@ def test_fine_tuning_from_the_reference_seg_checkpoint_keeps_all_but_the_class_s
     assert moved and not all(torch.equal(tuned[k].float(), source[k]) for k in moved)       # trained from there
     assert tuned["head.cls.0.2.weight"].shape[0] == 4 != source["head.cls.0.2.weight"].shape[0]
     assert "mask_mAP50-95" in result
+
+
+def test_checkpointing_recomputes_the_seg_model_exactly_and_bf16_trains_it(seg_shapes, tmp_path):
+    """Activation checkpointing of every unit gives the plain run's numbers (one epoch, CPU kernels are
+    deterministic); bf16 autocast trains the seg head too (its mask term in float32)."""
+    plain, checkpointed, bf16 = tmp_path / "plain", tmp_path / "ckpt", tmp_path / "bf16"
+    common = dict(epochs=1, multi_scale=False, save_period_iters=0)
+    train(config(seg_shapes, plain, **common))
+    train(config(seg_shapes, checkpointed, checkpointing="all", **common))
+    assert _rows(checkpointed) == _rows(plain)
+    assert_weights_equal(load_checkpoint(plain / "weights" / "last.pt")["model"],
+                         load_checkpoint(checkpointed / "weights" / "last.pt")["model"])
+    train(config(seg_shapes, bf16, precision="bf16", **common))
+    (row,) = _rows(bf16)
+    assert math.isfinite(float(row["train/seg"])) and float(row["train/seg"]) > 0
+    assert float(row["train/seg"]) != float(_rows(plain)[0]["train/seg"])   # another precision, other numbers
