@@ -14,9 +14,11 @@ import torch
 from _models import TINY_SEG, lively
 
 import yolokit
+from yolokit.data import DetectionDataset, build_dataloader, make_shapes
 from yolokit.deploy import ExportedModel, export
 from yolokit.deploy.exporter import mask_iou
 from yolokit.interop.onnx import export_graph
+from yolokit.val import validate
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -69,6 +71,15 @@ def test_a_seg_model_exports_its_masks_checks_them_and_predicts_them(tmp_path, c
     assert predictions.shape[:2] == coefficients.shape[:2] and coefficients.shape[-1] == 8
     assert protos.shape == (2, 8, 24, 32)
     assert_same_masks(model, exported, nms=True)
+    # validation on the file scores its masks as on the model (yolokit val --weights seg.onnx)
+    data = make_shapes(tmp_path / "set", n_train=1, n_val=4, imgsz=96, segments=True)
+    val_set = DetectionDataset(str(data), "val", imgsz=96, rect=True, stride=32, classes=[0, 1, 2])   # 3, as the model
+    loader = build_dataloader(val_set, 2, workers=0, shuffle=False, uint8_images=True, stride=32)
+    on_model, _ = validate(model, loader, num_classes=3)
+    on_file, _ = validate(exported, loader, num_classes=3)
+    assert on_file.mask_map50_95 is not None
+    assert on_file.mask_map50_95 == pytest.approx(on_model.mask_map50_95, abs=1e-4)
+    assert on_file.map50_95 == pytest.approx(on_model.map50_95, abs=1e-4)
 
 
 def test_nms_in_the_graph_of_a_seg_model_is_refused_in_one_line(tmp_path):
