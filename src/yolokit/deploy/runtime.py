@@ -66,6 +66,8 @@ class ExportedModel:
         format: "onnx", "openvino" or "pt2".
         info: what the file says about itself (``interop.onnx.file_info``).
         names, strides, num_classes, end_to_end, name: as a Detector's.
+        masks: a segmentation model's extra outputs (``["coefficients", "protos"]``); empty for a detection
+            model's file.
 
     Raises:
         ExportError: not a yolokit export, truncated or from another program (the message names the

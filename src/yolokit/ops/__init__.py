@@ -1,4 +1,4 @@
-"""Pure tensor functions: boxes, IoU, NMS, anchors and grids, letterbox geometry."""
+"""Pure tensor functions: boxes, IoU, NMS, anchors and grids, letterbox geometry, instance masks."""
 
 from yolokit.ops.anchors import anchor_to_box, box_to_dist, dfl_expectation, dist_to_box, grid_points
 from yolokit.ops.boxes import (
@@ -12,7 +12,16 @@ from yolokit.ops.boxes import (
     iou,
 )
 from yolokit.ops.geometry import LetterboxPlan, letterbox_plan, unletterbox_boxes
-from yolokit.ops.nms import Detections, end_to_end_detections, non_max_suppression, top_k_predictions
+from yolokit.ops.masks import decode_masks, mask_logits, masks_in_original
+from yolokit.ops.nms import (
+    Detections,
+    end_to_end_detections,
+    end_to_end_points,
+    nms_points,
+    non_max_suppression,
+    top_k_points,
+    top_k_predictions,
+)
 
 __all__ = [
     "Detections",
@@ -26,13 +35,19 @@ __all__ = [
     "clip_boxes",
     "dfl_expectation",
     "diou",
+    "decode_masks",
     "dist_to_box",
     "end_to_end_detections",
+    "end_to_end_points",
     "giou",
     "grid_points",
     "iou",
     "letterbox_plan",
+    "mask_logits",
+    "masks_in_original",
+    "nms_points",
     "non_max_suppression",
+    "top_k_points",
     "top_k_predictions",
     "unletterbox_boxes",
 ]

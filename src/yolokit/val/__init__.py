@@ -1,4 +1,5 @@
-"""Validation: the pass over a labelled split (:func:`validate`) and box metrics over arrays.
+"""Validation: the pass over a labelled split (:func:`validate`), box metrics over arrays, and a segmentation
+model's mask metrics (:mod:`yolokit.val.masks`: masks in original pixels against the split's polygons).
 
 Examples:
     >>> import yolokit
@@ -11,6 +12,7 @@ Examples:
 """
 
 from yolokit.val.loop import validate
+from yolokit.val.masks import mask_scores, polygon_masks
 from yolokit.val.metrics import EvalResult, coco_evaluate
 
-__all__ = ["EvalResult", "coco_evaluate", "validate"]
+__all__ = ["EvalResult", "coco_evaluate", "mask_scores", "polygon_masks", "validate"]
