@@ -54,8 +54,9 @@ PUBLIC = {
     """,
     "ops": """
         Detections LetterboxPlan anchor_to_box box_area box_convert box_iou box_to_dist ciou
-        clip_boxes dfl_expectation diou dist_to_box end_to_end_detections giou grid_points iou
-        letterbox_plan non_max_suppression top_k_predictions unletterbox_boxes
+        clip_boxes decode_masks dfl_expectation diou dist_to_box end_to_end_detections end_to_end_points
+        giou grid_points iou letterbox_plan mask_logits masks_in_original nms_points non_max_suppression
+        top_k_points top_k_predictions unletterbox_boxes
     """,
     "predict": """
         Frame Result ResultWriter batches frames next_run_dir predict predict_iter
@@ -64,7 +65,7 @@ PUBLIC = {
         Callback Comparison Parts Progress RunResults TrainConfig Trainer compare_runs read_results train
     """,
     "val": """
-        EvalResult coco_evaluate validate
+        EvalResult coco_evaluate mask_scores polygon_masks validate
     """,
     "viz": """
         CURVE_KEYS PALETTE class_colour curve_keys draw_detections epoch_rows run_curves smooth
