@@ -120,7 +120,15 @@ def test_perfect_masks_score_one_and_cut_masks_score_what_pycocotools_scores(seg
     assert result.mask_map50_95 == pytest.approx(stats[0], abs=1e-12) and 0.3 < stats[0] < 0.95
     assert result.mask_map50 == pytest.approx(stats[1], abs=1e-12)
     assert result.map50_95 == 1.0                                       # the boxes were left whole
-    assert "all (masks)" in result.format_table() and "masks mAP50" in repr(result)
+    assert "masks mAP50" in repr(result)
+    table = result.table()
+    assert table[0]["mask mAP50-95"] == result.mask_map50_95 and len(table) > 2
+    assert all(row["mask mAP50"] <= 1.0 and row["mask mAP50-95"] <= row["mask mAP50"] for row in table)
+    per_class = [row["mask mAP50-95"] for row in table[1:]]     # each class's, their mean the whole's
+    assert np.mean(per_class) == pytest.approx(result.mask_map50_95, abs=1e-12)
+    assert [row["mask mAP50-95"] for row in perfect.table()] == [1.0] * len(table)
+    head = result.format_table().splitlines()[0]
+    assert head.split()[-4:] == ["mask", "mAP50", "mask", "mAP50-95"]
 
 
 def test_a_box_row_is_scored_as_its_rectangle():

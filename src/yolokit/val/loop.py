@@ -101,9 +101,10 @@ def validate(
     predictions, targets, shapes = ([r[k] for r in records] for k in (1, 2, 3))
     result = coco_evaluate(predictions, targets, shapes, num_classes, names=class_names(model, loader, num_classes))
     if records and all(r[4] is not None for r in records):   # a segmentation model on a set with polygons
-        result.mask_map50, result.mask_map50_95 = mask_scores(
-            [r[4] for r in records], [r[1].scores.numpy() for r in records],
-            [r[1].labels.numpy() for r in records], num_classes)
+        masks = mask_scores([r[4] for r in records], [r[1].scores.numpy() for r in records],
+                            [r[1].labels.numpy() for r in records], num_classes)
+        result.mask_map50, result.mask_map50_95 = masks.map50, masks.map50_95
+        result.per_class_mask_ap50, result.per_class_mask_ap = masks.per_class_ap50, masks.per_class_ap
     return result, samples
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,18 +67,35 @@ def mask_record(masks: Any, dataset: Any, index: int, shape: tuple[int, int]) ->
     return CroppedMasks.from_masks(list(dets)), truth[0], truth[1]
 
 
+class MaskScores(NamedTuple):
+    """Mask AP over a split: over all classes, and per class ([C], NaN for a class without ground truth)."""
+
+    map50: float
+    map50_95: float
+    per_class_ap50: np.ndarray
+    per_class_ap: np.ndarray
+
+
 def mask_scores(records: Sequence[MaskRecord], scores: Sequence[np.ndarray], labels: Sequence[np.ndarray],
-                num_classes: int) -> tuple[float, float]:
-    """``(mAP50, mAP50-95)`` of masks over a split, per image its ``MaskRecord`` and its detections' scores and
-    labels (as the masks are ordered); 0 without ground truth or detections."""
+                num_classes: int) -> MaskScores:
+    """Mask AP of a split (COCO's ``segm``), per image its ``MaskRecord`` and its detections' scores and labels
+    (as the masks are ordered); 0 without ground truth or detections."""
     gt_images = np.concatenate([np.full(len(r[1]), i) for i, r in enumerate(records)] + [np.zeros(0, np.int64)])
     det_images = np.concatenate([np.full(len(r[0]), i) for i, r in enumerate(records)] + [np.zeros(0, np.int64)])
+    gt_labels = np.concatenate([r[2] for r in records] + [np.zeros(0, np.int64)])
+    per_class, per_class50 = np.full(num_classes, np.nan), np.full(num_classes, np.nan)
     if not len(gt_images) or not len(det_images):
-        return 0.0, 0.0
-    result = evaluate_masks(_joined([r[1] for r in records]), np.concatenate([r[2] for r in records]), gt_images,
+        per_class[np.unique(gt_labels)] = per_class50[np.unique(gt_labels)] = 0.0
+        return MaskScores(0.0, 0.0, per_class50, per_class)
+    result = evaluate_masks(_joined([r[1] for r in records]), gt_labels, gt_images,
                             _joined([r[0] for r in records]), np.concatenate([np.asarray(s) for s in scores]),
                             np.concatenate([np.asarray(c) for c in labels]), det_images, num_classes)
-    return max(float(result.stats[1]), 0.0), max(float(result.stats[0]), 0.0)
+    precision = result.precision[:, :, :, 0]                              # [T, R, K], area all
+    for k in range(num_classes):
+        p = precision[:, :, k]
+        if (p > -1).any():                                                 # -1: no ground truth of class k
+            per_class[k], per_class50[k] = p[p > -1].mean(), p[0][p[0] > -1].mean()
+    return MaskScores(max(float(result.stats[1]), 0.0), max(float(result.stats[0]), 0.0), per_class50, per_class)
 
 
 def _joined(parts: Sequence[CroppedMasks]) -> CroppedMasks:

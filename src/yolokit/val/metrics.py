@@ -32,6 +32,7 @@ from yolokit.val.matching import confusion_matrix, matches_at_iou
 
 COLUMNS = ["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"]  # of EvalResult.table's rows
 SCORES = COLUMNS[3:]
+MASK_SCORES = ["mask mAP50", "mask mAP50-95"]   # a segmentation model's table's columns after SCORES
 
 
 def html_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -71,6 +72,7 @@ class EvalResult:
             last row and column are background (missed boxes, false detections).
         stats: COCOeval's 12 summary numbers.
         mask_map50, mask_map50_95: a segmentation model's mask AP (COCO's ``segm``), else None.
+        per_class_mask_ap50, per_class_mask_ap: [C] its mask AP50 and AP50-95 per class, NaN likewise.
         names: class names by index, when the evaluation knew them (``validate`` takes the split's);
             ``table()`` and the notebook view use them, else class indices.
 
@@ -101,6 +103,8 @@ class EvalResult:
     names: list[str] | None = None
     mask_map50: float | None = None
     mask_map50_95: float | None = None
+    per_class_mask_ap50: np.ndarray | None = None
+    per_class_mask_ap: np.ndarray | None = None
 
     @property
     def fitness(self) -> float:
@@ -117,9 +121,14 @@ class EvalResult:
             out.update({"mask_mAP50": self.mask_map50, "mask_mAP50-95": self.mask_map50_95 or 0.0})
         return out
 
+    def scores(self) -> list[str]:
+        """The score columns of ``table()``: ``SCORES``, and a segmentation model's ``MASK_SCORES``."""
+        return SCORES + (MASK_SCORES if self.mask_map50 is not None else [])
+
     def table(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Rows ``class, images, instances, P, R, mAP50, mAP50-95``: "all" first, then each class
-        with ground truth, named by ``names``, else by ``self.names``, else by its index."""
+        """Rows ``class, images, instances, P, R, mAP50, mAP50-95`` (and a segmentation model's ``mask mAP50``,
+        ``mask mAP50-95``): "all" first, then each class with ground truth, named by ``names``, else by
+        ``self.names``, else by its index."""
         names = list(names if names is not None else self.names or [])
         rows = [{"class": "all", "images": self.images, "instances": int(self.class_instances.sum()),
                  "P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}]
@@ -128,16 +137,20 @@ class EvalResult:
                          "instances": int(self.class_instances[k]), "P": float(self.per_class_precision[k]),
                          "R": float(self.per_class_recall[k]), "mAP50": float(self.per_class_ap50[k]),
                          "mAP50-95": float(self.per_class_ap[k])})
+        if self.mask_map50 is not None:   # a segmentation model: its masks' AP, all classes then each
+            rows[0].update({"mask mAP50": self.mask_map50, "mask mAP50-95": self.mask_map50_95 or 0.0})
+            ap50, ap = (np.full(len(self.class_instances), np.nan) if a is None else a
+                        for a in (self.per_class_mask_ap50, self.per_class_mask_ap))
+            for row, k in zip(rows[1:], np.flatnonzero(self.class_instances > 0), strict=True):
+                row.update({"mask mAP50": float(ap50[k]), "mask mAP50-95": float(ap[k])})
         return rows
 
     def format_table(self, names: Sequence[str] | None = None) -> str:
         """``table()`` as aligned text, as the usual YOLO validators print it."""
-        head = f"{'Class':>22}{'Images':>11}{'Instances':>11}{'P':>11}{'R':>11}{'mAP50':>11}{'mAP50-95':>11}"
+        scores = self.scores()
+        head = f"{'Class':>22}{'Images':>11}{'Instances':>11}" + "".join(f"{k:>{max(11, len(k) + 2)}}" for k in scores)
         lines = [head] + [f"{r['class']:>22.22}{r['images']:>11}{r['instances']:>11}" + "".join(
-            f"{r[k]:>11.3f}" for k in SCORES) for r in self.table(names)]
-        if self.mask_map50 is not None:   # a segmentation model: its masks' AP over all classes
-            lines.insert(2, f"{'all (masks)':>22}{self.images:>11}{int(self.class_instances.sum()):>11}"
-                            f"{'':>11}{'':>11}{self.mask_map50:>11.3f}{self.mask_map50_95 or 0.0:>11.3f}")
+            f"{r[k]:>{max(11, len(k) + 2)}.3f}" for k in scores) for r in self.table(names)]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -149,15 +162,16 @@ class EvalResult:
 
     def _repr_html_(self) -> str:
         """``table()`` as an HTML table (a notebook shows it), scores to 3 decimals."""
-        return html_table(COLUMNS, [[r["class"], r["images"], r["instances"], *(f"{r[k]:.3f}" for k in SCORES)]
-                                    for r in self.table()])
+        scores = self.scores()
+        return html_table(COLUMNS[:3] + scores, [[r["class"], r["images"], r["instances"],
+                                                  *(f"{r[k]:.3f}" for k in scores)] for r in self.table()])
 
     def write_csv(self, path: str | Path, names: Sequence[str] | None = None) -> Path:
         """``table()`` as CSV (full precision)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=COLUMNS[:3] + self.scores())
             writer.writeheader()
             for row in self.table(names):
                 writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
