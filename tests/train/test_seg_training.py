@@ -111,8 +111,9 @@ def test_two_processes_train_the_segmentation_model_one_process_trains(seg_shape
 
 def test_fine_tuning_from_the_reference_seg_checkpoint_keeps_all_but_the_class_scores(seg_shapes, tmp_path):
     """The reference's yolov8-seg checkpoint (tests/interop/fixtures: narrowed, 3 classes) fine-tuned with
-    ``weights`` on the 4-class set: the backbone, held frozen, keeps the checkpoint's tensors; the prototype
-    network and the coefficient branches come from it too and train on."""
+    ``weights`` on the 4-class set, the backbone, the prototype network and the coefficient branches held
+    frozen: they keep the checkpoint's tensors (so they came from it), the rest of the head trains on from
+    the checkpoint, and the class scores are resized to 4 classes."""
     from pathlib import Path
 
     import yolokit
@@ -121,12 +122,13 @@ def test_fine_tuning_from_the_reference_seg_checkpoint_keeps_all_but_the_class_s
     source = yolokit.load(weights).float().state_dict()
     out = tmp_path / "tuned"
     result = train(config(seg_shapes, out, model=None, weights=str(weights), epochs=1, multi_scale=False,
-                          save_period_iters=0, freeze="backbone"))
+                          save_period_iters=0, freeze="backbone,head.proto,head.coef"))
     tuned = load_checkpoint(out / "weights" / "last.pt")["model"]
-    backbone = [k for k in source if k.startswith("backbone.") and source[k].is_floating_point()]
-    assert backbone and all(torch.equal(tuned[k].float(), source[k]) for k in backbone)
-    moved = [k for k in source if k.startswith(("head.proto.", "head.coef.")) and "weight" in k]
-    assert moved and not all(torch.equal(tuned[k].float(), source[k]) for k in moved)       # trained from there
+    held = [k for k in source if k.startswith(("backbone.", "head.proto.", "head.coef.")) and "weight" in k]
+    assert any(k.startswith("head.proto.") for k in held) and any(k.startswith("head.coef.") for k in held)
+    assert all(torch.equal(tuned[k].float(), source[k]) for k in held)       # a fresh head would differ
+    box = [k for k in source if k.startswith("head.box.") and k.endswith("weight")]
+    assert box and not all(torch.equal(tuned[k].float(), source[k]) for k in box)   # trained on from there
     assert tuned["head.cls.0.2.weight"].shape[0] == 4 != source["head.cls.0.2.weight"].shape[0]
     assert "mask_mAP50-95" in result
 

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from yolokit.deploy.runtime import ExportedModel, ExportError, require
-from yolokit.interop.onnx import export_graph, export_onnx, export_shapes, file_info, mask_outputs
+from yolokit.interop.onnx import export_graph, export_onnx, export_shapes, file_info
 from yolokit.models import Detector
 from yolokit.ops.masks import decode_masks
 from yolokit.ops.nms import detection_rows
@@ -117,9 +117,6 @@ def export(
                          + ("" if device in ("cpu", "cuda") else "; pt2 also takes cuda"))
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda': no CUDA device here")
-    if nms and mask_outputs(model):
-        raise ValueError(f"NMS in the graph is not built for a segmentation model ({model.name}): export it without "
-                         "--nms (its masks then come with the predictions; yolokit predict runs NMS)")
     if end_to_end is None:
         end_to_end = model.end_to_end and not nms
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)

@@ -24,8 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolokit.models.detector import detections_of, input_batch, mapped_back
-from yolokit.ops.masks import masks_in_original
+from yolokit.models.detector import detections_of, input_batch, mapped_back, with_masks
 from yolokit.ops.nms import Detections
 
 EXTRAS = {"onnx": ("onnxruntime", "export"), "openvino": ("openvino", "openvino"), "pt2": ("torch", "")}
@@ -177,9 +176,7 @@ class ExportedModel:
         dets = mapped_back(dets, orig_shapes, ratio_pad)
         if coefficients is None:
             return dets
-        return [Detections(d.boxes, d.scores, d.labels,   # the rows' masks (an end-to-end file's rows are its points)
-                           masks_in_original(coefficients[b, k], protos[b], d.boxes, rp, size, shape))
-                for b, (d, k, rp, shape) in enumerate(zip(dets, kept, ratio_pad, orig_shapes, strict=True))]
+        return with_masks(dets, kept, (coefficients, protos, size), orig_shapes, ratio_pad)   # a row's: its point's
 
 
 def load_exported(path: str | Path, *, device: str | torch.device = "cpu") -> ExportedModel:

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from yolokit.models import Detector
+from yolokit.ops.masks import point_coefficients
 from yolokit.ops.nms import top_k_points
 
 _PROTOBUF_LIMIT = 2**31 - 2**26  # leave room below protobuf's 2 GiB for the graph itself
@@ -72,7 +73,7 @@ class DecodedDetector(nn.Module):
             rows, point = top_k_points(self.model.decode(out, nms=False), max_det=self.top_k)
             if not seg:
                 return rows
-            coefficients = flat_coefficients(out["one2one_coefficients"])
+            coefficients = point_coefficients(out["one2one_coefficients"])
             return rows, coefficients.gather(1, point[..., None].expand(-1, -1, coefficients.shape[-1])), \
                 out["protos"]
         preds = self.model.decode(out)
@@ -80,13 +81,7 @@ class DecodedDetector(nn.Module):
             boxes, scores = preds[..., :4], preds[..., 4:]
             scores = scores * (scores == scores.amax(dim=-1, keepdim=True)).to(scores.dtype)
             preds = torch.cat((boxes, scores), dim=-1)
-        return (preds, flat_coefficients(out["coefficients"]), out["protos"]) if seg else preds
-
-
-def flat_coefficients(levels: list[Tensor]) -> Tensor:
-    """A segmentation head's per-level coefficients Tensor[B, M, H_l, W_l] as Tensor[B, P, M], in ``decode``'s
-    point order."""
-    return torch.cat([c.flatten(2) for c in levels], 2).transpose(1, 2)
+        return (preds, point_coefficients(out["coefficients"]), out["protos"]) if seg else preds
 
 
 class HalfGraph(nn.Module):
@@ -105,7 +100,11 @@ class HalfGraph(nn.Module):
 def export_graph(model: Detector, *, nms: bool = False, end_to_end: bool = False, max_det: int = 300,
                  half: bool = False) -> nn.Module:
     """The module every export traces: ``DecodedDetector`` of a float32 CPU copy of ``model`` in eval mode
-    (float16 in a ``HalfGraph`` with ``half``); ``model`` itself is left as it was."""
+    (float16 in a ``HalfGraph`` with ``half``); ``model`` itself is left as it was. NMS in the graph of a
+    segmentation model is refused (a ValueError): every format's export starts here."""
+    if nms and mask_outputs(model):
+        raise ValueError(f"NMS in the graph is not built for a segmentation model ({model.name}): export it without "
+                         "--nms (its masks then come with the predictions; yolokit predict runs NMS)")
     net = copy.deepcopy(model).to("cpu", torch.float32).eval()
     graph = DecodedDetector(net, best_class_only=nms, top_k=max_det if end_to_end else None).eval()
     return HalfGraph(graph).eval() if half else graph
@@ -175,10 +174,6 @@ def export_onnx(
 
     if end_to_end is None:
         end_to_end = model.end_to_end and not nms
-    masks = mask_outputs(model)
-    if nms and masks:
-        raise ValueError(f"NMS in the graph is not built for a segmentation model ({model.name}): export it without "
-                         "--nms (its masks then come with the predictions; yolokit predict runs NMS)")
     if end_to_end and (nms or not model.end_to_end):
         raise ValueError(f"end_to_end export needs a model with a one-to-one branch (such as yolo26) and no NMS; "
                          f"{model.name}: end-to-end {model.end_to_end}, nms {nms}")
@@ -191,7 +186,7 @@ def export_onnx(
     example, dynamic_shapes = export_shapes(model, h, w, dynamic=dynamic)
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         program = torch.onnx.export(wrapper, (example,), dynamo=True, input_names=["images"],
-                                    output_names=["detections" if end_to_end else "predictions", *masks],
+                                    output_names=["detections" if end_to_end else "predictions", *mask_outputs(model)],
                                     dynamic_shapes=dynamic_shapes, opset_version=opset, verbose=False)
     proto = program.model_proto
     if nms:

@@ -11,6 +11,7 @@ from torch import Tensor
 from yolokit.losses.base import PaddedTargets
 from yolokit.losses.masks import mask_loss, semantic_loss, semantic_targets
 from yolokit.losses.yolov8 import YOLOv8Loss
+from yolokit.ops.masks import point_coefficients
 
 
 class YOLOv8SegLoss(YOLOv8Loss):
@@ -94,8 +95,9 @@ class YOLOv8SegLoss(YOLOv8Loss):
 
 
 def flat_coefficients(levels: Sequence[Tensor]) -> Tensor:
-    """Per level Tensor[B, M, H_l, W_l] as one Tensor[B, M, P], the levels in order (float32)."""
-    return torch.cat([c.float().flatten(2) for c in levels], dim=2)
+    """Per level Tensor[B, M, H_l, W_l] as one Tensor[B, M, P], the levels in order (float32):
+    ``ops.masks.point_coefficients`` with the points last."""
+    return point_coefficients(levels).transpose(1, 2).float()
 
 
 def with_mask_terms(loss, parts: dict[str, Tensor], point_row: Tensor, gt: tuple, maps: list[Tensor],

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from yolokit.models.layers import Conv
 from yolokit.models.necks import neck_units
 from yolokit.ops.geometry import unletterbox_boxes
-from yolokit.ops.masks import masks_in_original
+from yolokit.ops.masks import masks_in_original, point_coefficients
 from yolokit.ops.nms import (
     Detections,
     end_to_end_detections,
@@ -199,9 +199,8 @@ class Detector(nn.Module):
         finally:
             self.train(was_training)
         seg = None
-        if getattr(self.head, "segments", False):   # each point's coefficients, in decode's point order
-            levels = maps["coefficients" if nms else "one2one_coefficients"]
-            seg = (torch.cat([c.float().flatten(2) for c in levels], 2).transpose(1, 2), maps["protos"],
+        if getattr(self.head, "segments", False):   # each point's coefficients, the prototypes, the input's size
+            seg = (point_coefficients(maps["coefficients" if nms else "one2one_coefficients"]), maps["protos"],
                    tuple(batch.shape[-2:]))
         return detections_of(preds, orig_shapes, ratio_pad, nms=nms, conf=conf, iou=iou, max_det=max_det,
                              classes=classes, agnostic=agnostic, multi_label=multi_label, seg=seg)
@@ -323,13 +322,19 @@ def detections_of(predictions: Tensor, orig_shapes: Sequence[tuple[int, int]], r
     found = (nms_points(predictions, conf=conf, iou=iou, classes=classes, agnostic=agnostic,
                         multi_label=multi_label, max_det=max_det) if nms else
              end_to_end_points(predictions, conf=conf, classes=classes, max_det=max_det, agnostic=agnostic))
+    dets = mapped_back([d for d, _ in found], orig_shapes, ratio_pad)
+    return with_masks(dets, [point for _, point in found], seg, orig_shapes, ratio_pad)
+
+
+def with_masks(dets: Sequence[Detections], points: Sequence[Tensor], seg: tuple[Tensor, Tensor, tuple[int, int]],
+               orig_shapes: Sequence[tuple[int, int]], ratio_pad: Sequence[Any]) -> list[Detections]:
+    """Each image's detections (boxes in original pixels) with their masks: those of the points (Tensor[K]
+    indices into ``seg``'s coefficients) they came from, sampled into the original image
+    (``ops.masks.masks_in_original``). ``seg``: as ``detections_of``'s."""
     coefficients, protos, size = seg
-    out = []
-    for b, ((d, point), rp, shape) in enumerate(zip(found, ratio_pad, orig_shapes, strict=True)):
-        boxes = unletterbox_boxes(d.boxes, rp, shape)
-        masks = masks_in_original(coefficients[b, point], protos[b], boxes, rp, size, shape)
-        out.append(Detections(boxes, d.scores, d.labels, masks))
-    return out
+    return [Detections(d.boxes, d.scores, d.labels,
+                       masks_in_original(coefficients[b, point], protos[b], d.boxes, rp, size, shape))
+            for b, (d, point, rp, shape) in enumerate(zip(dets, points, ratio_pad, orig_shapes, strict=True))]
 
 
 def mapped_back(dets: Sequence[Detections], orig_shapes: Sequence[tuple[int, int]],

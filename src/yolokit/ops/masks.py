@@ -27,6 +27,12 @@ def box_window(boxes: Tensor, h: int, w: int) -> tuple[Tensor, Tensor]:
         ((rows >= y1[..., None]) & (rows < y2[..., None])).to(boxes.dtype)
 
 
+def point_coefficients(levels: Sequence[Tensor]) -> Tensor:
+    """A segmentation head's per-level coefficients Tensor[B, M, H_l, W_l] as Tensor[B, P, M]: each point's, in
+    ``Detector.decode``'s point order (the levels in order, each row-major)."""
+    return torch.cat([c.flatten(2) for c in levels], 2).transpose(1, 2)
+
+
 def mask_logits(coefficients: Tensor, protos: Tensor) -> Tensor:
     """Tensor[K, h, w] float32: each detection's coefficients (Tensor[K, M]) times the prototypes (Tensor[M, h, w])."""
     m, h, w = protos.shape

@@ -28,7 +28,6 @@ class Detections:
     labels: Any
     masks: Any = None
 
-
     def __len__(self) -> int:
         return len(self.scores)
 

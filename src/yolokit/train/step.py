@@ -102,22 +102,22 @@ def loader_batches(parts: Parts) -> Iterator[dict]:
 def micro_step(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[dict[str, Tensor], int]:
     """One micro-batch on the device at this step's size (multi-scale): forward, loss, backward of
     ``loss * images`` (Ultralytics' ``loss * batch``). Returns ``(loss parts, images)``."""
-    images, targets, masks = on_device(parts, epoch, step, micro, masks=True)
+    images, targets, masks = on_device(parts, epoch, step, micro)
     _, losses = forward_backward(parts.train_net, parts.criterion, parts.precision, images, targets,
                                  max_boxes=micro["max_boxes"], weight=len(images),
                                  channels_last=parts.settings.channels_last, masks=masks)
     return losses, len(images)
 
 
-def on_device(parts: Parts, epoch: int, step: int, micro: dict, *, masks: bool = False) -> tuple:
-    """A micro-batch's images (in the run's layout, at this step's size) and targets on the device; with
-    ``masks``, also a segmentation batch's masks (None for a detection batch). Multi-scale resizes the images
-    and boxes only: the masks stay at their size, which the mask loss reads as fractions of the image."""
+def on_device(parts: Parts, epoch: int, step: int, micro: dict) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A micro-batch's images (in the run's layout, at this step's size), targets and a segmentation batch's
+    masks (None for a detection batch) on the device. Multi-scale resizes the images and boxes only: the masks
+    stay at their size, which the mask loss reads as fractions of the image."""
     data = to_device(micro, parts.plan.device, non_blocking=True, compiled=parts.settings.compile_augment)
     images, targets = parts.scale(data["images"], data["targets"], epoch, step)
     if parts.settings.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    return (images, targets, data.get("masks")) if masks else (images, targets)
+    return images, targets, data.get("masks")
 
 
 def forward_backward(net: nn.Module, criterion: nn.Module, precision: Precision, images: Tensor, targets: Tensor,
@@ -215,7 +215,7 @@ def graphed_step(parts: Parts, graphs: StepGraphs, progress: Progress, meter: Lo
     the caller runs the batch eagerly, as the rest of the run)."""
     acc, optimizer = parts.accumulator, parts.optimizer
     first, last = not acc.held, acc.completes_step()
-    images, targets = on_device(parts, epoch, progress.step_in_epoch, batch)
+    images, targets, _ = on_device(parts, epoch, progress.step_in_epoch, batch)   # no seg loss is graphed
     padded = pad_targets(targets, len(images), max_boxes=bucket(batch["max_boxes"]))   # a few static sizes
     variant: tuple = (first, last)
     if last:   # the step's numbers, before it is recorded or replayed with them

@@ -135,14 +135,14 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
             boxes = unletterbox_boxes(mine[:, 2:6], rp, shape) if len(mine) else mine[:, 2:6]
             det, labels = det.to("cpu"), mine[:, 1].long()
             masks = mask_record(det.masks, dataset, int(indices[i]), tuple(shape))   # cropped: kept compact
-            records.append((int(indices[i]), Detections(det.boxes, det.scores, det.labels),
-                            (boxes.numpy(), labels.numpy()), tuple(shape), masks))
+            boxes_only = Detections(det.boxes, det.scores, det.labels)   # [K, H, W] masks are not kept per image
+            records.append((int(indices[i]), boxes_only, (boxes.numpy(), labels.numpy()), tuple(shape), masks))
             if on_image is not None:
                 on_image(int(indices[i]), batch["paths"][i], tuple(shape), det)
             if len(samples) < keep_samples:
                 truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
                 samples.append((_original_rgb(dataset, int(indices[i]), batch["paths"][i],
-                                              shape), det, truth))
+                                              shape), boxes_only, truth))
 
 
 def model_device(model: Any) -> torch.device:
