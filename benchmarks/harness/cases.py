@@ -85,12 +85,12 @@ def _ref():
 
 
 def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: bool | None = None,
-                    optimizer: str = "sgd") -> Callable[[], None]:
+                    optimizer: str = "sgd", masks: Tensor | None = None) -> Callable[[], None]:
     """The trainer's step: forward + loss, backward of loss * batch, clip at 10, SGD step, zero grad (no EMA).
 
     ``channels_last`` as ``TrainConfig.channels_last``: None is the trainer's default, on
     for the CPU (model and images NHWC). ``optimizer`` "musgd": the trainer's MuSGD at lr 0.01,
-    momentum 0.9."""
+    momentum 0.9. ``masks``: a segmentation batch's index maps, given to the loss."""
     config = TrainConfig(channels_last=channels_last)
     model = yolokit.create_model(name, num_classes=80).train()
     if prefers_channels_last("cpu") if config.channels_last is None else config.channels_last:
@@ -100,9 +100,10 @@ def _our_train_step(name: str, images: Tensor, targets: Tensor, channels_last: b
     lr, momentum = (0.01, 0.9) if optimizer == "musgd" else (config.lr0, config.momentum)
     optimizer = build_optimizer(model, optimizer, lr, momentum, config.weight_decay)
     precision = Precision("fp32", "cpu")
+    extra = {} if masks is None else {"masks": masks}
 
     def step() -> None:
-        loss, _ = criterion(model(images), targets)
+        loss, _ = criterion(model(images), targets, **extra)
         precision.backward(loss * len(images))
         precision.step(optimizer, clip_grad_norm=10.0)
         optimizer.zero_grad(set_to_none=True)
@@ -335,6 +336,12 @@ def evaluation(s: Settings) -> list[Row]:
             Row("pycocotools COCOeval (no reference)", pycocotools, None, notes=[])]
 
 
+def _segment(s: Settings) -> list[Row]:
+    from harness.seg_cases import segment
+
+    return segment(s, _our_train_step)
+
+
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("train", "train step: forward + loss + backward + optimizer step", train_step),
     Case("yolo26", "YOLO26n: train step (SGD, MuSGD) and inference against yolov8n", yolo26),
@@ -343,4 +350,5 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("loss", "assigner + loss alone", loss),
     Case("data", "training data pipeline, images per second", data_pipeline),
     Case("eval", "evaluation of a validation set", evaluation),
+    Case("seg", "yolov8n-seg: train step, mask loss (time and peak memory), masks in the loader", _segment),
 )}

@@ -25,7 +25,8 @@ from yolokit.train.optim import parameter_groups
 # yolokit variant -> Ultralytics model yaml. Their yolov3-tiny is the anchor-free "u"
 # variant (YOLOv8 head and loss on the tiny backbone), not Darknet's anchor head.
 YAMLS = {"yolov8n": "yolov8n.yaml", "yolov8s": "yolov8s.yaml", "yolov8m": "yolov8m.yaml",
-         "yolov3": "yolov3u.yaml", "yolov3-tiny": "yolov3-tinyu.yaml", "yolo26n.yaml": "yolo26n.yaml"}
+         "yolov3": "yolov3u.yaml", "yolov3-tiny": "yolov3-tinyu.yaml", "yolo26n.yaml": "yolo26n.yaml",
+         "yolov8n-seg": "yolov8n-seg.yaml"}
 NOTES = {"yolov3": "reference is yolov3u (anchor-free YOLOv8 head and loss)",
          "yolov3-tiny": "reference is yolov3-tinyu (anchor-free YOLOv8 head and loss)"}
 
@@ -42,11 +43,13 @@ def version() -> str | None:
 
 
 def model(name: str, *, num_classes: int = 80) -> nn.Module:
-    """Their ``DetectionModel`` for a yolokit variant name, freshly initialised, with the default hyperparameters."""
+    """Their ``DetectionModel`` (``SegmentationModel`` for a ``-seg`` name) for a yolokit variant name, freshly
+    initialised, with the default hyperparameters."""
     from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 
-    m = DetectionModel(YAMLS[name], nc=num_classes, verbose=False)
+    kind = SegmentationModel if name.endswith("-seg") else DetectionModel
+    m = kind(YAMLS[name], nc=num_classes, verbose=False)
     m.args = get_cfg()  # their trainer attaches the run's hyperparameters (loss gains) like this
     return m
 
@@ -62,15 +65,18 @@ def batch_of(images: Tensor, targets: Tensor) -> dict[str, Tensor]:
 
 
 def train_step(name: str, images: Tensor, targets: Tensor, device: torch.device | str = "cpu", *,
-               dtype: torch.dtype | None = None, channels_last: bool = False, musgd: bool = False
-               ) -> Callable[[], Any]:
+               dtype: torch.dtype | None = None, channels_last: bool = False, musgd: bool = False,
+               masks: Tensor | None = None) -> Callable[[], Any]:
     """One step of their trainer: forward + loss (under autocast to ``dtype`` when given),
     backward (loss-scaled for float16, as their AMP does), unscale, clip at 10, SGD step
     (``musgd``: their MuSGD, Muon at 0.2 and SGD at 1.0 on conv and linear weights, SGD on the
-    rest, as their trainer builds it), zero grad (no EMA)."""
+    rest, as their trainer builds it), zero grad (no EMA). ``masks``: a segmentation batch's index
+    maps (their ``overlap_mask`` form, as ours)."""
     device = torch.device(device)
     m = model(name).to(device).train()
     batch = {k: v.to(device) for k, v in batch_of(images, targets).items()}
+    if masks is not None:
+        batch["masks"] = masks.to(device)
     if channels_last:
         m = m.to(memory_format=torch.channels_last)
         batch["img"] = batch["img"].contiguous(memory_format=torch.channels_last)
@@ -164,6 +170,29 @@ def loss(maps: list[Tensor], targets: Tensor, size: int) -> Callable[[], Any]:
     return step
 
 
+def seg_loss(maps: list[Tensor], coefficients: list[Tensor], protos: Tensor, targets: Tensor, masks: Tensor,
+             size: int) -> Callable[[], Any]:
+    """Their ``v8SegmentationLoss`` forward + backward from the same per-level maps, coefficients and
+    prototypes (their head's concatenations included)."""
+    from ultralytics.utils.loss import v8SegmentationLoss
+
+    criterion = v8SegmentationLoss(model("yolov8n-seg"))
+    batch = batch_of(torch.empty(maps[0].shape[0], 3, size, size), targets)
+    batch["masks"] = masks
+    reg_max = criterion.reg_max
+
+    def step() -> None:
+        leaves = [m.detach().requires_grad_() for m in maps]
+        coef = [c.detach().requires_grad_() for c in coefficients]
+        proto = protos.detach().requires_grad_()
+        preds = {**_head_inputs(leaves, reg_max), "proto": proto,
+                 "mask_coefficient": torch.cat([c.flatten(2) for c in coef], 2)}
+        total, _ = criterion(preds, batch)
+        total.sum().backward()
+
+    return step
+
+
 def assigner(pred_scores: Tensor, pred_boxes: Tensor, points: Tensor, labels: Tensor, boxes: Tensor,
              mask: Tensor) -> Callable[[], Any]:
     """Their ``TaskAlignedAssigner`` forward on the same decoded predictions and padded GT."""
@@ -204,14 +233,16 @@ def evaluate(images: list[dict[str, np.ndarray]], num_classes: int) -> Callable[
 
 
 def training_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, cache: str | bool = False,
-                    **options: Any) -> Any:
+                    task: str = "detect", **options: Any) -> Any:
     """Their training loader: ``build_yolo_dataset`` + ``build_dataloader`` (given ``options``),
-    default augmentation; ``cache`` their image cache ("ram", "disk" or False)."""
+    default augmentation; ``cache`` their image cache ("ram", "disk" or False); ``task`` "segment"
+    loads the polygons and draws masks."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
 
-    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "workers": workers, "data": str(yaml), "cache": cache})
+    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "workers": workers, "data": str(yaml), "cache": cache,
+                             "task": task})
     data = check_det_dataset(str(yaml))
     dataset = build_yolo_dataset(cfg, data["train"], batch, data, mode="train")
     return build_dataloader(dataset, batch, workers, shuffle=True, rank=-1, **options)

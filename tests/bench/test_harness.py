@@ -115,7 +115,7 @@ def test_the_train_step_cases_build_and_run_without_reference():
 def test_unknown_case_is_an_error(capsys):
     with pytest.raises(ValueError, match="unknown case"):
         run(["nope"], reference=False, echo=None)
-    assert set(CASES) == {"train", "inference", "nms", "loss", "data", "eval", "yolo26"}
+    assert set(CASES) == {"train", "inference", "nms", "loss", "data", "eval", "yolo26", "seg"}
     with pytest.raises(SystemExit) as exit_:
         main(["--cases", "nope"])
     assert exit_.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err

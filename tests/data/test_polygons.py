@@ -62,3 +62,47 @@ def test_warped_polygons_give_the_references_boxes_and_clipped_points():
         assert (points[..., 0] >= boxes[:, None, 0]).all() and (points[..., 1] <= boxes[:, None, 3]).all()
         assert clipped.any() or off
     assert off >= 2                                                   # polygons wholly off the image: zeros
+
+
+@pytest.mark.parametrize("shape,ratio", [((96, 128), 4), ((96, 128), 2), ((64, 64), 1), ((66, 70), 4)])
+def test_a_mask_drawn_in_its_box_equals_the_mask_drawn_whole(shape, ratio):
+    """``polygon_crop`` draws a polygon only in its points' box (a whole image when the sides are not
+    multiples of the ratio): pasted back, the same pixels as ``polygon_mask``, also for polygons partly or
+    wholly off the image, thin ones and one larger than the image."""
+    from yolokit.data.augment.polygons import polygon_crop, polygon_mask
+
+    rng = np.random.default_rng(3)
+    h, w = shape
+    polygons = [np.array([[-500, -500], [w + 500, -400], [w + 300, h + 600], [-300, h + 500]], np.float32),
+                np.array([[w + 5, 3], [w + 30, 9], [w + 12, 40]], np.float32),          # wholly to the right
+                np.array([[2.7, 5.2], [60.9, 5.9], [61.3, 7.1]], np.float32)]          # thin
+    for _ in range(60):
+        centre = rng.uniform(-0.3, 1.3, 2) * (w, h)
+        angles = np.sort(rng.uniform(0, 2 * np.pi, int(rng.integers(3, 30))))
+        radius = rng.uniform(0.5, 60) * rng.uniform(0.4, 1.0, (len(angles), 1))
+        polygons.append((centre + radius * np.stack([np.cos(angles), np.sin(angles)], 1)).astype(np.float32))
+    drawn_in_part = 0
+    for p in polygons:
+        whole = np.zeros((h // ratio, w // ratio), np.uint8)
+        top, left, crop = polygon_crop(p, shape, ratio)
+        whole[top:top + crop.shape[0], left:left + crop.shape[1]] = crop
+        assert np.array_equal(whole, polygon_mask(p, shape, ratio))
+        drawn_in_part += crop.size < whole.size
+    assert drawn_in_part > 40 if h % ratio == 0 and w % ratio == 0 else drawn_in_part == 0
+
+
+def test_polygons_resampled_together_equal_each_resampled_alone():
+    from yolokit.data.augment.polygons import resample_polygons, row_polygons
+
+    rng = np.random.default_rng(4)
+    for count in (3, 4, 17, 999, 1200):
+        stack = rng.uniform(-5, 700, (5, count, 2)).astype(np.float32)
+        assert np.array_equal(resample_polygons(stack), np.stack([resample_polygon(p) for p in stack]))
+    rows = [rng.uniform(0, 300, (k, 2)).astype(np.float32) if k else None for k in (5, 0, 5, 12, 0, 5)]
+    boxes = np.array([[10, 20, 40, 60]] * 6, np.float32) + np.arange(6, dtype=np.float32)[:, None]
+    polygons, has = row_polygons(rows, boxes, (0.5, 2.0))
+    for k, row in enumerate(rows):
+        x1, y1, x2, y2 = boxes[k]
+        alone = resample_polygon(row) * np.float32([0.5, 2.0]) if row is not None else \
+            resample_polygon(np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32))
+        assert np.array_equal(polygons[k], alone) and has[k] == (row is not None)

@@ -363,3 +363,26 @@ def test_copy_paste_on_a_set_read_for_boxes_says_once_that_it_is_off(tmp_path, c
     said = [r.getMessage() for r in caplog.records if "copy_paste" in r.getMessage()]
     assert len(said) == 1 and "copy_paste 0.5 is off" in said[0] and "(train)" in said[0]
     assert "masks" not in ds[0]
+
+
+def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, monkeypatch):
+    """A Mosaic's rows whose outline lands wholly off the warped output are not resampled
+    (``segment_items._maybe_shown``): every item, image, boxes and masks, is the one made with all rows."""
+    from yolokit.data.augment import segment_items
+
+    hyp = AugmentConfig(mosaic=1.0, degrees=10.0, shear=2.0, translate=0.2, scale=0.5, fliplr=0.5)
+    ds = DetectionDataset(seg_many, "train", imgsz=96, augment=True, hyp=hyp, segments=True, buffer_size=0)
+    skipped, original = [], segment_items._maybe_shown
+
+    def counted(*args):
+        shown = original(*args)
+        skipped.append(int((~shown).sum()))
+        return shown
+
+    monkeypatch.setattr(segment_items, "_maybe_shown", counted)
+    items = [ds[i] for i in range(len(ds)) for _ in range(1)]
+    monkeypatch.setattr(segment_items, "_maybe_shown", lambda *args: np.ones(len(original(*args)), bool))
+    for i, item in enumerate(items):
+        again = ds[i]
+        assert all(torch.equal(item[k], again[k]) for k in ("image", "boxes", "classes", "masks", "mask_rows")), i
+    assert sum(skipped) >= 3

@@ -11,6 +11,8 @@ masks are one index map, larger objects drawn first, so a smaller object lies ov
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -31,14 +33,40 @@ def resample_polygon(points: np.ndarray, n: int = POINTS) -> np.ndarray:
     points = np.asarray(points, np.float64).reshape(-1, 2)
     if len(points) == n:
         return points.astype(np.float32)
-    closed = np.concatenate([points, points[:1]])
-    at = np.arange(len(closed))
-    if len(closed) <= n:
-        new = np.linspace(0, len(closed) - 1, n - len(closed))
+    return resample_polygons(points[None], n)[0]
+
+
+def resample_polygons(points: np.ndarray, n: int = POINTS) -> np.ndarray:
+    """:func:`resample_polygon` of polygons of one point count at once: float [G, K, 2] to float32 [G, n, 2]
+    (``np.interp``'s numbers: each new point is ``(p[j + 1] - p[j]) * (t - j) + p[j]`` in float64)."""
+    points = np.asarray(points, np.float64)
+    g, k = points.shape[:2]
+    if k == n:
+        return points.astype(np.float32)
+    closed = np.concatenate([points, points[:, :1]], 1)                 # [G, K + 1, 2]
+    low, frac, last = _resample_table(k + 1, n)
+    start, step = closed[:, low], closed[:, low + 1] - closed[:, low]
+    out = step * frac[:, None] + start
+    out[:, last] = closed[:, -1:]                                       # np.interp's exact end point
+    return out.astype(np.float32)
+
+
+@lru_cache(maxsize=256)
+def _resample_table(closed: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where :func:`resample_polygons`' ``n`` points lie on an outline of ``closed`` points: each one's segment
+    (its first point's index), its fraction along it, and which of them are the outline's last point."""
+    at = np.arange(closed)
+    if closed <= n:
+        new = np.linspace(0, closed - 1, n - closed)
         where = np.insert(new, np.searchsorted(new, at), at)
     else:
-        where = np.linspace(0, len(closed) - 1, n)
-    return np.stack([np.interp(where, at, closed[:, 0]), np.interp(where, at, closed[:, 1])], 1).astype(np.float32)
+        where = np.linspace(0, closed - 1, n)
+    low = np.minimum(np.floor(where).astype(np.int64), closed - 2)
+    for array in (low, where):
+        array.setflags(write=False)
+    frac = where - low
+    frac.setflags(write=False)
+    return low, frac, np.flatnonzero(where >= closed - 1)
 
 
 def polygon_mask(points: np.ndarray, shape: tuple[int, int], ratio: int = 1) -> np.ndarray:
@@ -52,12 +80,50 @@ def polygon_mask(points: np.ndarray, shape: tuple[int, int], ratio: int = 1) -> 
     return cv2.resize(mask, (w // ratio, h // ratio))
 
 
+class MaskCrop(NamedTuple):
+    """A polygon's mask where it can have pixels: ``mask`` (uint8 [h, w] of 0 and 1) at rows ``top`` and
+    columns ``left`` of the whole mask (at the mask's size); an empty ``mask`` when the polygon has none."""
+
+    top: int
+    left: int
+    mask: np.ndarray
+
+
+def polygon_crop(points: np.ndarray, shape: tuple[int, int], ratio: int = 1, *,
+                 bounds: np.ndarray | None = None) -> MaskCrop:
+    """:func:`polygon_mask`'s pixels inside the polygon's box only, the same values.
+
+    The fill is drawn in the polygon's points' box (clipped to the image, widened to whole blocks of
+    ``ratio`` pixels) and resized alone: a pixel of an integer downscale is read from its own block
+    only, and a fill's pixels from its points' box only. An image whose sides are not multiples of
+    ``ratio`` (a resize that is not an integer downscale) is drawn whole. ``bounds``: the truncated points'
+    ``(x_lo, y_lo, x_hi, y_hi)`` when known."""
+    h, w, r = int(shape[0]), int(shape[1]), int(ratio)
+    if h % r or w % r:
+        return MaskCrop(0, 0, polygon_mask(points, shape, ratio))
+    pts = np.asarray(points, np.float64).astype(np.int32).reshape(-1, 2)
+    x_lo, y_lo, x_hi, y_hi = np.concatenate([pts.min(0), pts.max(0)]) if bounds is None else bounds
+    if x_hi < 0 or y_hi < 0 or x_lo >= w or y_lo >= h:
+        return MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
+    x0, y0 = max(int(x_lo), 0) // r * r, max(int(y_lo), 0) // r * r
+    x1, y1 = (min(int(x_hi), w - 1) // r + 1) * r, (min(int(y_hi), h - 1) // r + 1) * r
+    crop = np.zeros((y1 - y0, x1 - x0), np.uint8)
+    cv2.fillPoly(crop, (pts - np.array([x0, y0], np.int32)).reshape(1, -1, 2), color=1)
+    return MaskCrop(y0 // r, x0 // r, crop if r == 1 else cv2.resize(crop, ((x1 - x0) // r, (y1 - y0) // r)))
+
+
 def polygon_masks(polygons: Sequence[np.ndarray], shape: tuple[int, int], ratio: int = 1) -> np.ndarray:
     """One mask per polygon: uint8 [N, H // ratio, W // ratio] (``overlap=False``'s masks)."""
     h, w = int(shape[0]) // ratio, int(shape[1]) // ratio
-    if not len(polygons):
-        return np.zeros((0, h, w), np.uint8)
-    return np.stack([polygon_mask(p, shape, ratio) for p in polygons])
+    masks = np.zeros((len(polygons), h, w), np.uint8)
+    for k, p in enumerate(polygons):
+        _paste(masks[k], polygon_crop(p, shape, ratio))
+    return masks
+
+
+def _paste(whole: np.ndarray, crop: MaskCrop) -> None:
+    ch, cw = crop.mask.shape
+    whole[crop.top:crop.top + ch, crop.left:crop.left + cw] = crop.mask
 
 
 def overlap_mask(polygons: Sequence[np.ndarray], shape: tuple[int, int], ratio: int = 1
@@ -74,19 +140,26 @@ def overlap_mask(polygons: Sequence[np.ndarray], shape: tuple[int, int], ratio: 
         objects in map order (``order[k]`` is the object of value k + 1). An image's rows must be put in that
         order too, so that row k is value k + 1.
     """
-    return overlap_of(polygon_masks(polygons, shape, ratio), (int(shape[0]) // ratio, int(shape[1]) // ratio))
+    return overlap_of_crops([polygon_crop(p, shape, ratio) for p in polygons],
+                            (int(shape[0]) // ratio, int(shape[1]) // ratio))
 
 
 def overlap_of(masks: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`overlap_mask` of masks already drawn: uint8 [N, h, w] of 0 and 1 at the mask's size ``shape``."""
-    index = np.zeros(shape, np.int32 if len(masks) > 255 else np.uint8)
-    if not len(masks):
+    return overlap_of_crops([MaskCrop(0, 0, m) for m in masks], shape)
+
+
+def overlap_of_crops(crops: Sequence[MaskCrop], shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`overlap_of` of masks given as crops (:func:`polygon_crop`)."""
+    index = np.zeros(shape, np.int32 if len(crops) > 255 else np.uint8)
+    if not len(crops):
         return index, np.zeros(0, np.int64)
-    masks = masks.astype(index.dtype)
-    areas = masks.reshape(len(masks), -1).sum(1, dtype=np.uint64)
+    areas = np.array([c.mask.sum(dtype=np.uint64) for c in crops], np.uint64)
     order = np.argsort(-areas)       # unsigned: an object of no pixels wraps to 0 and comes first, as the reference's
     for value, k in enumerate(order, 1):
-        np.maximum(index, masks[k] * value, out=index)
+        top, left, mask = crops[k]
+        view = index[top:top + mask.shape[0], left:left + mask.shape[1]]
+        np.maximum(view, mask.astype(index.dtype) * value, out=view)
     return index, order.astype(np.int64)
 
 
@@ -144,7 +217,11 @@ def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int
     xy[:, :2] = polygons.reshape(-1, 2)
     xy = xy @ matrix.T
     warped = (xy[:, :2] / xy[:, 2:3]).reshape(n, k, 2)
-    boxes = np.stack([polygon_box(p, size[0], size[1]) for p in warped])
+    low, high = warped.min(1), warped.max(1)                            # [N, 2]: polygon_box's first case at once
+    boxes = np.concatenate([low, high], 1)
+    inside = (low >= 0).all(1) & (high[:, 0] <= size[0]) & (high[:, 1] <= size[1])
+    for j in np.flatnonzero(~inside):
+        boxes[j] = polygon_box(warped[j], size[0], size[1])
     warped[..., 0] = warped[..., 0].clip(boxes[:, 0:1], boxes[:, 2:3])
     warped[..., 1] = warped[..., 1].clip(boxes[:, 1:2], boxes[:, 3:4])
     return boxes, warped
@@ -169,12 +246,19 @@ def row_polygons(rows: Sequence[np.ndarray | None], boxes: np.ndarray, ratio: tu
     out = np.empty((len(rows), POINTS, 2), np.float32)
     has = np.array([p is not None for p in rows], bool).reshape(-1)
     scale = np.array(ratio, np.float32)
+    if (~has).any():                                    # box rows: their outlines, resampled together
+        x1, y1, x2, y2 = np.asarray(boxes, np.float32).reshape(-1, 4)[~has].T
+        out[~has] = resample_polygons(np.stack([x1, y1, x2, y1, x2, y2, x1, y2], 1).reshape(-1, 4, 2))
+    by_count: dict[int, list[int]] = {}
     for k, p in enumerate(rows):
-        if p is None:
-            x1, y1, x2, y2 = (float(v) for v in boxes[k])
-            out[k] = resample_polygon(np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32))
+        if p is not None:
+            by_count.setdefault(len(p), []).append(k)
+    for group in by_count.values():                     # polygons of one point count: one resampling
+        if len(group) == 1:
+            out[group[0]] = resample_polygon(rows[group[0]]) * scale
         else:
-            out[k] = resample_polygon(p) * scale
+            out[group] = resample_polygons(np.stack([np.asarray(rows[k], np.float64).reshape(-1, 2)
+                                                     for k in group])) * scale
     return out, has
 
 
@@ -199,11 +283,19 @@ def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int,
     are to be put in the returned order, row k then being value k + 1); else uint8 [G, h, w] and the rows as they
     are (``order`` is ``arange(G)``).
     """
-    masks = polygon_masks(polygons, shape, ratio)
-    if len(masks):
-        masks[~np.asarray(has_mask, bool)] = 0
+    has_mask = np.asarray(has_mask, bool).reshape(-1)
+    empty = MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
+    ints = np.asarray(polygons, np.float64).astype(np.int32)
+    ints = ints.reshape(len(has_mask), -1, 2) if len(has_mask) else np.zeros((0, 1, 2), np.int32)   # [G, K, 2]
+    bounds = np.concatenate([ints.min(1), ints.max(1)], 1) if ints.size else np.zeros((len(ints), 4), np.int32)
+    crops = [polygon_crop(p, shape, ratio, bounds=b) if has else empty
+             for p, has, b in zip(ints, has_mask, bounds, strict=True)]
+    size = (int(shape[0]) // ratio, int(shape[1]) // ratio)
     if overlap:
-        return overlap_of(masks, (int(shape[0]) // ratio, int(shape[1]) // ratio))
+        return overlap_of_crops(crops, size)
+    masks = np.zeros((len(crops), *size), np.uint8)
+    for whole, crop in zip(masks, crops, strict=True):
+        _paste(whole, crop)
     return masks, np.arange(len(masks), dtype=np.int64)
 
 

@@ -128,19 +128,25 @@ def _view(ds: Any, i: int, rng: np.random.Generator):
                   shear=hyp.shear, perspective=hyp.perspective)
     if not ds.rect and ds.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
         image, boxes, classes, ratio, i = ds._load_any(i)
-        samples, polys = [(image, boxes, classes)], [_polygons(ds, i, boxes, ratio)]
+        samples, sources = [(image, boxes, classes)], [(i, boxes, ratio)]
         for j in ds._partners(rng, i):
             im, b, c, r, j = ds._load_any(j)
             samples.append((im, b, c))
-            polys.append(_polygons(ds, j, b, r))
+            sources.append((j, b, r))
         canvas, boxes, classes, kept = mosaic4_rows(samples, s, rng)
-        polygons = mosaic4_polygons([p for p, _ in polys], canvas, kept)
-        has = np.concatenate([h[k] for (_, h), k in zip(polys, kept, strict=True)]).astype(bool)
+        rows = [(ds.index.segments.image(j), b, r, k) for (j, b, r), k in zip(sources, kept, strict=True)]
+        has = np.concatenate([np.array([p is not None for p in seg], bool)[k].reshape(-1) for seg, _, _, k in rows])
         if hyp.copy_paste > 0 and rng.random() < hyp.copy_paste:      # on the whole canvas, as the reference's
+            polygons = _mosaic_polygons(rows, canvas, None)
             canvas, boxes, classes, polygons, has = copy_paste(np.asarray(canvas), boxes, classes, polygons, has,
                                                                hyp.copy_paste)
-        image, boxes, classes, polygons, has = _affine(canvas, boxes, classes, polygons, has, rng,
-                                                                    (s, s), affine)
+            return (*_affine(canvas, boxes, classes, polygons, has, rng, (s, s), affine),
+                    (ratio, (0.0, 0.0)), i)
+        plan = affine_plan(rng, canvas.shape[:2], (s, s), **affine)
+        shown = _maybe_shown(rows, canvas, plan)                      # the rows the warp may show
+        polygons = _mosaic_polygons(rows, canvas, shown)
+        image, boxes, classes, polygons, has = _warp(canvas, boxes[shown], classes[shown], polygons, has[shown], plan,
+                                                     affine)
         return image, boxes, classes, polygons, has, (ratio, (0.0, 0.0)), i
     shape = ds.rect_shape(i) if ds.rect else (s, s)
     image, boxes, classes, ratio, i = ds._load_any(i)
@@ -157,8 +163,49 @@ def _view(ds: Any, i: int, rng: np.random.Generator):
 def _affine(image, boxes, classes, polygons, has, rng, out_shape, affine):
     """``random_affine`` (the same draw) with the polygons warped: their visible parts' boxes replace the
     warped boxes, and rows keep a hundredth of their area at least (the reference's threshold with polygons)."""
-    plan = affine_plan(rng, image.shape[:2], tuple(out_shape), **affine)
+    return _warp(image, boxes, classes, polygons, has, affine_plan(rng, image.shape[:2], tuple(out_shape), **affine),
+                 affine)
+
+
+def _warp(image, boxes, classes, polygons, has, plan, affine):
     image = warp_image(image, plan, perspective=bool(affine["perspective"]))
     boxes, classes, polygons, kept = affine_polygons(plan, np.asarray(boxes, np.float32).reshape(-1, 4),
                                                      np.asarray(classes, np.int64), polygons)
     return image, boxes, classes, polygons, has[kept]
+
+
+def _mosaic_polygons(rows: list, canvas: Any, shown: np.ndarray | None) -> np.ndarray:
+    """The Mosaic's rows' polygons (``mosaic4_polygons``), resampled only for the rows it kept, and of those
+    only the ``shown`` ones (bool over the Mosaic's rows; None: all)."""
+    polygons, start = [], 0
+    for segments, boxes, ratio, kept in rows:
+        take = kept if shown is None else kept[shown[start:start + len(kept)]]
+        start += len(kept)
+        polygons.append(row_polygons([segments[k] for k in take], np.asarray(boxes).reshape(-1, 4)[take], ratio)[0])
+    return mosaic4_polygons(polygons, canvas, [np.arange(len(p)) for p in polygons])
+
+
+def _maybe_shown(rows: list, canvas: Any, plan: Any) -> np.ndarray:
+    """Which of the Mosaic's rows an affine warp (no perspective) may show, bool [G]: a row whose polygon's
+    extent (its points', or its box's for a box row, shifted with its tile and cut to it) lands wholly
+    beyond one edge of the output, by a pixel at least, would get an empty box and be dropped by the warp
+    (``affine_polygons``), so its polygon need not be resampled. With perspective: all."""
+    extents = []
+    for (segments, boxes, ratio, kept), (_, x1, y1, x2, y2, sx, sy) in zip(rows, canvas.tiles, strict=True):
+        scale = np.array(ratio, np.float64)
+        for k in kept:
+            p = segments[k]
+            box = np.asarray(boxes, np.float64).reshape(-1, 4)[k] if p is None else \
+                np.concatenate([p.min(0) * scale, p.max(0) * scale])
+            box = box + np.array([x1 - sx, y1 - sy, x1 - sx, y1 - sy])
+            extents.append(box.clip([x1, y1, x1, y1], [x2, y2, x2, y2]))
+    if not extents or not np.array_equal(plan.box_m[2], [0.0, 0.0, 1.0]):
+        return np.ones(len(extents), bool)
+    e = np.array(extents)
+    corners = np.stack([e[:, [0, 1]], e[:, [2, 1]], e[:, [0, 3]], e[:, [2, 3]]], 1)        # [G, 4, 2]
+    xy = corners @ plan.box_m[:2, :2].T + plan.box_m[:2, 2]
+    h, w = plan.out_shape
+    off = (xy[..., 0] < -1).all(1) | (xy[..., 1] < -1).all(1) | (xy[..., 0] > w + 1).all(1) | \
+        (xy[..., 1] > h + 1).all(1)
+    return ~off
+
