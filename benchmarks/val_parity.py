@@ -33,7 +33,7 @@ import torch
 from ultralytics import YOLO
 from ultralytics.data import dataset as ultra_dataset
 from ultralytics.models.yolo.detect import DetectionValidator
-from ultralytics.nn.tasks import DetectionModel
+from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 from ultralytics.utils import ops as ultra_ops
 from ultralytics.utils.metrics import ap_per_class, box_iou
 
@@ -47,7 +47,8 @@ from yolokit.val import loop as evaluate  # validate, and the coco_evaluate it c
 def ultralytics_checkpoint(weights: str, path: Path, imgsz: int) -> int:
     """Writes yolokit ``weights`` as an Ultralytics checkpoint at ``path``; returns the class count."""
     ours = yolokit.load(weights)
-    theirs = DetectionModel(f"{ours.name}.yaml", nc=ours.num_classes, verbose=False)
+    kind = SegmentationModel if ours.name.endswith("-seg") else DetectionModel   # a -seg variant: its masks too
+    theirs = kind(f"{ours.name}.yaml", nc=ours.num_classes, verbose=False)
     source = ours.state_dict()
     theirs.load_state_dict({k: source[yolokit_name(k)] for k in theirs.state_dict()}, strict=True)
     theirs.names = dict(enumerate(ours.names))
@@ -55,8 +56,11 @@ def ultralytics_checkpoint(weights: str, path: Path, imgsz: int) -> int:
     torch.save({"model": theirs.float(), "train_args": {}, "date": None, "version": "bench"}, path)
     x = torch.rand(1, 3, imgsz, imgsz)
     with torch.no_grad():
-        outputs = zip(ours.eval()(x), yolokit.load(path).eval()(x), strict=True)
-        diff = max(float((a - b).abs().max()) for a, b in outputs)
+        mine, copied = ours.eval()(x), yolokit.load(path).eval()(x)
+        if isinstance(mine, dict):                     # a seg model's maps, coefficients and prototypes
+            mine, copied = [*mine["maps"], *mine["coefficients"], mine["protos"]], \
+                [*copied["maps"], *copied["coefficients"], copied["protos"]]
+        diff = max(float((a - b).abs().max()) for a, b in zip(mine, copied, strict=True))
     assert diff == 0.0, f"the Ultralytics copy computes something else (max difference {diff})"
     return ours.num_classes
 

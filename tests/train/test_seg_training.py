@@ -147,3 +147,48 @@ def test_checkpointing_recomputes_the_seg_model_exactly_and_bf16_trains_it(seg_s
     (row,) = _rows(bf16)
     assert math.isfinite(float(row["train/seg"])) and float(row["train/seg"]) > 0
     assert float(row["train/seg"]) != float(_rows(plain)[0]["train/seg"])   # another precision, other numbers
+
+
+def test_the_batch_finder_probes_a_segmentation_step(seg_shapes, tmp_path, monkeypatch, capsys):
+    """``batch="auto"``: the probe runs the seg model's step with worst-case boxes and masks of the loss's
+    size (a wrong mask shape would raise in the loss), then the run trains at the batch it found."""
+    from yolokit.train import autobatch
+
+    probed = []
+
+    def measure(probe, device, **kw):
+        probe(3)
+        probed.append(device.type)
+        return 4
+
+    monkeypatch.setattr(autobatch, "measure_batch", measure)
+    train(config(seg_shapes, tmp_path / "run", batch="auto", nbs=4, epochs=1, multi_scale=False,
+                 save_period_iters=0))
+    assert probed == ["cpu"] and "batch 4 (4 per process)" in capsys.readouterr().out
+    (row,) = _rows(tmp_path / "run")
+    assert int(row["steps"]) == 4 and float(row["train/seg"]) > 0      # 13 images in batches of 4, a step each
+
+
+def test_a_compiled_segmentation_run_trains_what_the_eager_run_trains(seg_shapes, tmp_path, monkeypatch):
+    """``compile=True`` (aot_eager: the graphs inductor would get, no C++ build) on the seg model and its loss,
+    with checkpointing and an uneven accumulation: the losses and learning rates of the eager run."""
+    from yolokit.accel import perf
+
+    original, compiled = perf.prepare_model, []
+
+    def prepare(model, **kw):
+        net = original(model, **kw, **({"compile_backend": "aot_eager"} if kw.get("compile") else {}))
+        if isinstance(net, torch._dynamo.eval_frame.OptimizedModule):
+            compiled.append(type(model).__name__)
+        return net
+
+    monkeypatch.setattr(perf, "prepare_model", prepare)
+    rows = {}
+    for on in (False, True):
+        train(config(seg_shapes, tmp_path / f"run{int(on)}", epochs=1, multi_scale=False, save_period_iters=0,
+                     checkpointing="all", compile=on))
+        rows[on] = _rows(tmp_path / f"run{int(on)}")
+    assert compiled == ["Detector", "YOLOv8SegLoss"]
+    for eager, comp in zip(rows[False], rows[True], strict=True):
+        for k in ("train/box", "train/seg", "train/cls", "train/dfl", "lr", "steps"):
+            assert float(comp[k]) == pytest.approx(float(eager[k]), rel=1e-4), k

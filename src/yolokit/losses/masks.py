@@ -54,18 +54,21 @@ def mask_loss(coefficients: Tensor, protos: Tensor, point_row: Tensor, gt_image:
     image_size = gt_boxes.new_tensor([width, height, width, height], dtype=torch.float32)
     mask_size = gt_boxes.new_tensor([w, h, w, h], dtype=torch.float32)
     total, count = coefficients.new_zeros(()), 0
-    for i in range(b):
+    # unbind: one backward node stacks the images' gradients (a select per image would write a zero-filled
+    # gradient of the whole batch's prototypes for each image)
+    for i, (coef, proto) in enumerate(zip(coefficients.unbind(0), protos.unbind(0), strict=True)):
         point = (point_row[i] < n).nonzero().squeeze(1)
         if not len(point):
             continue
         row = point_row[i, point]
-        logits = (coefficients[i][:, point].T @ protos[i].flatten(1)).view(-1, h, w)
+        logits = (coef[:, point].T @ proto.flatten(1)).view(-1, h, w)
         target = (masks[i] == (ranks[row] + 1)[:, None, None]) if overlap else masks[row]
         bce = F.binary_cross_entropy_with_logits(logits, target.float(), reduction="none")
         box = gt_boxes[row].float() / image_size                    # fractions of the image, then mask pixels
         cols, rows = box_window(box * mask_size, h, w)
         area = (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1])
-        total = total + ((bce * cols * rows).mean(dim=(1, 2)) / area).sum()
+        inside = (rows.transpose(1, 2) @ bce @ cols.transpose(1, 2)).view(-1)   # the BCE summed inside the box
+        total = total + (inside / (h * w) / area).sum()
         count += len(point)
     if count == 0:
         return (protos * 0).sum() + (coefficients * 0).sum()
