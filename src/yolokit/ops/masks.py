@@ -94,13 +94,14 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
     # pixel i is inside [a, b) when a <= i < b: columns ceil(x1) ... ceil(x2) - 1, clipped to the image
     window = boxes.detach().double().ceil().clamp_min(0).cpu()
     window = torch.minimum(window, torch.tensor([width, height, width, height], dtype=torch.float64)).long()
+    gx, gy = gx.float(), gy.float()                                            # each box's grid: slices of these
     for j, (x1, y1, x2, y2) in enumerate(window.tolist()):
         if x2 <= x1 or y2 <= y1:
             continue
         step = max(1, chunk_pixels // (x2 - x1))
         for r0 in range(y1, y2, step):
             r1 = min(r0 + step, y2)
-            grid = torch.stack(torch.meshgrid(gy[r0:r1], gx[x1:x2], indexing="ij")[::-1], -1).float()
+            grid = torch.stack([gx[x1:x2].expand(r1 - r0, -1), gy[r0:r1, None].expand(-1, x2 - x1)], -1)
             sampled = F.grid_sample(logits[j:j + 1], grid[None], mode="bilinear", align_corners=False)
             out[j, r0:r1, x1:x2] = sampled[0, 0] > 0
     return out
