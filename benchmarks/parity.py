@@ -6,11 +6,12 @@ scored by one evaluator (yolokit's validation), a table per seed and its mean, m
 
 Run with an interpreter where both yolokit and ultralytics import (the bench environment). Each run is a
 process of its own (``--one SIDE SEED``), one after the other, so that neither trainer's settings (threads,
-OpenCV, seeds) reach the other. The preset is `yolokit train`'s on the built-in sets (``cli.SHAPES_PRESET``)
-unless flags say otherwise, given to both sides: epochs, image size, batch, nominal batch, warmup epochs and
-close_mosaic; the rest is each side's default. Every run's ``results.csv`` is kept (its curves); the final
-weights (``last.pt``) of both sides are scored with ``yolokit.val.validate`` (box and, for a -seg model, mask
-mAP; the reference's checkpoints load weights-only). ``table.md`` and ``runs.json`` are written to ``--out``.
+OpenCV, seeds) reach the other. Both sides get the set's preset of `yolokit train` (``cli.PRESETS``: epochs,
+image size, batch, nominal batch, warmup epochs, close_mosaic) where flags give none; the rest is each side's
+default. Every run's ``results.csv`` is kept (its curves); the final weights (``last.pt``) of both sides are
+scored with ``yolokit.val.validate`` (box and, for a -seg model, mask mAP; the reference's checkpoints load
+weights-only). ``table.md`` and ``runs.json`` are written to ``--out``; a run whose ``last.pt`` is there
+already is scored, not trained again.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def summary(runs: list[dict], side: str, key: str) -> str:
 
 
 def main() -> int:
-    from yolokit.cli import SHAPES_PRESET
+    from yolokit.cli import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="yolov8n")
@@ -93,10 +94,13 @@ def main() -> int:
     parser.add_argument("--sides", nargs="+", default=["yolokit", "reference"], choices=["yolokit", "reference"])
     parser.add_argument("--out", default="runs/parity")
     parser.add_argument("--workers", type=int, default=2)
-    for k, v in SHAPES_PRESET.items():
-        parser.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=v)
+    for k, v in PRESETS["shapes"].items():                   # the set's preset where a flag gives none
+        parser.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
     parser.add_argument("--one", nargs=2, metavar=("SIDE", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for k, v in PRESETS.get(args.data, PRESETS["shapes"]).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args.one:
         train_one(args.one[0], int(args.one[1]), args)
         return 0

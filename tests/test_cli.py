@@ -185,7 +185,8 @@ def test_the_shapes_preset_applies_to_the_built_in_segmentation_set(monkeypatch,
     seen = []
     monkeypatch.setattr(cli, "train", lambda config: seen.append(config) or {})
     assert cli.main(["train", "--model", "yolov8n-seg", "--data", "shapes-seg", "--out", str(tmp_path / "r")]) == 0
-    assert (seen[0].imgsz, seen[0].epochs, seen[0].batch) == (256, 25, 16) and seen[0].data == "shapes-seg"
+    assert (seen[0].imgsz, seen[0].epochs, seen[0].batch, seen[0].close_mosaic) == (192, 20, 16, 5)
+    assert seen[0].data == "shapes-seg"
 
 
 def test_resuming_a_named_run_keeps_its_saved_config(monkeypatch, tmp_path):

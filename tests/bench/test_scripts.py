@@ -307,3 +307,29 @@ def test_suite_sh_parses_and_names_its_two_modes():
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     done = subprocess.run(["bash", str(script), "timing"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "usage: benchmarks/suite.sh time [RUNS] [REF] | coverage [REF]" in done.stderr
+
+
+@pytest.mark.extended   # ~20 s: four processes that import torch, two tiny runs
+def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path):
+    """benchmarks/parity.py's plumbing on yolokit's side alone (the reference side needs the bench
+    environment): one process per seed, every final weight scored, a row per seed and a mean (min-max),
+    the curves kept; a second call scores the runs it finds instead of training them again."""
+    from _models import TINY
+
+    from yolokit.data import make_shapes
+
+    data = make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64, segments=True)
+    args = [sys.executable, str(BENCHMARKS / "parity.py"), "--model", TINY, "--data", str(data), "--seeds", "0", "1",
+            "--sides", "yolokit", "--epochs", "1", "--imgsz", "64", "--batch", "4", "--nbs", "4", "--workers", "0",
+            "--out", str(tmp_path / "out")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads((tmp_path / "out" / "runs.json").read_text())
+    assert [(r["side"], r["seed"]) for r in runs] == [("yolokit", 0), ("yolokit", 1)]
+    assert all(len(r["curve"]["box"]) == 1 and 0 <= r["scores"]["mAP50-95"] <= 1 for r in runs)
+    table = (tmp_path / "out" / "table.md").read_text().splitlines()
+    assert table[0] == "| side | seed | mAP50 | mAP50-95 |" and len(table) == 2 + 2 + 1
+    assert re.fullmatch(rf"\| yolokit \| mean \(min-max\) \| {NUMBER} \({NUMBER}-{NUMBER}\) \| .*", table[-1])
+    stamp = (tmp_path / "out" / "yolokit-0" / "weights" / "last.pt").stat().st_mtime_ns
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and (tmp_path / "out" / "yolokit-0" / "weights" / "last.pt").stat().st_mtime_ns == stamp
