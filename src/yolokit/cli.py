@@ -42,13 +42,10 @@ from yolokit.train.trackers.base import TrackerError
 from yolokit.val import validate
 from yolokit.val.loop import model_device
 
-# `yolokit train` on the built-in shapes set ("shapes", or "shapes-seg" for a segmentation model): fields
-# not given on the command line take these values, so the default run finishes in minutes on a laptop CPU.
+# `yolokit train` on a built-in set: unset fields take these values, so the default run takes minutes on a CPU;
+# shapes-seg: fewer epochs at a smaller size (a seg step costs 1.3 detection steps, and validation a mask per box)
 SHAPES_PRESET = {"epochs": 25, "imgsz": 256, "batch": 16, "nbs": 16, "warmup_epochs": 1.0, "close_mosaic": 5}
-# a segmentation step costs about 1.3 times a detection step (prototypes and the mask term), and its validation
-# samples a mask per detection: fewer epochs at a smaller size keep the seg demo near the detection demo's time
 PRESETS = {"shapes": SHAPES_PRESET, "shapes-seg": {**SHAPES_PRESET, "epochs": 20, "imgsz": 192}}
-BUILT_IN_SETS = tuple(PRESETS)
 
 
 def _model_from(args: argparse.Namespace) -> Detector:
@@ -82,7 +79,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Trains as the flags (and an optional --config YAML) say; prints the final metrics."""
     config = config_from_args(args)
     given = {k for k, v in vars(args).items() if v is not None}
-    if config.data in BUILT_IN_SETS and config.resume in (None, "auto") and not args.config:  # auto may start fresh
+    if config.data in PRESETS and config.resume in (None, "auto") and not args.config:  # auto may start fresh
         config = config.replace(**{k: v for k, v in PRESETS[config.data].items() if k not in given})
     metrics = train(config)
     if int(os.environ.get("RANK", "0") or 0) == 0:   # under torchrun, every rank returns the metrics
@@ -100,7 +97,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.config:
         given = {**TrainConfig.from_yaml(args.config).to_dict(), **given}
     config = given or None
-    if args.space and not args.config and given.get("data", "shapes") in BUILT_IN_SETS:   # as `yolokit train` does
+    if args.space and not args.config and given.get("data", "shapes") in PRESETS:   # as `yolokit train` does
         config = {**PRESETS[given.get("data", "shapes")], **given}
     result = tune(args.space, config, trials=args.trials, parallel=args.parallel, storage=args.storage,
                   study=args.study, metric=args.metric, pruner=args.pruner, out=args.out or "runs/tune",
@@ -246,8 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "best without NMS")
 
     tr = sub.add_parser("train", help="train a model (default: yolov8n on the built-in shapes set)",
-                        description=f"Flags are TrainConfig fields. On the shapes set, unset fields default to "
-                                    f"{SHAPES_PRESET}; on shapes-seg to {PRESETS['shapes-seg']}.")
+                        description=f"Flags are TrainConfig fields. Built-in sets' presets of unset fields: {PRESETS}")
     add_config_flags(tr)
     tr.set_defaults(func=run_train)
 

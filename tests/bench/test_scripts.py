@@ -332,4 +332,5 @@ def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path)
     assert re.fullmatch(rf"\| yolokit \| mean \(min-max\) \| {NUMBER} \({NUMBER}-{NUMBER}\) \| .*", table[-1])
     stamp = (tmp_path / "out" / "yolokit-0" / "weights" / "last.pt").stat().st_mtime_ns
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and (tmp_path / "out" / "yolokit-0" / "weights" / "last.pt").stat().st_mtime_ns == stamp
+    last = tmp_path / "out" / "yolokit-0" / "weights" / "last.pt"
+    assert again.returncode == 0 and last.stat().st_mtime_ns == stamp

@@ -386,3 +386,21 @@ def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, 
         again = ds[i]
         assert all(torch.equal(item[k], again[k]) for k in ("image", "boxes", "classes", "masks", "mask_rows")), i
     assert sum(skipped) >= 3
+
+
+def test_a_nine_image_item_carries_each_mask_with_its_object(seg):
+    """Items of nine images through a rotating, scaling warp and flips: every mask covers one object's colour,
+    and items hold rows of several samples."""
+    hyp = AugmentConfig(mosaic=1.0, mosaic_tiles=9, degrees=10.0, translate=0.1, scale=0.2, fliplr=0.5)
+    ds = DetectionDataset(seg, "train", imgsz=96, augment=True, hyp=hyp, segments=True, mask_ratio=1,
+                          overlap_mask=False, buffer_size=0)
+    checked, most = 0, 0
+    for i in range(len(ds)):
+        item = ds[i]
+        assert item["image"].shape == (3, 96, 96) and len(item["masks"]) == len(item["boxes"])
+        most = max(most, len(item["boxes"]))
+        for m in item["masks"].numpy():
+            if cv2.erode(m, np.ones((5, 5), np.uint8)).sum() >= 20:
+                assert _object_like(item["image"], m), i
+                checked += 1
+    assert checked >= 10 and most >= 3              # one object an image: rows of three samples and more

@@ -36,6 +36,10 @@ def test_augmentation_nested_or_flat_from_yaml_flags_and_replace(tmp_path):
     assert TrainConfig.from_dict({"augment": {"mosaic": 0.0}}).augment == AugmentConfig(mosaic=0.0)
     with pytest.raises(ValueError, match="unknown augment fields: mosaik"):
         TrainConfig.from_dict({"augment": {"mosaik": 0.0}})
+    nine = parse(["--mosaic-tiles", "9"])                           # an integer field of the augmentation
+    assert nine.augment.mosaic_tiles == 9 and TrainConfig.from_yaml(_dump(tmp_path, nine)) == nine
+    with pytest.raises(ValueError, match="mosaic_tiles must be 4 or 9, got 3"):
+        parse(["--mosaic-tiles", "3"])
 
 
 def test_flags_override_yaml_which_overrides_defaults(tmp_path):

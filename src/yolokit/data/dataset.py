@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from yolokit.data.augment.albu import Albumentations
-from yolokit.data.augment.mosaic import mixup, mosaic4_canvas
+from yolokit.data.augment.mosaic import mixup, mosaic_canvas
 from yolokit.data.augment.recipes import train_recipe
 from yolokit.data.augment.segment_items import check_segments, segment_item
 from yolokit.data.augment.transforms import (
@@ -363,11 +363,12 @@ class DetectionDataset(Dataset):
         return image, boxes, classes, ratio_pad, i, lut
 
     def _partners(self, rng: np.random.Generator, i: int | None = None) -> list[int]:
-        """Three Mosaic partners of image i: from the buffer once it is a quarter full, else `_anywhere`."""
+        """Image i's Mosaic partners (3, or 8 for 9 tiles): the buffer's once a quarter full, else `_anywhere`."""
+        n = self.hyp.mosaic_tiles - 1
         if self.buffer_size and len(self._buffer) >= min(self.buffer_size, len(self)) // 4:
             keys = list(self._buffer)
-            return [keys[k] for k in rng.integers(0, len(keys), 3)]
-        return [int(j) for j in self._anywhere(rng, i, 3)]
+            return [keys[k] for k in rng.integers(0, len(keys), n)]
+        return [int(j) for j in self._anywhere(rng, i, n)]
 
     def _anywhere(self, rng: np.random.Generator, i: int | None, size: int | None = None):
         """Images drawn to go with image i (Mosaic partners, MixUp's other): any of the split; from shards,
@@ -385,10 +386,8 @@ class DetectionDataset(Dataset):
                       shear=hyp.shear, perspective=hyp.perspective)
         if not self.rect and self.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
             image, boxes, classes, ratio, i = self._load_any(i)
-            samples = [(image, boxes, classes)]
-            for j in self._partners(rng, i):
-                samples.append(self._load_any(j)[:3])
-            canvas, boxes, classes = mosaic4_canvas(samples, s, rng)  # painted where the affine reads
+            samples = [(image, boxes, classes)] + [self._load_any(j)[:3] for j in self._partners(rng, i)]
+            canvas, boxes, classes = mosaic_canvas(samples, s, rng, tiles=hyp.mosaic_tiles)
             image, boxes, classes = random_affine(canvas, boxes, classes, rng,
                                                   out_shape=(s, s), **affine)
             return image, boxes, classes, (ratio, (0.0, 0.0)), i

@@ -353,6 +353,9 @@ def build_dataloader(
         raise ValueError(f"augment_on must be 'workers' or 'device', got {augment_on!r}")
     if augment_on == "device" and augment and getattr(dataset, "albumentations", None) is not None:
         raise ValueError("augment_on='device' cannot run albumentations (numpy, in the workers): use 'workers'")
+    if augment_on == "device" and augment and getattr(getattr(dataset, "hyp", None), "mosaic_tiles", 4) == 9:
+        raise ValueError("augment_on='device' lays out Mosaics of 4 images only: mosaic_tiles=9 augments in the "
+                         "loader's workers (augment_on='workers')")
     if hasattr(dataset, "recipe_in_batch"):
         dataset.recipe_in_batch = augment_on == "device" and augment
     rect = bool(getattr(dataset, "rect", False)) if rect is None else rect

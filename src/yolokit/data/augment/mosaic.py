@@ -1,4 +1,4 @@
-"""Mosaic of four images and MixUp of two, on (image, boxes, classes) samples.
+"""Mosaic of four (or nine) images and MixUp of two, on (image, boxes, classes) samples.
 
 Both work on samples from any source: a sample is a tuple `(image [h, w, 3] uint8,
 boxes [G, 4] float32 xyxy pixels, classes [G])`. The Dataset loads the samples and
@@ -146,6 +146,74 @@ def mosaic4_rows(samples: list[Sample], size: int, rng: np.random.Generator, *,
     boxes = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4), np.float32)
     classes = np.concatenate(all_classes) if all_classes else np.zeros(0, np.int64)
     return MosaicCanvas(s2, tiles, pad_value), boxes.astype(np.float32), classes.astype(np.int64), kept
+
+
+def mosaic_canvas(samples: list[Sample], size: int, rng: np.random.Generator, *, tiles: int = 4,
+                  pad_value: int = PAD_VALUE) -> tuple[MosaicCanvas, np.ndarray, np.ndarray]:
+    """The canvas, boxes and classes of a Mosaic of ``tiles`` (4: ``mosaic4_canvas``, 9: ``mosaic9_rows``)."""
+    if tiles == 9:
+        return mosaic9_rows(samples, size, pad_value=pad_value)[:3]
+    return mosaic4_canvas(samples, size, rng, pad_value=pad_value)   # painted where the affine reads
+
+
+class PaintedMosaic(MosaicCanvas):
+    """A Mosaic canvas painted whole (a 9-image Mosaic, whose tiles may overlap): indexing and ``np.asarray``
+    read the painted array; ``tiles`` say where each sample's rows went, as ``MosaicCanvas.tiles`` do."""
+
+    def __init__(self, painted: np.ndarray, tiles: list[tuple[np.ndarray, int, int, int, int, int, int]],
+                 pad_value: int):
+        super().__init__(painted.shape[0], tiles, pad_value)
+        self._painted = painted
+
+    def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
+        return self._painted[key]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self._painted if dtype is None else self._painted.astype(dtype)
+
+
+def mosaic9_rows(samples: list[Sample], size: int, *, pad_value: int = PAD_VALUE
+                 ) -> tuple[PaintedMosaic, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Nine samples laid out as the reference's 9-image Mosaic, on a ``2 * size`` canvas, and which rows of each
+    sample it kept (as ``mosaic4_rows``).
+
+    Sample 0 is placed at ``(size, size)`` of a ``3 * size`` square; the others go around it clockwise from the
+    top (top, top right, right, bottom right, bottom, bottom left, left, top left), each against the centre
+    image's sides and the previous sample's size, later ones painted over earlier ones where they meet. The
+    canvas is the middle ``2 * size`` square of that (``size / 2`` cut from each side). Each sample's boxes are
+    shifted with it and clipped to the canvas (not to its visible part: a box under a later tile stays, as the
+    reference keeps it); boxes of no area are dropped. Draws nothing from a generator: the layout is fixed.
+
+    Returns:
+        canvas (``PaintedMosaic``; its ``tiles`` give each sample's shift, clipped to the canvas), boxes [G, 4]
+        in canvas pixels, classes [G], and the int64 indices of each sample's rows kept.
+    """
+    if len(samples) != 9:
+        raise ValueError(f"mosaic9 needs 9 samples, got {len(samples)}")
+    s, cut = size, -(-size // 2)                                     # the reference's border: ceil(size / 2)
+    side = 3 * s - 2 * cut
+    painted = np.full((3 * s, 3 * s, 3), pad_value, np.uint8)
+    tiles, all_boxes, all_classes, kept = [], [], [], []
+    hp = wp = h0 = w0 = 0
+    for k, (image, boxes, classes) in enumerate(samples):
+        h, w = image.shape[:2]
+        if k == 0:
+            h0, w0 = h, w
+        x, y = ((s, s), (s, s - h), (s + wp, s - h), (s + w0, s), (s + w0, s + hp), (s + w0 - w, s + h0),
+                (s + w0 - wp - w, s + h0), (s - w, s + h0 - h), (s - w, s + h0 - hp - h))[k]
+        x1, y1, x2, y2 = max(x, 0), max(y, 0), max(x + w, 0), max(y + h, 0)
+        painted[y1:y2, x1:x2] = image[y1 - y:y2 - y, x1 - x:x2 - x]
+        dx, dy = x - cut, y - cut                                   # the sample's shift into the canvas
+        tiles.append((image, 0, 0, side, side, -dx, -dy))
+        b = np.asarray(boxes, np.float32).reshape(-1, 4) + np.array([dx, dy, dx, dy], np.float32)
+        b = b.clip(0, side)
+        keep = (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
+        all_boxes.append(b[keep])
+        all_classes.append(np.asarray(classes, np.int64).reshape(-1)[keep])
+        kept.append(np.flatnonzero(keep))
+        hp, wp = h, w
+    canvas = PaintedMosaic(np.ascontiguousarray(painted[cut:cut + side, cut:cut + side]), tiles, pad_value)
+    return canvas, np.concatenate(all_boxes).astype(np.float32), np.concatenate(all_classes).astype(np.int64), kept
 
 
 def mixup(a: Sample, b: Sample, rng: np.random.Generator) -> Sample:

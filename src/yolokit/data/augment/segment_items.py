@@ -1,7 +1,8 @@
 """A segmentation set's items (``DetectionDataset(segments=True)``): the detection item's steps and draws, each
 moving the rows' polygons too (``polygons``), and the masks drawn from them at the end.
 
-Mosaic shifts each tile's polygons with it and clips them to the part of the canvas the tile shows; the
+Mosaic shifts each tile's polygons with it and clips them to the part of the canvas the tile shows (a
+9-image Mosaic: to the canvas, as it clips the boxes); the
 affine step warps them (``transforms.affine_polygons``: a warped polygon's visible part gives its row's box,
 and rows keep a hundredth of their area at least, the reference's threshold with polygons); letterbox,
 flips and MixUp move or join them as they do the boxes. Copy-paste (``AugmentConfig.copy_paste``, 0 by
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolokit.data.augment.mosaic import mixup, mosaic4_polygons, mosaic4_rows
+from yolokit.data.augment.mosaic import mixup, mosaic4_polygons, mosaic4_rows, mosaic9_rows
 from yolokit.data.augment.polygons import (
     copy_paste,
     flip_polygons,
@@ -133,7 +134,8 @@ def _view(ds: Any, i: int, rng: np.random.Generator):
             im, b, c, r, j = ds._load_any(j)
             samples.append((im, b, c))
             sources.append((j, b, r))
-        canvas, boxes, classes, kept = mosaic4_rows(samples, s, rng)
+        canvas, boxes, classes, kept = mosaic9_rows(samples, s) if hyp.mosaic_tiles == 9 else \
+            mosaic4_rows(samples, s, rng)
         rows = [(ds.index.segments.image(j), b, r, k) for (j, b, r), k in zip(sources, kept, strict=True)]
         has = np.concatenate([np.array([p is not None for p in seg], bool)[k].reshape(-1) for seg, _, _, k in rows])
         if hyp.copy_paste > 0 and rng.random() < hyp.copy_paste:      # on the whole canvas, as the reference's

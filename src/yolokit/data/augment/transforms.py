@@ -33,6 +33,8 @@ class AugmentConfig:
         flipud: probability of an up-down flip
         fliplr: probability of a left-right flip
         mosaic: probability of a Mosaic of 4 images
+        mosaic_tiles: images in a Mosaic: 4, or 9 (the reference's 9-image layout: `mosaic.mosaic9_rows`;
+            the loader's workers only, not ``augment_on="device"``)
         mixup: probability of MixUp with a second image
         copy_paste: segmentation sets only: probability of pasting the image's objects mirrored
             left-right onto it, before the affine step (`polygons.copy_paste`)
@@ -51,6 +53,11 @@ class AugmentConfig:
     mosaic: float = 1.0
     mixup: float = 0.0
     copy_paste: float = 0.0
+    mosaic_tiles: int = 4
+
+    def __post_init__(self) -> None:
+        if self.mosaic_tiles not in (4, 9):
+            raise ValueError(f"mosaic_tiles must be 4 or 9, got {self.mosaic_tiles!r}")
 
 
 def scale_boxes(boxes: np.ndarray, ratio: tuple[float, float],
