@@ -39,7 +39,7 @@ from ultralytics.utils.metrics import ap_per_class, box_iou
 
 import yolokit
 from yolokit.data import DetectionDataset, build_dataloader
-from yolokit.interop.ultralytics import yolokit_name
+from yolokit.interop.ultralytics import to_spec_names, yolokit_name
 from yolokit.ops.nms import Detections
 from yolokit.val import loop as evaluate  # validate, and the coco_evaluate it calls (patched below)
 
@@ -50,9 +50,14 @@ def ultralytics_checkpoint(weights: str, path: Path, imgsz: int) -> int:
     kind = SegmentationModel if ours.name.endswith("-seg") else DetectionModel   # a -seg variant: its masks too
     theirs = kind(f"{ours.name}.yaml", nc=ours.num_classes, verbose=False)
     source = ours.state_dict()
-    theirs.load_state_dict({k: source[yolokit_name(k)] for k in theirs.state_dict()}, strict=True)
+    if hasattr(ours.backbone, "rows"):     # a model built from a model YAML (the -seg variants): its rows' names
+        name = lambda k: next(iter(to_spec_names({k: None}, model=ours)))  # noqa: E731
+    else:
+        name = yolokit_name
+    theirs.load_state_dict({k: source[name(k)] for k in theirs.state_dict()}, strict=True)
     theirs.names = dict(enumerate(ours.names))
-    theirs.args = {"imgsz": imgsz}
+    theirs.args = {"imgsz": imgsz, "task": "segment" if kind is SegmentationModel else "detect"}
+    theirs.task = theirs.args["task"]      # what their loader reads to pick the validator
     torch.save({"model": theirs.float(), "train_args": {}, "date": None, "version": "bench"}, path)
     x = torch.rand(1, 3, imgsz, imgsz)
     with torch.no_grad():
