@@ -21,14 +21,12 @@ and a bilinear 1/4 mask upsampled): the table shows by how much on a given model
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
 
 from ultralytics import YOLO
-from ultralytics.data import dataset as ultra_dataset
-from val_parity import ultralytics_checkpoint
+from val_parity import arguments, reference_padding, ultralytics_checkpoint
 
 import yolokit
 from yolokit.data import DetectionDataset, build_dataloader
@@ -45,31 +43,16 @@ def yolokit_scores(weights: str, data: str, imgsz: int, num_classes: int) -> dic
 
 
 def reference_scores(checkpoint: Path, data: str, imgsz: int, pad: float, project: str) -> dict:
-    original = ultra_dataset.YOLODataset.__init__
-
-    def with_pad(self, *args, **kwargs):
-        if "pad" in kwargs:
-            kwargs["pad"] = pad
-        original(self, *args, **kwargs)
-
-    ultra_dataset.YOLODataset.__init__ = with_pad
-    try:
+    with reference_padding(pad):
         out = YOLO(str(checkpoint), task="segment").val(data=data, imgsz=imgsz, batch=16, device="cpu", plots=False,
                                                         workers=0, conf=0.001, iou=0.7, max_det=300, verbose=False,
                                                         project=project, name="val", exist_ok=True)
-    finally:
-        ultra_dataset.YOLODataset.__init__ = original
     return {"box_map50": float(out.box.map50), "box_map50_95": float(out.box.map),
             "mask_map50": float(out.seg.map50), "mask_map50_95": float(out.seg.map)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--weights", required=True, help="yolokit weights of a yolov8-seg variant")
-    parser.add_argument("--data", required=True, help="data.yaml of a YOLO-format segmentation set")
-    parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--json", help="write the table here")
-    args = parser.parse_args()
+    args = arguments("yolov8-seg")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / "reference.pt"

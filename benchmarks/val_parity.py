@@ -24,7 +24,9 @@ Prints a table; ``--json`` writes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -70,6 +72,33 @@ def ultralytics_checkpoint(weights: str, path: Path, imgsz: int) -> int:
     return ours.num_classes
 
 
+@contextlib.contextmanager
+def reference_padding(pad: float):
+    """The reference's rect validation batches padded by ``pad`` strides (its default 0.5) while inside."""
+    original = ultra_dataset.YOLODataset.__init__
+
+    def with_pad(self, *args, **kwargs):
+        if "pad" in kwargs:
+            kwargs["pad"] = pad
+        original(self, *args, **kwargs)
+
+    ultra_dataset.YOLODataset.__init__ = with_pad
+    try:
+        yield
+    finally:
+        ultra_dataset.YOLODataset.__init__ = original
+
+
+def arguments(kind: str) -> argparse.Namespace:
+    """The two parity scripts' flags: ``--weights``, ``--data``, ``--imgsz``, ``--json``."""
+    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.split("\n\n")[0])
+    parser.add_argument("--weights", required=True, help=f"yolokit weights of a {kind} variant")
+    parser.add_argument("--data", required=True, help="data.yaml of a YOLO-format dataset")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--json", help="write the table here")
+    return parser.parse_args()
+
+
 def reference_run(checkpoint: Path, data: str, imgsz: int, pad: float, project: str) -> tuple[dict, list, list, list]:
     """The reference validator at rect padding ``pad``: (its metrics, and per image sorted by file: its
     predictions and GT in original pixels, the original shapes)."""
@@ -86,20 +115,10 @@ def reference_run(checkpoint: Path, data: str, imgsz: int, pad: float, project: 
                                                      predn["cls"].long()),
                                           (gt.numpy(), pb["cls"].long().numpy()), tuple(pb["ori_shape"]))
 
-    original = ultra_dataset.YOLODataset.__init__
-
-    def with_pad(self, *args, **kwargs):
-        if "pad" in kwargs:
-            kwargs["pad"] = pad
-        original(self, *args, **kwargs)
-
-    ultra_dataset.YOLODataset.__init__ = with_pad
-    try:
+    with reference_padding(pad):
         out = YOLO(str(checkpoint)).val(data=data, imgsz=imgsz, batch=16, device="cpu", plots=False, workers=0,
                                         conf=0.001, iou=0.7, max_det=300, verbose=False, validator=Recording,
                                         project=project, name="val", exist_ok=True)
-    finally:
-        ultra_dataset.YOLODataset.__init__ = original
     files = sorted(records)
     metrics = {"map50": float(out.box.map50), "map50_95": float(out.box.map)}
     return metrics, *([records[f][k] for f in files] for k in range(3))
@@ -141,12 +160,7 @@ def yolokit_run(weights: str, data: str, imgsz: int, num_classes: int) -> tuple[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--weights", required=True, help="yolokit weights of a yolov8 variant")
-    parser.add_argument("--data", required=True, help="data.yaml of a YOLO-format dataset")
-    parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--json", help="write the table here")
-    args = parser.parse_args()
+    args = arguments("yolov8")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / "reference.pt"
