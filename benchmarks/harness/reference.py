@@ -248,12 +248,14 @@ def training_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, cache: 
     return build_dataloader(dataset, batch, workers, shuffle=True, rank=-1, **options)
 
 
-def data_loader(yaml: Path, *, imgsz: int, batch: int, workers: int) -> tuple[Callable[[int, int], Timed], Any]:
-    """Their training loader (``training_loader``) and a function timing ``count`` batches
+def data_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, task: str = "detect"
+                ) -> tuple[Callable[[int, int], Timed], Any]:
+    """Their training loader (``training_loader``, ``task`` as there) and a function timing ``count`` batches
     after ``warmup``, on fresh workers each time."""
     from harness.pipeline import time_batches
 
-    loader = training_loader(yaml, imgsz=imgsz, batch=batch, workers=workers, pin_memory=False, device="cpu")
+    loader = training_loader(yaml, imgsz=imgsz, batch=batch, workers=workers, pin_memory=False, device="cpu",
+                             task=task)
 
     def run(count: int, warmup: int) -> Timed:
         try:

@@ -9,9 +9,8 @@ import torch
 
 from harness import inputs
 from harness.cases import Row, Settings, _ref
-from harness.pipeline import time_batches
-from harness.timing import Timed
-from yolokit.data import DetectionDataset, build_dataloader, make_shapes
+from harness.pipeline import yolokit_loader
+from yolokit.data import make_shapes
 from yolokit.losses import YOLOv8SegLoss
 
 
@@ -72,41 +71,15 @@ def _loaders(s: Settings) -> list[Row]:
     yaml = make_shapes(n_train=(count + warmup) * batch, n_val=16, imgsz=imgsz, seed=0, segments=True)
     rows = []
     for masks in (True, False):
-        dataset = DetectionDataset(yaml, "train", imgsz=imgsz, augment=True, segments=masks)
-        loader = build_dataloader(dataset, batch, workers=workers, seed=0, uint8_images=True,
-                                  persistent_workers=False, pin_memory=False)
-        theirs = _ref_loader(yaml, imgsz, batch, workers, masks, count, warmup) if s.reference else None
+        ours, _ = yolokit_loader(yaml, imgsz=imgsz, batch=batch, workers=workers, segments=masks)
+        theirs = None
+        if s.reference:
+            theirs, _ = _ref().data_loader(yaml, imgsz=imgsz, batch=batch, workers=workers,
+                                           task="segment" if masks else "detect")
         label = "loader with masks (polygons warped, masks drawn)" if masks else "loader, boxes only (same set)"
         notes = [f"shapes-seg at {imgsz} px ({(count + warmup) * batch} images), batch {batch}, {workers} workers, "
                  f"Mosaic on; {count} batches counted after {warmup}, fresh workers per run; ratio = time per "
                  "image; rasterizing's cost: this row's yolokit time against the next's"] if masks else []
-        rows.append(Row(label, _timed(loader, count, warmup), theirs, unit="img/s", notes=notes))
+        rows.append(Row(label, lambda run=ours: run(count, warmup),
+                        (lambda run=theirs: run(count, warmup)) if theirs else None, unit="img/s", notes=notes))
     return rows
-
-
-def _timed(loader, count: int, warmup: int) -> Callable[[], Timed]:
-    def run() -> Timed:
-        batches = iter(loader)
-        try:
-            return time_batches(batches, count, warmup)
-        finally:
-            del batches
-
-    return run
-
-
-def _ref_loader(yaml, imgsz: int, batch: int, workers: int, masks: bool, count: int, warmup: int
-                ) -> Callable[[], Timed]:
-    """The reference's training loader, task "segment" (masks) or "detect", timed as ours."""
-    from harness.reference import training_loader
-
-    loader = training_loader(yaml, imgsz=imgsz, batch=batch, workers=workers, pin_memory=False, device="cpu",
-                             task="segment" if masks else "detect")
-
-    def run() -> Timed:
-        try:
-            return time_batches(iter(loader), count, warmup, key="img")
-        finally:
-            loader.reset()
-
-    return run

@@ -380,7 +380,7 @@ def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, 
         return shown
 
     monkeypatch.setattr(segment_items, "_maybe_shown", counted)
-    items = [ds[i] for i in range(len(ds)) for _ in range(1)]
+    items = [ds[i] for i in range(len(ds))]
     monkeypatch.setattr(segment_items, "_maybe_shown", lambda *args: np.ones(len(original(*args)), bool))
     for i, item in enumerate(items):
         again = ds[i]

@@ -158,12 +158,14 @@ def mosaic_canvas(samples: list[Sample], size: int, rng: np.random.Generator, *,
 
 class PaintedMosaic(MosaicCanvas):
     """A Mosaic canvas painted whole (a 9-image Mosaic, whose tiles may overlap): indexing and ``np.asarray``
-    read the painted array; ``tiles`` say where each sample's rows went, as ``MosaicCanvas.tiles`` do."""
+    give read-only views of the painted array (copy before writing); ``tiles`` say where each sample's rows
+    went, as ``MosaicCanvas.tiles`` do."""
 
     def __init__(self, painted: np.ndarray, tiles: list[tuple[np.ndarray, int, int, int, int, int, int]],
                  pad_value: int):
         super().__init__(painted.shape[0], tiles, pad_value)
         self._painted = painted
+        painted.setflags(write=False)
 
     def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
         return self._painted[key]

@@ -62,11 +62,10 @@ def _resample_table(closed: int, n: int) -> tuple[np.ndarray, np.ndarray, np.nda
     else:
         where = np.linspace(0, closed - 1, n)
     low = np.minimum(np.floor(where).astype(np.int64), closed - 2)
-    for array in (low, where):
-        array.setflags(write=False)
-    frac = where - low
-    frac.setflags(write=False)
-    return low, frac, np.flatnonzero(where >= closed - 1)
+    tables = low, where - low, np.flatnonzero(where >= closed - 1)
+    for table in tables:                                                # cached: shared by every later call
+        table.setflags(write=False)
+    return tables
 
 
 def polygon_mask(points: np.ndarray, shape: tuple[int, int], ratio: int = 1) -> np.ndarray:
@@ -170,43 +169,15 @@ def extent(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([x.min(-1), y.min(-1)], -1), np.stack([x.max(-1), y.max(-1)], -1)
 
 
-def polygon_box(points: np.ndarray, width: float, height: float) -> np.ndarray:
-    """The box of a polygon's part inside the image ``[0, width] x [0, height]``: xyxy, zeros when none is.
+def polygon_boxes(polygons: np.ndarray, width: float, height: float) -> np.ndarray:
+    """The box of each polygon's part inside the image ``[0, width] x [0, height]``: [N, K, 2] to [N, 4] xyxy,
+    zeros when none is.
 
     A polygon inside the image gives its points' extent, one wholly outside (its extent beyond an edge)
     zeros. Otherwise the extent of its points inside the image, of its edges' crossings with the image's
-    borders, and of the image's corners that lie inside it (or on its outline).
+    borders (only the few edges that meet a border are crossed), and of the image's corners that lie inside
+    it (or on its outline).
     """
-    points = np.asarray(points)
-    dtype = points.dtype
-    if not len(points):
-        return np.zeros(4, dtype)
-    x, y = points[:, 0], points[:, 1]
-    x1, y1, x2, y2 = x.min(), y.min(), x.max(), y.max()
-    if x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height:
-        return np.array([x1, y1, x2, y2], dtype)
-    if x2 < 0 or y2 < 0 or x1 > width or y1 > height:
-        return np.zeros(4, dtype)
-    axes = np.array((0, 0, 1, 1))                                   # the borders x = 0, x = w, y = 0, y = h
-    borders = np.array((0, width, 0, height), dtype)
-    limits = np.array((height, height, width, width), dtype)        # each border's length along the other axis
-    step = np.roll(points, -1, axis=0) - points                     # each edge, to the next point
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = (borders - points[:, axes]) / step[:, axes]             # [K, 4] where an edge meets a border
-        crossing = points[:, None, :] + t[:, :, None] * step[:, None, :]
-    along = crossing[:, np.arange(4), 1 - axes]
-    corners = np.array(((0, 0), (width, 0), (0, height), (width, height)), dtype)
-    outline = points.astype(np.float32)
-    kept = np.concatenate((
-        points[(x >= 0) & (y >= 0) & (x <= width) & (y <= height)],
-        crossing[(t >= 0) & (t <= 1) & (along >= 0) & (along <= limits)],
-        corners[[cv2.pointPolygonTest(outline, (float(cx), float(cy)), False) >= 0 for cx, cy in corners]],
-    ))
-    return np.array([*kept.min(0), *kept.max(0)], dtype) if len(kept) else np.zeros(4, dtype)
-
-
-def polygon_boxes(polygons: np.ndarray, width: float, height: float) -> np.ndarray:
-    """:func:`polygon_box` of polygons of one point count at once: [N, K, 2] to [N, 4], the same values."""
     dtype = polygons.dtype
     n = len(polygons)
     if n == 0 or polygons.shape[1] == 0:
@@ -250,7 +221,7 @@ def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int
         size: (width, height) of the output image.
 
     Returns:
-        ``(boxes, polygons)``: [N, 4] xyxy, each polygon's visible part's box (:func:`polygon_box`), and the
+        ``(boxes, polygons)``: [N, 4] xyxy, each polygon's visible part's box (:func:`polygon_boxes`), and the
         warped polygons [N, K, 2] with each point clipped into its box.
     """
     n, k = polygons.shape[:2]
