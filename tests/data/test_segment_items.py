@@ -197,10 +197,44 @@ def test_what_cannot_carry_polygons_is_refused_in_one_line(tmp_path, seg_many):
         DetectionDataset(seg_many, "train", segments=True, augment=True, albumentations=[])
     with pytest.raises(ValueError, match="mask_ratio must be a positive integer"):
         DetectionDataset(seg_many, "train", segments=True, mask_ratio=0)
-    ds = DetectionDataset(seg_many, "train", segments=True, augment=True)
-    ds.recipe_in_batch = True
-    with pytest.raises(ValueError, match="augment_on='device' does not move polygons yet"):
-        ds[0]
+    ds = DetectionDataset(seg_many, "train", segments=True, augment=True, hyp=AugmentConfig(copy_paste=0.5))
+    with pytest.raises(ValueError, match=r"augment_on='device' cannot copy-paste \(copy_paste 0\.5"):
+        build_dataloader(ds, 2, workers=0, augment_on="device")
+
+
+DEVICE_CASES = {"mosaic": {}, "letterbox": dict(mosaic=0.0),
+                "mixup-warps-flips": dict(mixup=1.0, degrees=10.0, shear=2.0, perspective=0.001, flipud=0.5)}
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("case", list(DEVICE_CASES))
+def test_the_device_path_makes_the_workers_masks_bit_for_bit(seg_many, case, overlap):
+    """augment_on="device": the same draws, so the same boxes, classes and masks (drawn from the same polygons
+    in the loader, as the boxes are), and the images made on the device within a grey level of the workers'."""
+    from yolokit.data.augment.device_augment import augment_batch
+    batches = []
+    for on in ("workers", "device"):
+        ds = DetectionDataset(seg_many, "train", imgsz=64, augment=True, hyp=AugmentConfig(**DEVICE_CASES[case]),
+                              segments=True, overlap_mask=overlap)
+        batches.append(next(iter(build_dataloader(ds, 8, workers=0, seed=1, uint8_images=True, augment_on=on))))
+    a, b = batches
+    assert "aug_tiles" in b and "images_uint8" not in b
+    assert len(a["targets"]) > 8 and torch.equal(a["targets"], b["targets"])
+    assert a["masks"].shape[-2:] == (16, 16) and a["masks"].shape[0] == (8 if overlap else len(a["targets"]))
+    assert torch.equal(a["masks"], b["masks"]) and torch.equal(a["mask_rows"], b["mask_rows"])
+    assert a["masks"].amax() > 0
+    images = augment_batch(b, "cpu")
+    assert (images.int() - a["images_uint8"].int()).abs().float().mean((1, 2, 3)).max() <= 1.0
+    moved = to_device(b, "cpu")
+    assert torch.equal(moved["masks"], a["masks"]) and moved["images"].shape == a["images_uint8"].shape
+
+
+def test_worker_processes_ship_device_recipes_with_their_masks(seg_many):
+    ds = DetectionDataset(seg_many, "train", imgsz=64, augment=True, segments=True)
+    one, two = (next(iter(build_dataloader(ds, 4, workers=w, seed=2, uint8_images=True, augment_on="device")))
+                for w in (0, 2))
+    assert torch.equal(one["masks"], two["masks"]) and torch.equal(one["targets"], two["targets"])
+    assert torch.equal(one["aug_jpeg"], two["aug_jpeg"])
 
 
 def _filled(polygons, shape=(64, 80)):

@@ -82,6 +82,18 @@ def test_a_detection_model_trains_on_a_segmentation_set_from_its_boxes(seg_shape
     assert torch.isfinite(torch.tensor(float(row["fitness"])))
 
 
+def test_the_device_augmentation_trains_the_segmentation_model_as_the_workers_do(seg_shapes, tmp_path):
+    """augment_on="device": the same labels and masks as the workers path, images within a grey level, so an
+    epoch's losses agree closely (a mask left unwarped or unflipped would not)."""
+    rows = []
+    for on in ("workers", "device"):
+        train(config(seg_shapes, tmp_path / on, epochs=1, multi_scale=False, augment_on=on, save_period_iters=0))
+        (row,) = _rows(tmp_path / on)
+        rows.append({k: float(row[f"train/{k}"]) for k in ("box", "seg", "cls", "dfl")})
+    for key, value in rows[0].items():
+        assert value > 0 and rows[1][key] == pytest.approx(value, rel=0.02), (key, rows)
+
+
 def _relative(x: torch.Tensor, y: torch.Tensor) -> float:
     x, y = x.double(), y.double()
     return float((x - y).norm() / y.norm().clamp_min(1e-12)) if y.norm() > 0 else float(x.norm())

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 from yolokit.data.augment.color import apply_hsv_lut_batch
 from yolokit.data.augment.device_augment import augment_batch
 from yolokit.data.augment.recipes import RECIPE_KEY, collate_recipes
+from yolokit.data.augment.segment_items import collate_masks
 from yolokit.data.buffers import SLOT_KEY, BatchBuffers, Returning, fresh_shared
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
@@ -47,7 +48,11 @@ from yolokit.data.workers import init_worker, signals_deferred
 
 def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = None) -> dict:
     if items and RECIPE_KEY in items[0]:               # augment_on="device": the pixels are to_device's
-        return collate_recipes(items, buffers)
+        batch = collate_recipes(items, buffers)
+        if "masks" in items[0]:
+            h, w = (int(v) for v in batch["aug_shape"].max(0))
+            batch.update(collate_masks(items, h, w))
+        return batch
     b = len(items)
     h = max(it["image"].shape[1] for it in items)
     w = max(it["image"].shape[2] for it in items)
@@ -69,7 +74,7 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
             rows.append(torch.cat([torch.full((g, 1), float(i)),
                                    it["classes"].reshape(g, 1).float(), it["boxes"].float()], 1))
     luts = [it.get("hsv_lut") for it in items]
-    masks = _collate_masks(items, h, w) if items and "masks" in items[0] else {}
+    masks = collate_masks(items, h, w) if items and "masks" in items[0] else {}
     batch = {
         "images" if as_float else "images_uint8": images,
         "targets": torch.cat(rows) if rows else torch.zeros((0, 6)),
@@ -88,29 +93,6 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
     if slot is not None:
         batch[SLOT_KEY] = slot                       # the loader takes it out (BatchBuffers.received)
     return batch
-
-
-def _collate_masks(items: list[dict], h: int, w: int) -> dict:
-    """A segmentation batch's ``masks`` and ``mask_rows`` (the images ``h`` x ``w``, each item's masks at the same
-    ratio, padded with background as the images are with grey): index maps [B, h/r, w/r] (int32 when an item's
-    is), or per-row masks [N, h/r, w/r] in the order of ``targets``' rows; ``mask_rows`` bool [N] likewise."""
-    first = items[0]
-    ratio = first["image"].shape[1] // first["masks"].shape[-2]
-    mh, mw = h // ratio, w // ratio
-    overlap = first["masks"].ndim == 2
-    dtype = torch.int32 if any(it["masks"].dtype == torch.int32 for it in items) else torch.uint8
-    n = len(items) if overlap else sum(len(it["masks"]) for it in items)
-    out = torch.zeros((n, mh, mw), dtype=dtype)
-    row = 0
-    for i, it in enumerate(items):
-        m = it["masks"]
-        if overlap:
-            out[i, :m.shape[0], :m.shape[1]] = m
-        else:
-            out[row:row + len(m), :m.shape[1], :m.shape[2]] = m
-            row += len(m)
-    return {"masks": out, "mask_rows": torch.cat([it["mask_rows"] for it in items]) if items else
-            torch.zeros(0, dtype=torch.bool)}
 
 
 class _Collate:
@@ -353,9 +335,13 @@ def build_dataloader(
         raise ValueError(f"augment_on must be 'workers' or 'device', got {augment_on!r}")
     if augment_on == "device" and augment and getattr(dataset, "albumentations", None) is not None:
         raise ValueError("augment_on='device' cannot run albumentations (numpy, in the workers): use 'workers'")
-    if augment_on == "device" and augment and getattr(getattr(dataset, "hyp", None), "mosaic_tiles", 4) == 9:
+    hyp = getattr(dataset, "hyp", None)
+    if augment_on == "device" and augment and getattr(hyp, "mosaic_tiles", 4) == 9:
         raise ValueError("augment_on='device' lays out Mosaics of 4 images only: mosaic_tiles=9 augments in the "
                          "loader's workers (augment_on='workers')")
+    if augment_on == "device" and augment and getattr(dataset, "segments", False) and hyp.copy_paste > 0:
+        raise ValueError(f"augment_on='device' cannot copy-paste (copy_paste {hyp.copy_paste:g} pastes pixels by "
+                         "their outlines in the workers): use augment_on='workers' or copy_paste=0")
     if hasattr(dataset, "recipe_in_batch"):
         dataset.recipe_in_batch = augment_on == "device" and augment
     rect = bool(getattr(dataset, "rect", False)) if rect is None else rect

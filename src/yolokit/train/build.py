@@ -78,9 +78,6 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     # every process starts from the main one's weights
     cfg, model = run_model(cfg, len(names), given=model, resume=resume, report=notes.append)
     if getattr(model.head, "segments", False):   # a segmentation model: its training items carry masks
-        if settings.augment_on == "device":
-            raise ValueError(f"augment_on='device' does not move polygons yet: {model.name} trains with the "
-                             "augmentation in the loader's workers (augment_on='workers')")
         read_masks(train_set, f"{cfg.data} (train)", mask_ratio=cfg.mask_ratio, overlap=cfg.overlap_mask)
         #          validation scores masks against the val split's own polygons (val.masks), not the items' masks
     if model.config is None:

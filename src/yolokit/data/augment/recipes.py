@@ -115,8 +115,32 @@ def load_source(ds, i: int):
     return src, scale_boxes(labels[:, 1:5], ratio, (0, 0)), labels[:, 0].astype(np.int64), ratio
 
 
-def _load_any(ds, i: int):
+def load_any(ds, i: int):
+    """`DetectionDataset._load_any` with `load_source`: (Source, boxes, classes, ratio, the index used)."""
     return ds._load_any(i, lambda j: load_source(ds, j))
+
+
+class Letterboxed:
+    """A source letterboxed into ``shape`` (h, w), without its pixels: the frame of a view that is not a
+    Mosaic. ``shape`` (H, W, 3) and ``tiles`` (one: the source, placed as a Mosaic canvas places its
+    tiles) as a `MosaicCanvas` has them; ``ratio_pad`` the letterbox's."""
+
+    centre = (_FAR, _FAR)                 # one quadrant: the one tile
+
+    def __init__(self, src: Source, shape: tuple[int, int]) -> None:
+        lb = letterbox_plan(src.shape[:2], shape)
+        if lb.size != src.shape[:2]:      # the letterbox resizes too: the device resizes the source once
+            src = Source(src.index, lb.size, src.jpeg, src.pixels, src.decoded)
+        left, top = lb.pad[:2]
+        self.shape, self.ratio_pad = (*lb.shape, 3), lb.ratio_pad
+        self.tiles = [(src, left, top, left + lb.size[1], top + lb.size[0], 0, 0)]
+
+
+def frame_view(frame, plan) -> dict:
+    """A recipe view: ``frame`` (a Mosaic canvas of Sources, or `Letterboxed`) warped by the affine ``plan``."""
+    tiles = [tuple(t) for t in frame.tiles]
+    centre = getattr(frame, "centre", None) or (tiles[0][3], tiles[0][4])   # a Mosaic's: where tile 0 ends
+    return dict(frame=frame.shape[:2], centre=centre, tiles=tiles, plan=plan)
 
 
 def _view(ds, i: int, rng: np.random.Generator):
@@ -125,30 +149,30 @@ def _view(ds, i: int, rng: np.random.Generator):
     affine = dict(degrees=hyp.degrees, translate=hyp.translate, scale=hyp.scale,
                   shear=hyp.shear, perspective=hyp.perspective)
     if not ds.rect and ds.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
-        src, boxes, classes, ratio, i = _load_any(ds, i)
+        src, boxes, classes, ratio, i = load_any(ds, i)
         samples = [(src, boxes, classes)]
         for j in ds._partners(rng, i):
-            samples.append(_load_any(ds, j)[:3])
+            samples.append(load_any(ds, j)[:3])
         canvas, boxes, classes = mosaic4_canvas(samples, s, rng)
         plan = affine_plan(rng, canvas.shape[:2], (s, s), **affine)
         boxes, classes = affine_boxes(plan, boxes, classes)
-        tiles = [(t[0], *t[1:]) for t in canvas._tiles]
-        centre = (tiles[0][3], tiles[0][4])
-        return dict(frame=canvas.shape[:2], centre=centre, tiles=tiles, plan=plan), boxes, classes, \
-            (ratio, (0.0, 0.0)), i
+        return frame_view(canvas, plan), boxes, classes, (ratio, (0.0, 0.0)), i
     shape = ds.rect_shape(i) if ds.rect else (s, s)
-    src, boxes, classes, ratio, i = _load_any(ds, i)
-    lb = letterbox_plan(src.shape[:2], shape)
-    r2, pad = lb.ratio_pad
+    src, boxes, classes, ratio, i = load_any(ds, i)
+    frame = Letterboxed(src, shape)
+    r2, pad = frame.ratio_pad
     boxes = scale_boxes(boxes, r2, pad)
-    if lb.size != src.shape[:2]:          # the letterbox resizes too: the device resizes the source once
-        src = Source(src.index, lb.size, src.jpeg, src.pixels, src.decoded)
-    plan = affine_plan(rng, lb.shape, lb.shape, **affine)
+    plan = affine_plan(rng, frame.shape[:2], frame.shape[:2], **affine)
     boxes, classes = affine_boxes(plan, boxes, classes)
-    left, top = lb.pad[:2]
-    tile = (src, left, top, left + lb.size[1], top + lb.size[0], 0, 0)
-    return dict(frame=lb.shape, centre=(_FAR, _FAR), tiles=[tile], plan=plan), boxes, classes, \
-        ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i
+    return frame_view(frame, plan), boxes, classes, ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i
+
+
+def flip_boxes(boxes: np.ndarray, shape: tuple[int, int], *, lr: bool) -> np.ndarray:
+    """``boxes`` [G, 4] mirrored in an image of ``shape`` (H, W): left-right (``lr``) or top-bottom."""
+    out = boxes.copy()
+    a, b, size = (0, 2, shape[1]) if lr else (1, 3, shape[0])
+    out[:, a], out[:, b] = size - boxes[:, b], size - boxes[:, a]
+    return out
 
 
 def train_recipe(ds, i: int, rng: np.random.Generator) -> dict:
@@ -163,19 +187,23 @@ def train_recipe(ds, i: int, rng: np.random.Generator) -> dict:
         boxes = np.concatenate([boxes, other[1]]).astype(np.float32)
         classes = np.concatenate([classes, other[2]]).astype(np.int64)
     lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
-    out_h, out_w = views[0]["plan"].out_shape
+    shape = views[0]["plan"].out_shape
     flips = [False, False]
     if rng.random() < hyp.fliplr:
-        boxes, flips[0] = boxes.copy(), True
-        boxes[:, 0], boxes[:, 2] = out_w - boxes[:, 2], out_w - boxes[:, 0]
+        boxes, flips[0] = flip_boxes(boxes, shape, lr=True), True
     if rng.random() < hyp.flipud:
-        boxes, flips[1] = boxes.copy(), True
-        boxes[:, 1], boxes[:, 3] = out_h - boxes[:, 3], out_h - boxes[:, 1]
-    recipe = dict(views=views, mix=mix, lut=lut, flips=flips, shape=(out_h, out_w))
+        boxes, flips[1] = flip_boxes(boxes, shape, lr=False), True
+    return recipe_item(ds, i, dict(views=views, mix=mix, lut=lut, flips=flips), boxes, classes, ratio_pad)
+
+
+def recipe_item(ds, i: int, recipe: dict, boxes: np.ndarray, classes: np.ndarray, ratio_pad: tuple,
+                **extra) -> dict:
+    """Item ``i``'s dict for ``recipe`` (views, mix, lut, flips; its shape: the first view's output)."""
+    recipe = dict(recipe, shape=tuple(recipe["views"][0]["plan"].out_shape))
     return {RECIPE_KEY: recipe, "boxes": torch.from_numpy(np.ascontiguousarray(boxes, np.float32).reshape(-1, 4)),
             "classes": torch.from_numpy(np.ascontiguousarray(classes, np.int64).reshape(-1)),
             "path": ds.index.paths[i], "orig_shape": tuple(int(v) for v in ds.index.shapes[i]),
-            "ratio_pad": ratio_pad, "index": i}
+            "ratio_pad": ratio_pad, "index": i, **extra}
 
 
 def _view_rows(view: dict, source_id) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

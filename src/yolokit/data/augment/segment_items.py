@@ -33,6 +33,7 @@ from yolokit.data.augment.polygons import (
     row_polygons,
     scale_polygons,
 )
+from yolokit.data.augment.recipes import RECIPE_KEY, Letterboxed, flip_boxes, frame_view, load_any, recipe_item
 from yolokit.data.augment.transforms import (
     affine_plan,
     affine_polygons,
@@ -83,11 +84,11 @@ def _polygons(ds: Any, i: int, boxes: np.ndarray, ratio: tuple[float, float]):
 
 def segment_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
     """``__getitem__`` with polygons: the detection item's steps and draws, each moving the rows' polygons too;
-    the masks drawn from them at the end."""
-    if ds.augment and ds.recipe_in_batch:
-        raise ValueError("augment_on='device' does not move polygons yet: a segmentation set augments in the "
-                         "loader's workers (augment_on='workers')")
+    the masks drawn from them at the end. With ``augment_on="device"`` (``recipe_in_batch``) a recipe item
+    (``recipes.train_recipe``'s) with the masks: the labels here, the pixels on the device."""
     lut = None
+    if ds.augment and ds.recipe_in_batch:
+        return _recipe_item(ds, i, rng)
     if ds.augment:
         image, boxes, classes, polys, has, ratio_pad, i, lut = _train_sample(ds, i, rng)
     else:
@@ -98,9 +99,37 @@ def segment_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
         ratio_pad = ((ratio[0] * r2[0], ratio[1] * r2[1]), pad)
     masks, order = instance_masks(polys, has, image.shape[:2], ds.mask_ratio, overlap=ds.overlap_mask)
     return ds.item(image, np.asarray(boxes, np.float32).reshape(-1, 4)[order],
-                   np.asarray(classes, np.int64).reshape(-1)[order], ratio_pad, i, lut,
-                   masks=torch.from_numpy(np.ascontiguousarray(masks)),
-                   mask_rows=torch.from_numpy(np.ascontiguousarray(has[order], bool)))
+                   np.asarray(classes, np.int64).reshape(-1)[order], ratio_pad, i, lut, **_mask_keys(masks, has, order))
+
+
+def _mask_keys(masks: np.ndarray, has: np.ndarray, order: np.ndarray) -> dict:
+    return dict(masks=torch.from_numpy(np.ascontiguousarray(masks)),
+                mask_rows=torch.from_numpy(np.ascontiguousarray(has[order], bool)))
+
+
+def _recipe_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
+    """`_train_sample`'s draws and labels with recipe views for pixels (``recipes``): the workers path's boxes,
+    classes and masks bit for bit, the images made on the device."""
+    hyp = ds.hyp
+    view, boxes, classes, polys, has, ratio_pad, i = _view(ds, i, rng, recipe=True)
+    views, mix = [view], 1.0
+    if hyp.mixup > 0 and not ds.rect and rng.random() < hyp.mixup:
+        other = _view(ds, int(ds._anywhere(rng, i)), rng, recipe=True)
+        mix = float(rng.beta(32.0, 32.0))                 # mixup's draw
+        views.append(other[0])
+        boxes = np.concatenate([boxes, other[1]]).astype(np.float32)
+        classes = np.concatenate([classes, other[2]]).astype(np.int64)
+        polys, has = np.concatenate([polys, other[3]]), np.concatenate([has, other[4]])
+    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+    shape = view["plan"].out_shape
+    flips = [False, False]
+    for k, lr in enumerate((True, False)):                # random_flip's two draws
+        if rng.random() < (hyp.fliplr if lr else hyp.flipud):
+            boxes, polys, flips[k] = flip_boxes(boxes, shape, lr=lr), flip_polygons(polys, shape, lr=lr), True
+    masks, order = instance_masks(polys, has, shape, ds.mask_ratio, overlap=ds.overlap_mask)
+    return recipe_item(ds, i, dict(views=views, mix=mix, lut=lut, flips=flips),
+                       np.asarray(boxes, np.float32).reshape(-1, 4)[order],
+                       np.asarray(classes, np.int64).reshape(-1)[order], ratio_pad, **_mask_keys(masks, has, order))
 
 
 def _train_sample(ds: Any, i: int, rng: np.random.Generator):
@@ -122,16 +151,18 @@ def _train_sample(ds: Any, i: int, rng: np.random.Generator):
     return image, boxes, classes, polys, has, ratio_pad, i, lut
 
 
-def _view(ds: Any, i: int, rng: np.random.Generator):
-    """``_geometric_view`` with the rows' polygons (the same draws): Mosaic + affine, or letterbox + affine."""
+def _view(ds: Any, i: int, rng: np.random.Generator, recipe: bool = False):
+    """``_geometric_view`` with the rows' polygons (the same draws): Mosaic + affine, or letterbox + affine.
+    ``recipe``: the sources without pixels (``recipes.load_any``) and a recipe view for the image."""
     hyp, s = ds.hyp, ds.imgsz
     affine = dict(degrees=hyp.degrees, translate=hyp.translate, scale=hyp.scale,
                   shear=hyp.shear, perspective=hyp.perspective)
+    load = (lambda j: load_any(ds, j)) if recipe else ds._load_any
     if not ds.rect and ds.mosaic and hyp.mosaic > 0 and rng.random() < hyp.mosaic:
-        image, boxes, classes, ratio, i = ds._load_any(i)
+        image, boxes, classes, ratio, i = load(i)
         samples, sources = [(image, boxes, classes)], [(i, boxes, ratio)]
         for j in ds._partners(rng, i):
-            im, b, c, r, j = ds._load_any(j)
+            im, b, c, r, j = load(j)
             samples.append((im, b, c))
             sources.append((j, b, r))
         canvas, boxes, classes, kept = mosaic9_rows(samples, s) if hyp.mosaic_tiles == 9 else \
@@ -148,29 +179,35 @@ def _view(ds: Any, i: int, rng: np.random.Generator):
         shown = _maybe_shown(rows, canvas, plan)                      # the rows the warp may show
         polygons = _mosaic_polygons(rows, canvas, shown)
         image, boxes, classes, polygons, has = _warp(canvas, boxes[shown], classes[shown], polygons, has[shown], plan,
-                                                     affine)
+                                                     affine, recipe)
         return image, boxes, classes, polygons, has, (ratio, (0.0, 0.0)), i
     shape = ds.rect_shape(i) if ds.rect else (s, s)
-    image, boxes, classes, ratio, i = ds._load_any(i)
+    image, boxes, classes, ratio, i = load(i)
     polygons, has = _polygons(ds, i, boxes, ratio)
-    image, (r2, pad) = letterbox(image, shape)
+    if recipe:
+        image = Letterboxed(image, shape)
+        r2, pad = image.ratio_pad
+    else:
+        image, (r2, pad) = letterbox(image, shape)
     boxes, polygons = scale_boxes(boxes, r2, pad), scale_polygons(polygons, r2, pad)
     if hyp.copy_paste > 0 and rng.random() < hyp.copy_paste:
         image, boxes, classes, polygons, has = copy_paste(image, boxes, classes, polygons, has, hyp.copy_paste)
-    image, boxes, classes, polygons, has = _affine(image, boxes, classes, polygons, has, rng,
-                                                                image.shape[:2], affine)
+    image, boxes, classes, polygons, has = _affine(image, boxes, classes, polygons, has, rng, image.shape[:2],
+                                                   affine, recipe)
     return image, boxes, classes, polygons, has, ((ratio[0] * r2[0], ratio[1] * r2[1]), pad), i
 
 
-def _affine(image, boxes, classes, polygons, has, rng, out_shape, affine):
+def _affine(image, boxes, classes, polygons, has, rng, out_shape, affine, recipe=False):
     """``random_affine`` (the same draw) with the polygons warped: their visible parts' boxes replace the
     warped boxes, and rows keep a hundredth of their area at least (the reference's threshold with polygons)."""
     return _warp(image, boxes, classes, polygons, has, affine_plan(rng, image.shape[:2], tuple(out_shape), **affine),
-                 affine)
+                 affine, recipe)
 
 
-def _warp(image, boxes, classes, polygons, has, plan, affine):
-    image = warp_image(image, plan, perspective=bool(affine["perspective"]))
+def _warp(image, boxes, classes, polygons, has, plan, affine, recipe=False):
+    """The warp of an image, or with ``recipe`` of a frame of sources (``recipes.frame_view``: the device warps
+    its pixels)."""
+    image = frame_view(image, plan) if recipe else warp_image(image, plan, perspective=bool(affine["perspective"]))
     boxes, classes, polygons, kept = affine_polygons(plan, np.asarray(boxes, np.float32).reshape(-1, 4),
                                                      np.asarray(classes, np.int64), polygons)
     return image, boxes, classes, polygons, has[kept]
@@ -211,3 +248,25 @@ def _maybe_shown(rows: list, canvas: Any, plan: Any) -> np.ndarray:
         (xy[..., 1] > h + 1).all(1)
     return ~off
 
+
+def collate_masks(items: list[dict], h: int, w: int) -> dict:
+    """A segmentation batch's ``masks`` and ``mask_rows`` (the images ``h`` x ``w``, each item's masks at the same
+    ratio, padded with background as the images are with grey): index maps [B, h/r, w/r] (int32 when an item's
+    is), or per-row masks [N, h/r, w/r] in the order of ``targets``' rows; ``mask_rows`` bool [N] likewise."""
+    first = items[0]
+    ratio = (first["image"].shape[1] if "image" in first else first[RECIPE_KEY]["shape"][0]) // first["masks"].shape[-2]
+    mh, mw = h // ratio, w // ratio
+    overlap = first["masks"].ndim == 2
+    dtype = torch.int32 if any(it["masks"].dtype == torch.int32 for it in items) else torch.uint8
+    n = len(items) if overlap else sum(len(it["masks"]) for it in items)
+    out = torch.zeros((n, mh, mw), dtype=dtype)
+    row = 0
+    for i, it in enumerate(items):
+        m = it["masks"]
+        if overlap:
+            out[i, :m.shape[0], :m.shape[1]] = m
+        else:
+            out[row:row + len(m), :m.shape[1], :m.shape[2]] = m
+            row += len(m)
+    return {"masks": out, "mask_rows": torch.cat([it["mask_rows"] for it in items]) if items else
+            torch.zeros(0, dtype=torch.bool)}
