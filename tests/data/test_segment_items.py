@@ -438,3 +438,20 @@ def test_a_nine_image_item_carries_each_mask_with_its_object(seg):
                 assert _object_like(item["image"], m), i
                 checked += 1
     assert checked >= 10 and most >= 3              # one object an image: rows of three samples and more
+
+
+@pytest.mark.gpu
+def test_the_device_path_on_cuda_gives_the_workers_masks_and_images_within_a_grey_level(seg_many):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (gpu marker)")
+    batches = []
+    for on in ("workers", "device"):
+        ds = DetectionDataset(seg_many, "train", imgsz=64, augment=True, segments=True,
+                              hyp=AugmentConfig(mixup=0.5, degrees=10.0, flipud=0.5))
+        batches.append(next(iter(build_dataloader(ds, 8, workers=0, seed=4, uint8_images=True, augment_on=on))))
+    a, b = batches
+    moved = to_device(b, "cuda")
+    assert moved["masks"].is_cuda and torch.equal(moved["masks"].cpu(), a["masks"])
+    assert torch.equal(moved["targets"].cpu(), a["targets"])
+    diff = (moved["images"].mul(255).round().cpu().int() - a["images_uint8"].int()).abs()
+    assert diff.float().mean((1, 2, 3)).max() <= 1.0
