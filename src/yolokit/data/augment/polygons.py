@@ -204,11 +204,18 @@ def polygon_boxes(polygons: np.ndarray, width: float, height: float) -> np.ndarr
     crosses = (along >= 0) & (along <= limits[b])
     r, crossing = r[crosses], crossing[crosses]
     shown = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
+    lo = np.stack([np.where(shown, x, np.inf).min(1), np.where(shown, y, np.inf).min(1)], 1).astype(dtype)
+    hi = np.stack([np.where(shown, x, -np.inf).max(1), np.where(shown, y, -np.inf).max(1)], 1).astype(dtype)
+    np.minimum.at(lo, r, crossing)                                                  # the crossings, by row
+    np.maximum.at(hi, r, crossing)
     corners = np.array(((0, 0), (width, 0), (0, height), (width, height)), dtype)
-    for row, (j, outline) in enumerate(zip(cut, points.astype(np.float32), strict=True)):
-        corner = corners[[cv2.pointPolygonTest(outline, (float(cx), float(cy)), False) >= 0 for cx, cy in corners]]
-        kept = np.concatenate((points[row][shown[row]], crossing[r == row], corner))
-        boxes[j] = np.concatenate(extent(kept)) if len(kept) else 0
+    near = ((corners >= low[cut, None]) & (corners <= high[cut, None])).all(2)     # [M, 4]: within the extent
+    for row, c in zip(*np.nonzero(near), strict=True):                             # the rare corner a polygon covers
+        if cv2.pointPolygonTest(points[row].astype(np.float32), (float(corners[c, 0]), float(corners[c, 1])),
+                                False) >= 0:
+            lo[row], hi[row] = np.minimum(lo[row], corners[c]), np.maximum(hi[row], corners[c])
+    found = np.isfinite(lo).all(1)
+    boxes[cut] = np.where(found[:, None], np.concatenate([lo, hi], 1), 0)
     return boxes
 
 
@@ -240,6 +247,32 @@ def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int
 # --- an item's rows' polygons through the pipeline ---------------------------------------------------------------
 
 
+def resampled_rows(rows: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """An image's rows' polygons resampled to ``POINTS`` points in their own pixels (polygons of one point count
+    together): float32 [G, POINTS, 2] (zeros for a box row), and bool [G], False for a box row."""
+    out = np.zeros((len(rows), POINTS, 2), np.float32)
+    has = np.array([p is not None for p in rows], bool).reshape(-1)
+    by_count: dict[int, list[int]] = {}
+    for k, p in enumerate(rows):
+        if p is not None:
+            by_count.setdefault(len(p), []).append(k)
+    for group in by_count.values():
+        out[group] = resample_polygons(np.stack([np.asarray(rows[k], np.float64).reshape(-1, 2) for k in group]))
+    return out, has
+
+
+def place_rows(resampled: np.ndarray, has: np.ndarray, boxes: np.ndarray, ratio: tuple[float, float]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows resampled by :func:`resampled_rows` in pixels of their image resized by ``ratio``; a box row's polygon
+    its box's outline (``boxes`` [G, 4] in resized pixels), resampled. Returns ``(polygons, has)`` as
+    :func:`row_polygons`."""
+    out = resampled * np.array(ratio, np.float32)
+    if (~has).any():                                    # box rows: their outlines, resampled together
+        x1, y1, x2, y2 = np.asarray(boxes, np.float32).reshape(-1, 4)[~has].T
+        out[~has] = resample_polygons(np.stack([x1, y1, x2, y1, x2, y2, x1, y2], 1).reshape(-1, 4, 2))
+    return out, has
+
+
 def row_polygons(rows: Sequence[np.ndarray | None], boxes: np.ndarray, ratio: tuple[float, float]
                  ) -> tuple[np.ndarray, np.ndarray]:
     """An image's rows as polygons of ``POINTS`` points in pixels of the image resized by ``ratio``.
@@ -253,23 +286,7 @@ def row_polygons(rows: Sequence[np.ndarray | None], boxes: np.ndarray, ratio: tu
         ``(polygons, has_mask)``: float32 [G, POINTS, 2], and bool [G], False for a box row, whose polygon is its
         box's outline (so that a warp gives it the box a warped box gets) and whose mask is never drawn.
     """
-    out = np.empty((len(rows), POINTS, 2), np.float32)
-    has = np.array([p is not None for p in rows], bool).reshape(-1)
-    scale = np.array(ratio, np.float32)
-    if (~has).any():                                    # box rows: their outlines, resampled together
-        x1, y1, x2, y2 = np.asarray(boxes, np.float32).reshape(-1, 4)[~has].T
-        out[~has] = resample_polygons(np.stack([x1, y1, x2, y1, x2, y2, x1, y2], 1).reshape(-1, 4, 2))
-    by_count: dict[int, list[int]] = {}
-    for k, p in enumerate(rows):
-        if p is not None:
-            by_count.setdefault(len(p), []).append(k)
-    for group in by_count.values():                     # polygons of one point count: one resampling
-        if len(group) == 1:
-            out[group[0]] = resample_polygon(rows[group[0]]) * scale
-        else:
-            out[group] = resample_polygons(np.stack([np.asarray(rows[k], np.float64).reshape(-1, 2)
-                                                     for k in group])) * scale
-    return out, has
+    return place_rows(*resampled_rows(rows), boxes, ratio)
 
 
 def scale_polygons(polygons: np.ndarray, ratio: tuple[float, float], pad: tuple[float, float]) -> np.ndarray:

@@ -30,7 +30,8 @@ from yolokit.data.augment.polygons import (
     copy_paste,
     flip_polygons,
     instance_masks,
-    row_polygons,
+    place_rows,
+    resampled_rows,
     scale_polygons,
 )
 from yolokit.data.augment.recipes import RECIPE_KEY, Letterboxed, flip_boxes, frame_view, load_any, recipe_item
@@ -79,7 +80,20 @@ def read_masks(ds: Any, where: str, *, mask_ratio: int = 4, overlap: bool = True
 
 def _polygons(ds: Any, i: int, boxes: np.ndarray, ratio: tuple[float, float]):
     """Image i's rows' polygons by ``load``'s ``ratio`` and ``boxes`` (``polygons.row_polygons``)."""
-    return row_polygons(ds.index.segments.image(i), boxes, ratio)
+    return place_rows(*_resampled(ds, i), boxes, ratio)
+
+
+def _resampled(ds: Any, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """Image i's rows resampled (``polygons.resampled_rows``), kept for the images used last: a Mosaic draws its
+    partners from the recently used images, so most outlines are resampled once for several items."""
+    cache = ds.__dict__.setdefault("_resampled_rows", {})
+    if i in cache:
+        cache[i] = cache.pop(i)                          # the most recent last
+    else:
+        cache[i] = resampled_rows(ds.index.segments.image(i))
+        if len(cache) > max(ds.buffer_size, 8):
+            del cache[next(iter(cache))]
+    return cache[i]
 
 
 def segment_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
@@ -167,17 +181,17 @@ def _view(ds: Any, i: int, rng: np.random.Generator, recipe: bool = False):
             sources.append((j, b, r))
         canvas, boxes, classes, kept = mosaic9_rows(samples, s) if hyp.mosaic_tiles == 9 else \
             mosaic4_rows(samples, s, rng)
-        rows = [(ds.index.segments.image(j), b, r, k) for (j, b, r), k in zip(sources, kept, strict=True)]
-        has = np.concatenate([np.array([p is not None for p in seg], bool)[k].reshape(-1) for seg, _, _, k in rows])
+        rows = [(j, b, r, k) for (j, b, r), k in zip(sources, kept, strict=True)]
+        has = np.concatenate([_resampled(ds, j)[1][k].reshape(-1) for j, _, _, k in rows])
         if hyp.copy_paste > 0 and rng.random() < hyp.copy_paste:      # on the whole canvas, as the reference's
-            polygons = _mosaic_polygons(rows, canvas, None)
+            polygons = _mosaic_polygons(ds, rows, canvas, None)
             canvas, boxes, classes, polygons, has = copy_paste(np.asarray(canvas), boxes, classes, polygons, has,
                                                                hyp.copy_paste)
             return (*_affine(canvas, boxes, classes, polygons, has, rng, (s, s), affine),
                     (ratio, (0.0, 0.0)), i)
         plan = affine_plan(rng, canvas.shape[:2], (s, s), **affine)
-        shown = _maybe_shown(rows, canvas, plan)                      # the rows the warp may show
-        polygons = _mosaic_polygons(rows, canvas, shown)
+        shown = _maybe_shown(ds, rows, canvas, plan)                  # the rows the warp may show
+        polygons = _mosaic_polygons(ds, rows, canvas, shown)
         image, boxes, classes, polygons, has = _warp(canvas, boxes[shown], classes[shown], polygons, has[shown], plan,
                                                      affine, recipe)
         return image, boxes, classes, polygons, has, (ratio, (0.0, 0.0)), i
@@ -213,34 +227,35 @@ def _warp(image, boxes, classes, polygons, has, plan, affine, recipe=False):
     return image, boxes, classes, polygons, has[kept]
 
 
-def _mosaic_polygons(rows: list, canvas: Any, shown: np.ndarray | None) -> np.ndarray:
-    """The Mosaic's rows' polygons (``mosaic4_polygons``), resampled only for the rows it kept, and of those
-    only the ``shown`` ones (bool over the Mosaic's rows; None: all)."""
+def _mosaic_polygons(ds: Any, rows: list, canvas: Any, shown: np.ndarray | None) -> np.ndarray:
+    """The Mosaic's rows' polygons (``mosaic4_polygons``; ``rows``: each sample's image, boxes, ratio and the rows
+    the Mosaic kept), only the ``shown`` ones of those (bool over the Mosaic's rows; None: all)."""
     polygons, start = [], 0
-    for segments, boxes, ratio, kept in rows:
+    for j, boxes, ratio, kept in rows:
         take = kept if shown is None else kept[shown[start:start + len(kept)]]
         start += len(kept)
-        polygons.append(row_polygons([segments[k] for k in take], np.asarray(boxes).reshape(-1, 4)[take], ratio)[0])
+        resampled, has = _resampled(ds, j)
+        polygons.append(place_rows(resampled[take], has[take], np.asarray(boxes).reshape(-1, 4)[take], ratio)[0])
     return mosaic4_polygons(polygons, canvas, [np.arange(len(p)) for p in polygons])
 
 
-def _maybe_shown(rows: list, canvas: Any, plan: Any) -> np.ndarray:
+def _maybe_shown(ds: Any, rows: list, canvas: Any, plan: Any) -> np.ndarray:
     """Which of the Mosaic's rows an affine warp (no perspective) may show, bool [G]: a row whose polygon's
     extent (its points', or its box's for a box row, shifted with its tile and cut to it) lands wholly
     beyond one edge of the output, by a pixel at least, would get an empty box and be dropped by the warp
     (``affine_polygons``), so its polygon need not be resampled. With perspective: all."""
+    if not np.array_equal(plan.box_m[2], [0.0, 0.0, 1.0]):
+        return np.ones(sum(len(k) for *_, k in rows), bool)
     extents = []
-    for (segments, boxes, ratio, kept), (_, x1, y1, x2, y2, sx, sy) in zip(rows, canvas.tiles, strict=True):
-        scale = np.array(ratio, np.float64)
-        for k in kept:
-            p = segments[k]
-            box = np.asarray(boxes, np.float64).reshape(-1, 4)[k] if p is None else \
-                np.concatenate([p.min(0) * scale, p.max(0) * scale])
-            box = box + np.array([x1 - sx, y1 - sy, x1 - sx, y1 - sy])
-            extents.append(box.clip([x1, y1, x1, y1], [x2, y2, x2, y2]))
-    if not extents or not np.array_equal(plan.box_m[2], [0.0, 0.0, 1.0]):
-        return np.ones(len(extents), bool)
-    e = np.array(extents)
+    for (j, boxes, ratio, kept), (_, x1, y1, x2, y2, sx, sy) in zip(rows, canvas.tiles, strict=True):
+        scale = np.tile(np.array(ratio, np.float64), 2)
+        points = ds.index.segments.extents(j)[kept].astype(np.float64) * scale
+        box = np.where(np.isnan(points[:, :1]), np.asarray(boxes, np.float64).reshape(-1, 4)[kept], points)
+        box = box + np.array([x1 - sx, y1 - sy, x1 - sx, y1 - sy])
+        extents.append(box.clip([x1, y1, x1, y1], [x2, y2, x2, y2]))
+    e = np.concatenate(extents)
+    if not len(e):
+        return np.ones(0, bool)
     corners = np.stack([e[:, [0, 1]], e[:, [2, 1]], e[:, [0, 3]], e[:, [2, 3]]], 1)        # [G, 4, 2]
     xy = corners @ plan.box_m[:2, :2].T + plan.box_m[:2, 2]
     h, w = plan.out_shape

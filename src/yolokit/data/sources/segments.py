@@ -40,6 +40,18 @@ class Segments:
     def __len__(self) -> int:
         return len(self.starts) - 1
 
+    def extents(self, i: int) -> np.ndarray:
+        """Image i's rows' extents: float32 [G, 4], each polygon's lowest x, y and highest x, y; NaN for a box row."""
+        r0, r1 = int(self.starts[i]), int(self.starts[i + 1])
+        out = np.full((r1 - r0, 4), np.nan, np.float32)
+        rows = np.flatnonzero(~self.boxes[r0:r1])
+        if len(rows):       # the polygon rows' points lie back to back (a box row has none)
+            at = self.bounds[r0 + rows]
+            points = self.points[at[0]:self.bounds[r0 + rows[-1] + 1]]
+            out[rows, :2] = np.minimum.reduceat(points, at - at[0], axis=0)
+            out[rows, 2:] = np.maximum.reduceat(points, at - at[0], axis=0)
+        return out
+
     def image(self, i: int) -> list[np.ndarray | None]:
         """Image i's rows: each polygon float32 [K, 2] (a view), or None for a box row."""
         return [None if self.boxes[r] else self.points[self.bounds[r]:self.bounds[r + 1]]
