@@ -10,8 +10,11 @@ OpenCV, seeds) reach the other. Both sides get the set's preset of `yolokit trai
 image size, batch, nominal batch, warmup epochs, close_mosaic) where flags give none; the rest is each side's
 default. Every run's ``results.csv`` is kept (its curves); the final weights (``last.pt``) of both sides are
 scored with ``yolokit.val.validate`` (box and, for a -seg model, mask mAP; the reference's checkpoints load
-weights-only). ``table.md`` and ``runs.json`` are written to ``--out``; a run whose ``last.pt`` is there
-already is scored, not trained again.
+weights-only) and, where ultralytics imports, with the reference validator too (its defaults: rect batches padded
+by half a stride; yolokit's weights copied into an Ultralytics model by ``val_parity.ultralytics_checkpoint``).
+Each run's curve is read from its own ``results.csv``: mAP50 and mAP50-95 per epoch, and the first epoch whose
+mAP50 reaches 0.5. ``table.md``, ``runs.json`` and ``curves.png`` (every run's curves, each side's mean bold) are
+written to ``--out``; a run whose ``last.pt`` is there already is scored, not trained again.
 """
 
 from __future__ import annotations
@@ -70,18 +73,95 @@ def score(weights: Path, args: argparse.Namespace) -> dict:
             "mask_mAP50-95": result.mask_map50_95}
 
 
+def reference_score(side: str, weights: Path, args: argparse.Namespace) -> dict | None:
+    """The reference validator's mAP of ``weights`` (its own defaults); None where ultralytics does not import."""
+    try:
+        from ultralytics import YOLO
+    except ImportError:
+        return None
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from val_parity import ultralytics_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = weights
+        if side == "yolokit":
+            checkpoint = Path(tmp) / "reference.pt"
+            ultralytics_checkpoint(str(weights), checkpoint, args.imgsz)
+        out = YOLO(str(checkpoint)).val(data=str(data_yaml(args.data)), imgsz=args.imgsz, batch=16, device="cpu",
+                                        plots=False, workers=0, verbose=False, project=tmp, name="val")
+    scores = {"mAP50": float(out.box.map50), "mAP50-95": float(out.box.map)}
+    if hasattr(out, "seg"):
+        scores.update({"mask_mAP50": float(out.seg.map50), "mask_mAP50-95": float(out.seg.map)})
+    return scores
+
+
 def curve(side: str, run: Path) -> dict:
-    """Per epoch mAP50-95 (and mask mAP50-95) as the run's own validation wrote it."""
+    """Per epoch mAP50 and mAP50-95 (and mask mAP50-95) as the run's own validation wrote them, and the first
+    epoch (1-based) whose mAP50 reaches 0.5 (None: none did)."""
     rows = list(csv.DictReader((run / "results.csv").open()))
     rows = [{k.strip(): v for k, v in r.items()} for r in rows]
-    box = "mAP50-95" if side == "yolokit" else "metrics/mAP50-95(B)"
-    mask = "mask_mAP50-95" if side == "yolokit" else "metrics/mAP50-95(M)"
-    return {"box": [float(r[box]) for r in rows], "mask": [float(r[mask]) for r in rows if mask in r]}
+    names = {"box50": "mAP50", "box": "mAP50-95", "mask": "mask_mAP50-95"} if side == "yolokit" else \
+        {"box50": "metrics/mAP50(B)", "box": "metrics/mAP50-95(B)", "mask": "metrics/mAP50-95(M)"}
+    out = {key: [float(r[name]) for r in rows if name in r] for key, name in names.items()}
+    out["first_50"] = next((k + 1 for k, v in enumerate(out["box50"]) if v >= 0.5), None)
+    return out
 
 
-def summary(runs: list[dict], side: str, key: str) -> str:
-    values = np.array([r["scores"][key] for r in runs if r["side"] == side and r["scores"].get(key) is not None])
-    return f"{values.mean():.3f} ({values.min():.3f}-{values.max():.3f})" if len(values) else "-"
+def summary(values: list) -> str:
+    """Mean (min-max) of the numbers in ``values`` (None left out), or "-"."""
+    values = np.array([v for v in values if v is not None], float)
+    if not len(values):
+        return "-"
+    f = ".1f" if np.all(values == values.round()) else ".3f"          # epochs: whole numbers
+    return f"{values.mean():{f}} ({values.min():{f}}-{values.max():{f}})"
+
+
+def table(runs: list[dict], sides: list[str]) -> list[str]:
+    """A row per run, then each side's mean (min-max): yolokit's scores, the reference validator's, the first
+    epoch at mAP50 0.5 (never: "-")."""
+    keys = [k for k in KEYS if any(r["scores"].get(k) is not None for r in runs)]
+    ref_keys = [k for k in KEYS if any((r.get("reference_val") or {}).get(k) is not None for r in runs)]
+    head = keys + [f"{k} (reference val)" for k in ref_keys] + ["epoch at mAP50 0.5"]
+    columns = [lambda r, k=k: r["scores"].get(k) for k in keys] + \
+        [lambda r, k=k: (r.get("reference_val") or {}).get(k) for k in ref_keys] + [lambda r: r["curve"]["first_50"]]
+    lines = [f"| side | seed | {' | '.join(head)} |", "|---|---|" + "---|" * len(head)]
+    for r in runs:
+        cells = [c(r) for c in columns]
+        lines.append(f"| {r['side']} | {r['seed']} | " + " | ".join(
+            "-" if v is None else (str(v) if isinstance(v, int) else f"{v:.3f}") for v in cells) + " |")
+    for side in sides:
+        mine = [r for r in runs if r["side"] == side]
+        cells = [summary([c(r) for r in mine]) for c in columns]
+        lines.append(f"| {side} | mean (min-max) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(runs: list[dict], path: Path, title: str) -> Path:
+    """Every run's mAP50 and mAP50-95 per epoch (thin), each side's mean over its seeds (bold)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    colours = {"yolokit": "#1f77b4", "reference": "#d62728"}
+    for ax, key, label in zip(axes, ("box50", "box"), ("mAP50", "mAP50-95"), strict=True):
+        for side, colour in colours.items():
+            curves = [r["curve"][key] for r in runs if r["side"] == side]
+            if not curves:
+                continue
+            for c in curves:
+                ax.plot(range(1, len(c) + 1), c, color=colour, alpha=0.3, lw=0.8)
+            n = min(len(c) for c in curves)
+            ax.plot(range(1, n + 1), np.mean([c[:n] for c in curves], 0), color=colour, lw=2,
+                    label=f"{side}: {len(curves)} seeds, mean")
+        ax.set(xlabel="epoch", ylabel=label, title=f"{label}, {title}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main() -> int:
@@ -114,17 +194,14 @@ def main() -> int:
             if not (run / "weights" / "last.pt").is_file():
                 subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", side, str(seed)], check=True)
             seconds = time.perf_counter() - start
+            weights = run / "weights" / "last.pt"
             runs.append({"side": side, "seed": seed, "seconds": round(seconds, 1), "curve": curve(side, run),
-                         "scores": score(run / "weights" / "last.pt", args)})
+                         "scores": score(weights, args), "reference_val": reference_score(side, weights, args)})
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), flush=True)
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
-    keys = [k for k in KEYS if any(r["scores"].get(k) is not None for r in runs)]
-    lines = [f"| side | seed | {' | '.join(keys)} |", "|---|---|" + "---|" * len(keys)]
-    for r in runs:
-        lines.append(f"| {r['side']} | {r['seed']} | " + " | ".join(f"{r['scores'][k]:.3f}" for k in keys) + " |")
-    for side in args.sides:
-        lines.append(f"| {side} | mean (min-max) | " + " | ".join(summary(runs, side, k) for k in keys) + " |")
+    lines = table(runs, args.sides)
     (out / "table.md").write_text("\n".join(lines) + "\n")
+    plot(runs, out / "curves.png", f"{args.data}, {args.model}, {args.imgsz} px")
     print("\n".join(lines))
     return 0
 

@@ -328,7 +328,9 @@ def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path)
     assert [(r["side"], r["seed"]) for r in runs] == [("yolokit", 0), ("yolokit", 1)]
     assert all(len(r["curve"]["box"]) == 1 and 0 <= r["scores"]["mAP50-95"] <= 1 for r in runs)
     table = (tmp_path / "out" / "table.md").read_text().splitlines()
-    assert table[0] == "| side | seed | mAP50 | mAP50-95 |" and len(table) == 2 + 2 + 1
+    assert table[0] == "| side | seed | mAP50 | mAP50-95 | epoch at mAP50 0.5 |" and len(table) == 2 + 2 + 1
+    assert all(r["curve"]["first_50"] in (None, 1) and len(r["curve"]["box50"]) == 1 for r in runs)
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
     assert re.fullmatch(rf"\| yolokit \| mean \(min-max\) \| {NUMBER} \({NUMBER}-{NUMBER}\) \| .*", table[-1])
     stamp = (tmp_path / "out" / "yolokit-0" / "weights" / "last.pt").stat().st_mtime_ns
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)
