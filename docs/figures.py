@@ -1,7 +1,7 @@
 """Draws the site's pictures from real runs and measurements (none is drawn by hand), into docs/images/:
 
-- ``curves.png``: mAP50 and mAP50-95 per epoch of the demo (``yolokit train``) beside the reference's
-  run of the same settings, read from the two runs' ``results.csv``;
+- ``curves.png``: mAP50 and mAP50-95 per epoch of the demo's preset, every seed of both trainers
+  (``benchmarks/parity.py``'s runs: yolokit and the reference with the same settings);
 - ``levers.png``: the speed guide's measured figures as bar charts (each figure is quoted from
   BENCHMARKS.md, and tests/test_docs.py checks that the quote is still there);
 - ``augment.png``: one training batch of the shapes set on both augmentation paths (the loader's
@@ -9,17 +9,16 @@
 - ``predictions.png``: the demo's trained model's detections on validation images.
 
     yolokit train --out runs/demo                   # the demo (25 epochs at 256 px on a CPU: minutes)
-    yolo detect train data=<shapes data.yaml> model=yolov8n.yaml epochs=25 imgsz=256 batch=16 nbs=16 \\
-        warmup_epochs=1 close_mosaic=5 workers=2 device=cpu pretrained=False amp=False plots=False
-    python docs/figures.py --run runs/demo --reference runs/detect/train/results.csv
+    python benchmarks/parity.py --out runs/parity   # both trainers, seeds 0-4 (the bench environment)
+    python docs/figures.py --run runs/demo --parity runs/parity
 
-Without ``--run`` only ``levers.png`` and ``augment.png`` are drawn. mkdocs does not publish this file.
+``--run`` draws ``predictions.png``, ``--parity`` ``curves.png``; ``levers.png`` and ``augment.png``
+always. mkdocs does not publish this file.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import numpy as np
@@ -45,38 +44,17 @@ LEVERS = [
 ]
 
 
-def read_results(path: Path) -> dict[str, list[float]]:
-    """A results.csv as columns of floats (headers stripped: the reference pads them with spaces)."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    return {k.strip(): [float(r[k]) for r in rows] for k in rows[0]}
+def curves(parity: Path, out: Path) -> Path:
+    """mAP50 and mAP50-95 per epoch of every run of a ``benchmarks/parity.py`` folder (its runs.json): each seed of
+    both trainers thin, each side's mean bold (``parity.plot``)."""
+    import json
+    import sys
 
+    sys.path.insert(0, str(DOCS.parent / "benchmarks"))
+    from parity import plot
 
-def _column(results: dict[str, list[float]], *names: str) -> list[float]:
-    for name in names:
-        if name in results:
-            return results[name]
-    raise KeyError(f"none of {names} in {sorted(results)}")
-
-
-def curves(run: Path, reference: Path | None, out: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    ours = read_results(run / "results.csv")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
-    for ax, (label, keys) in zip(axes, [("mAP50", ("mAP50", "metrics/mAP50(B)")),
-                                        ("mAP50-95", ("mAP50-95", "metrics/mAP50-95(B)"))], strict=True):
-        ax.plot(_column(ours, "epoch"), _column(ours, *keys), marker="o", ms=3, label="yolokit")
-        if reference is not None:
-            theirs = read_results(reference)
-            ax.plot(_column(theirs, "epoch"), _column(theirs, *keys), marker="s", ms=3, label="reference")
-        ax.set(xlabel="epoch", ylabel=label, title=f"{label}, shapes demo (yolov8n, 256 px, CPU)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    path = out / "curves.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    runs = json.loads((parity / "runs.json").read_text())
+    return plot(runs, out / "curves.png", "shapes demo (yolov8n, 256 px, CPU)")
 
 
 def levers(out: Path) -> Path:
@@ -170,14 +148,16 @@ def predictions(run: Path, out: Path, n: int = 4) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, help="the demo's run folder (yolokit train)")
-    parser.add_argument("--reference", type=Path, help="the reference's results.csv of the same settings")
+    parser.add_argument("--parity", type=Path, help="a benchmarks/parity.py folder of the demo's preset")
     parser.add_argument("--data", default="shapes", help="the set of the augmentation picture")
     parser.add_argument("--out", type=Path, default=IMAGES)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     made = [levers(args.out), augment(args.out, args.data)]
     if args.run is not None:
-        made += [curves(args.run, args.reference, args.out), predictions(args.run, args.out)]
+        made.append(predictions(args.run, args.out))
+    if args.parity is not None:
+        made.append(curves(args.parity, args.out))
     for path in made:
         print(path)
     return 0

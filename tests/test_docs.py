@@ -154,19 +154,20 @@ def test_every_picture_is_shown_and_every_shown_picture_exists():
 
 
 def test_the_figures_script_draws_from_runs(tmp_path):
-    """On a small set and two results.csv files (ours, and the reference's padded headers): the
-    charts, both augmentation paths, the curves of both runs."""
+    """On a small set and a parity folder (two seeds a side): the charts, both augmentation paths, the curves of
+    every run."""
+    import json
+
     from yolokit.data import make_shapes
 
     figures = _figures()
     data = make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64)
     made = [figures.levers(tmp_path), figures.augment(tmp_path, str(data), imgsz=64, n=4)]
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "results.csv").write_text("epoch,mAP50,mAP50-95\n1,0.1,0.05\n2,0.3,0.2\n")
-    (tmp_path / "theirs.csv").write_text("  epoch,  metrics/mAP50(B),  metrics/mAP50-95(B)\n1,0.2,0.1\n2,0.4,0.25\n")
-    assert figures.read_results(tmp_path / "theirs.csv")["metrics/mAP50-95(B)"] == [0.1, 0.25]
-    made.append(figures.curves(run, tmp_path / "theirs.csv", tmp_path))
+    runs = [{"side": side, "seed": seed, "curve": {"box50": [0.1 + seed, 0.3], "box": [0.05, 0.2 + seed / 10]}}
+            for side in ("yolokit", "reference") for seed in (0, 1)]
+    (tmp_path / "parity").mkdir()
+    (tmp_path / "parity" / "runs.json").write_text(json.dumps(runs))
+    made.append(figures.curves(tmp_path / "parity", tmp_path))
     import cv2
 
     shapes = {p.name: cv2.imread(str(p)).shape for p in made}
