@@ -283,6 +283,9 @@ SCRIPTS = {
                           "--repeats", "1", "--workers", "0", "--uint8", "--augment-on-device"],
                          [rf"^yolokit +{NUMBER} +{NUMBER}", rf"^yolokit uint8_images +{NUMBER} +{NUMBER}",
                           rf"^yolokit augment_on device +{NUMBER} +{NUMBER}"]),
+    "seg_loader.py": (["--runs", "1", "--imgsz", "64", "--batches", "1", "--workers", "0"],
+                      [rf"^\| with masks \| {NUMBER} \({NUMBER}\) \| {NUMBER} \({NUMBER}\) \|$",
+                       rf"^\| ratio \| \*\*{NUMBER}x\*\* \({NUMBER}x\) \|"]),
     "predict_memory.py": (["--counts", "3", "--size", "64", "--imgsz", "64", "--batch", "2", "--modes", "streamed"],
                           [rf"^\| 3 \| streamed \| {NUMBER} \| {NUMBER} \|$"]),
 }
