@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.pipeline import yolokit_loader  # noqa: E402
+from harness.timing import header  # noqa: E402
 
 
 def main() -> int:
@@ -26,6 +27,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=16)
     args = parser.parse_args()
     from yolokit.data import make_shapes
+
+    print(header())
 
     batch, warmup = 16, 3
     yaml = make_shapes(n_train=(args.batches + warmup) * batch, n_val=16, imgsz=args.imgsz, seed=0, segments=True)
