@@ -84,3 +84,16 @@ def test_the_compiled_loss_equals_the_eager_loss_for_any_max_boxes():
         assert abs(got.item() - want.item()) <= 1e-6 * abs(want.item()) and want.item() > 0
         grads = [torch.autograd.grad(x, maps) for x in (want, got)]
         assert all(float((b - a).norm() / a.norm()) < 1e-5 for a, b in zip(*grads, strict=True))
+
+
+@pytest.mark.parametrize("floor, steps", [(100, 100), (0, 4)])
+def test_the_warmup_floor_reaches_the_schedule(tmp_path, floor, steps):
+    """warmup_min_steps: 2 steps an epoch, 2 warmup epochs: 4 steps, or the 100-step floor."""
+    from yolokit.data import make_shapes
+    from yolokit.train.build import build_run
+
+    data = make_shapes(tmp_path / "set", n_train=4, n_val=2, imgsz=64)
+    built = build_run(TrainConfig(data=str(data), imgsz=64, batch=2, nbs=2, workers=0, plots=False, warmup_epochs=2,
+                                  warmup_min_steps=floor, model="yolov8n", out=str(tmp_path / "run")),
+                      user_callbacks=[])
+    assert built.parts.schedule.warmup_iters == steps

@@ -47,6 +47,10 @@ def test_schedule_warmup_and_decay():
     s.apply(opt, epoch=9, iteration=500)
     assert all(g["lr"] == pytest.approx(0.01 * (0.1 * 0.99 + 0.01)) for g in opt.param_groups)
     assert s.factor(0) == 1.0 and s.factor(10) == pytest.approx(0.01)
+    short = LRSchedule(lr0=0.01, lrf=0.01, epochs=25, iters_per_epoch=25, warmup_epochs=1)
+    assert short.warmup_iters == 100                                   # the floor: 4 epochs of 25 steps
+    assert LRSchedule(lr0=0.01, lrf=0.01, epochs=25, iters_per_epoch=25, warmup_epochs=1,
+                      warmup_min_iters=0).warmup_iters == 25            # warmup_epochs alone
     cos = LRSchedule(lr0=0.01, lrf=0.01, epochs=10, iters_per_epoch=50, cosine=True)
     assert cos.factor(5) == pytest.approx(0.505) and cos.factor(10) == pytest.approx(0.01)
 

@@ -141,7 +141,7 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     decay = cfg.weight_decay * plan.images_per_step / cfg.nbs
     optimizer = build_optimizer(model, opt_name, lr0, momentum, decay, fused=settings.fused_optimizer)
     schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, plan.steps_per_epoch, cfg.warmup_epochs,
-                          cfg.warmup_momentum, bias_lr, momentum, cfg.cos_lr)
+                          cfg.warmup_momentum, bias_lr, momentum, cfg.cos_lr, cfg.warmup_min_steps)
     graphs = step_graphs(cfg, plan, train_net, criterion, precision, optimizer, report=notes.append)
     parts = Parts(config=cfg, plan=plan, settings=settings, run_dir=run_dir, callbacks=tuple(callbacks),
                   names=tuple(names), train_set=train_set, loader=loader, val_loader=val_loader, model=model,

@@ -60,6 +60,7 @@ class TrainConfig:
     momentum: float = 0.937       # SGD momentum, AdamW beta1
     weight_decay: float = 5e-4    # scaled by the effective batch / nbs
     warmup_epochs: float = 3.0    # epochs of linear warmup (fractions allowed), counted in optimizer steps
+    warmup_min_steps: int = 100   # the warmup's floor in optimizer steps (0: warmup_epochs alone)
     warmup_momentum: float = 0.8  # momentum at the warmup's start
     warmup_bias_lr: float = 0.1   # the biases' learning rate at the warmup's start
     cos_lr: bool = False          # a cosine schedule from lr0 to lr0 * lrf, else linear
@@ -176,6 +177,7 @@ class TrainConfig:
              f"augment_on must be auto, workers or device, got {self.augment_on}"),
             (self.mosaic_buffer >= 0, f"mosaic_buffer must be >= 0, got {self.mosaic_buffer}"),
             (self.nbs >= 1, f"nbs must be >= 1, got {self.nbs}"),
+            (self.warmup_min_steps >= 0, f"warmup_min_steps must be >= 0, got {self.warmup_min_steps}"),
             (self.save_period_iters >= 0, f"save_period_iters must be >= 0, got {self.save_period_iters}"),
             (self.save_period >= 0, f"save_period must be >= 0, got {self.save_period}"),
             (self.val_interval >= 1, f"val_interval must be >= 1 epochs (the last epoch always validates), "

@@ -114,11 +114,13 @@ class LRSchedule:
         lrf: final learning rate as a fraction of lr0.
         epochs: total epochs.
         iters_per_epoch: optimizer-independent iterations (batches) per epoch.
-        warmup_epochs: length of the warmup, at least 100 iterations when non-zero.
+        warmup_epochs: length of the warmup, at least ``warmup_min_iters`` iterations when non-zero.
         warmup_momentum: momentum at the start of warmup.
         warmup_bias_lr: bias learning rate at the start of warmup (it falls to the schedule).
         momentum: momentum after warmup.
         cosine: cosine instead of linear decay.
+        warmup_min_iters: the warmup's floor in iterations (100, as the reference's trainer had it up to 8.3;
+            0: ``warmup_epochs`` alone, as its 8.4 has it).
     """
 
     lr0: float
@@ -130,12 +132,13 @@ class LRSchedule:
     warmup_bias_lr: float = 0.1
     momentum: float = 0.937
     cosine: bool = False
+    warmup_min_iters: int = 100
 
     @property
     def warmup_iters(self) -> int:
         if self.warmup_epochs <= 0:
             return 0
-        return max(round(self.warmup_epochs * self.iters_per_epoch), 100)
+        return max(round(self.warmup_epochs * self.iters_per_epoch), self.warmup_min_iters)
 
     def factor(self, epoch: int) -> float:
         """Decay factor of the learning rate at ``epoch`` (1 at epoch 0, lrf at the end)."""
