@@ -2,7 +2,8 @@
 scored by one evaluator (yolokit's validation), a table per seed and its mean, min and max.
 
     /tmp/benchenv/bin/python benchmarks/parity.py --model yolov8n-seg --data shapes-seg --seeds 0 1 2 \
-        --out runs/parity/seg [--epochs 25 --imgsz 256 ...] [--sides yolokit reference]
+        --out runs/parity/seg [--epochs 25 --imgsz 256 ...] [--sides yolokit reference] \
+        [--set yolokit.warmup_min_steps=0 --set reference.warmup_bias_lr=0.1 ...]
 
 Run with an interpreter where both yolokit and ultralytics import (the bench environment). Each run is a
 process of its own (``--one SIDE SEED``), one after the other, so that neither trainer's settings (threads,
@@ -46,17 +47,33 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
     out = Path(args.out) / f"{side}-{seed}"
     preset = dict(epochs=args.epochs, imgsz=args.imgsz, batch=args.batch, nbs=args.nbs,
                   warmup_epochs=args.warmup_epochs, close_mosaic=args.close_mosaic)
+    preset.update(overrides(args.set, side))
     if side == "yolokit":
         from yolokit.train import TrainConfig, train
 
-        train(TrainConfig(model=args.model, data=str(data_yaml(args.data)), seed=seed, out=str(out),
-                          workers=args.workers, plots=False, **preset))
+        train(TrainConfig(**{**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed, out=str(out),
+                                    workers=args.workers, plots=False), **preset}))
         return
     from ultralytics import YOLO
 
-    YOLO(f"{args.model}.yaml").train(data=str(data_yaml(args.data)), seed=seed, deterministic=True, device="cpu",
-                                     workers=args.workers, project=str(out.parent), name=out.name, exist_ok=True,
-                                     plots=False, verbose=False, **preset)
+    YOLO(f"{args.model}.yaml").train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
+                                               device="cpu", workers=args.workers, project=str(out.parent),
+                                               name=out.name, exist_ok=True, plots=False, verbose=False), **preset})
+
+
+def overrides(pairs: list[str], side: str) -> dict:
+    """``--set SIDE.key=value`` pairs of ``side`` as a dict (values read as YAML: ``0``, ``0.9``, ``false``)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        who, _, key = name.partition(".")
+        if who not in ("yolokit", "reference") or not key or not _:
+            raise SystemExit(f"--set {pair!r}: expected SIDE.key=value, SIDE yolokit or reference")
+        if who == side:
+            out[key] = yaml.safe_load(value)
+    return out
 
 
 def score(weights: Path, args: argparse.Namespace) -> dict:
@@ -174,6 +191,8 @@ def main() -> int:
     parser.add_argument("--sides", nargs="+", default=["yolokit", "reference"], choices=["yolokit", "reference"])
     parser.add_argument("--out", default="runs/parity")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="SIDE.KEY=VALUE",
+                        help="a setting of one side's trainer (an ablation), e.g. yolokit.warmup_min_steps=0")
     for k, v in PRESETS["shapes"].items():                   # the set's preset where a flag gives none
         parser.add_argument(f"--{k.replace('_', '-')}", type=type(v), default=None)
     parser.add_argument("--one", nargs=2, metavar=("SIDE", "SEED"), help=argparse.SUPPRESS)
