@@ -52,12 +52,13 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
         from yolokit.train import TrainConfig, train
 
         train(TrainConfig(**{**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed, out=str(out),
-                                    workers=args.workers, plots=False), **preset}))
+                                    workers=args.workers, plots=False, device=args.device), **preset}))
         return
     from ultralytics import YOLO
 
+    device = "cpu" if args.device == "cpu" else args.device.replace("cuda:", "").replace("cuda", "0")   # theirs: "0"
     YOLO(f"{args.model}.yaml").train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
-                                               device="cpu", workers=args.workers, project=str(out.parent),
+                                               device=device, workers=args.workers, project=str(out.parent),
                                                name=out.name, exist_ok=True, plots=False, verbose=False), **preset})
 
 
@@ -82,7 +83,7 @@ def score(weights: Path, args: argparse.Namespace) -> dict:
     from yolokit.data import DetectionDataset, build_dataloader
     from yolokit.val import validate
 
-    model = yolokit.load(str(weights)).eval()
+    model = yolokit.load(str(weights)).eval().to(args.device)
     loader = build_dataloader(DetectionDataset(data_yaml(args.data), "val", imgsz=args.imgsz, rect=True,
                                                stride=max(model.strides)), 16, workers=0, shuffle=False)
     result, _ = validate(model, loader, num_classes=model.num_classes)
@@ -106,7 +107,8 @@ def reference_score(side: str, weights: Path, args: argparse.Namespace) -> dict 
         if side == "yolokit":
             checkpoint = Path(tmp) / "reference.pt"
             ultralytics_checkpoint(str(weights), checkpoint, args.imgsz)
-        out = YOLO(str(checkpoint)).val(data=str(data_yaml(args.data)), imgsz=args.imgsz, batch=16, device="cpu",
+        out = YOLO(str(checkpoint)).val(data=str(data_yaml(args.data)), imgsz=args.imgsz, batch=16,
+                                        device="cpu" if args.device == "cpu" else 0,
                                         plots=False, workers=0, verbose=False, project=tmp, name="val")
     scores = {"mAP50": float(out.box.map50), "mAP50-95": float(out.box.map)}
     if hasattr(out, "seg"):
@@ -191,6 +193,7 @@ def main() -> int:
     parser.add_argument("--sides", nargs="+", default=["yolokit", "reference"], choices=["yolokit", "reference"])
     parser.add_argument("--out", default="runs/parity")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (both sides train and score there)")
     parser.add_argument("--set", action="append", default=[], metavar="SIDE.KEY=VALUE",
                         help="a setting of one side's trainer (an ablation), e.g. yolokit.warmup_min_steps=0")
     for k, v in PRESETS["shapes"].items():                   # the set's preset where a flag gives none
