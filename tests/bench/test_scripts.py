@@ -37,7 +37,7 @@ def test_run_py_writes_json(tmp_path):
 
 
 GPU_SECTIONS = ["tests", "reference", "precision", "fused", "epoch", "launch", "channels_last", "augment", "batch",
-                "mfu", "checkpointing", "loader", "deploy", "seg"]   # in order of priority (issue 42; then 52, 60)
+                "mfu", "checkpointing", "loader", "deploy", "seg", "parity"]   # in order of priority (issue 42; 52, 60, 61)
 
 
 def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
@@ -70,6 +70,11 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     assert tests["pytest -m gpu: failed or errors"]["value"] == 0
     assert tests["pytest -m gpu: passed"]["data"]["skipped"] >= 5
     assert "deselected" in tests["pytest -m gpu: passed"]["note"]
+
+    parity = rows["parity"]   # parity.py's runs at tiny sizes: one seed, yolokit's side (both where ultralytics imports)
+    assert parity["runs finished"]["value"] == len(parity["runs finished"]["data"]["sides"])
+    assert 0 <= parity["yolokit mAP50-95 (yolokit val), mean over seeds"]["value"] <= 1
+    assert {"runs.json", "table.md", "curves.png", "parity.log"} <= {f.name for f in (tmp_path / "parity").iterdir()}
 
     seg = rows["seg"]   # the segmentation step: both models stepped, the ratio of their rates
     assert seg["yolov8s-seg bf16 img/s"]["value"] > 0 and seg["yolov8s-seg bf16 peak memory"]["value"] is None
@@ -214,6 +219,10 @@ def test_gpu_pass_plan_fits_a_session_of_device_time():
     for names, budget in later:                                         # each command fits one session's pass
         assert int(budget) == sum(gpu.CAPS[n] for n in names.split()) <= gpu.FIRST_BUDGET_S
     assert all("--out $OUT" in c and "--reference-python /tmp/refpy" in c and ".whl/*.whl" in c for c in commands)
+    assert later[-1][0].split() == ["parity"]     # issue 61's runs: a command of their own, the last
+    # its estimate fits its cap with a margin, and its command (timeout_s 600) holds the setup, the cap, the grace
+    assert gpu.parity_runs.estimate_s() <= 0.95 * gpu.CAPS["parity"]
+    assert gpu.SETUP_S + gpu.CAPS["parity"] + gpu.parity_runs.GRACE_S <= gpu.COMMAND_S
 
 
 def test_gpu_pass_runs_what_fits_its_budget_and_names_the_rest(tmp_path, monkeypatch, capsys):
@@ -259,6 +268,70 @@ def test_gpu_pass_writes_its_results_after_every_section(tmp_path, monkeypatch):
     assert "precision" in (tmp_path / "gpu-results.txt").read_text()
 
 
+def test_gpu_parity_section_stops_at_its_cap_and_resumes_its_runs(tmp_path, monkeypatch):
+    """Issue 61's section: a run starts only while its estimate (the longest run so far) fits the cap; a run
+    stopped at the cap is removed and the rest left; the next call takes the finished runs from their records
+    and trains only the others; the rows are each side's mean (min-max) over its seeds."""
+    import dataclasses
+
+    gpu = _gpu_script()
+    runs = gpu.parity_runs
+    now, calls, kill = [0.0], [], set()
+
+    class FakeClock:
+        def __init__(self, cap_s):
+            self.cap_s = cap_s
+
+        def elapsed(self):
+            return now[0]
+
+    def call(cmd, env, limit, log, cwd):   # parity.py's run, 100 s of it: the run's folder, its runs.json
+        side, seed = cmd[cmd.index("--sides") + 1], int(cmd[cmd.index("--seeds") + 1])
+        calls.append(f"{side}-{seed}")
+        now[0] += 100
+        run = Path(cmd[cmd.index("--out") + 1]) / f"{side}-{seed}"
+        (run / "weights").mkdir(parents=True, exist_ok=True)
+        (run / "weights" / "last.pt").write_bytes(b"")
+        if f"{side}-{seed}" in kill:          # cut short: no epoch written
+            (run / "results.csv").write_text("epoch,mAP50\n")
+            return -9, 100.0, ["killed"]
+        (run / "results.csv").write_text("epoch,mAP50\n1,0.5\n")
+        score = 0.1 * (seed + 1) + (0.05 if side == "reference" else 0.0)
+        record = {"side": side, "seed": seed, "seconds": 99.0, "scores": {"mAP50": 2 * score, "mAP50-95": score},
+                  "reference_val": {"mAP50": 2 * score, "mAP50-95": score + 0.01},
+                  "curve": {"box50": [2 * score], "box": [score], "mask": [], "first_50": None}}
+        (run.parent / "runs.json").write_text(json.dumps([record]))
+        return 0, 100.0, []
+
+    plan = runs.plan
+    monkeypatch.setattr(runs, "plan", lambda s, reference: dataclasses.replace(plan(s, reference), seeds=(0, 1, 2)))
+    monkeypatch.setattr(runs, "interpreter", lambda python: (sys.executable, {"ultralytics": "8", "polars": True}, ""))
+    monkeypatch.setattr(runs, "call", call)
+    s = dataclasses.replace(gpu.settings(True), out=tmp_path)
+
+    rows = {r.what: r for r in runs.parity(s, FakeClock(250))}   # two runs of 100 s fit, the third would not
+    assert calls == ["yolokit-0", "reference-0"] and rows["runs finished"].value == 2
+    assert "left at the cap: yolokit-1 reference-1 yolokit-2 reference-2" in rows["runs finished"].note
+    assert len(json.loads((tmp_path / "parity" / "runs.json").read_text())) == 2
+
+    calls.clear()
+    kill.add("yolokit-1")
+    rows = {r.what: r for r in runs.parity(s, FakeClock(1e6))}   # the earlier two from their records
+    assert calls == ["yolokit-1"] and rows["runs finished"].value == 2   # stopped: the rest left, its folder gone
+    assert not (tmp_path / "parity" / "runs" / "yolokit-1").exists()
+
+    calls.clear()
+    kill.clear()
+    rows = {r.what: r for r in runs.parity(s, FakeClock(1e6))}
+    assert calls == ["yolokit-1", "reference-1", "yolokit-2", "reference-2"] and rows["runs finished"].value == 6
+    ours = rows["yolokit mAP50-95 (yolokit val), mean over seeds"]
+    assert ours.value == pytest.approx(0.2) and (ours.data["min"], ours.data["max"]) == pytest.approx((0.1, 0.3))
+    assert rows["reference mAP50-95 (reference val), mean over seeds"].value == pytest.approx(0.26)
+    assert rows["mAP50-95 yolokit - reference (yolokit val), means"].value == pytest.approx(-0.05)
+    table = (tmp_path / "parity" / "table.md").read_text().splitlines()
+    assert len(table) == 2 + 6 + 2 and table[-2].startswith("| yolokit | mean (min-max) | ")
+
+
 def test_gpu_wheels_fetches_cp312_manylinux_wheels_of_the_reference_without_dependencies(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_wheels.py"), "--dry-run", "--dest", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
@@ -283,6 +356,9 @@ SCRIPTS = {
                           "--repeats", "1", "--workers", "0", "--uint8", "--augment-on-device"],
                          [rf"^yolokit +{NUMBER} +{NUMBER}", rf"^yolokit uint8_images +{NUMBER} +{NUMBER}",
                           rf"^yolokit augment_on device +{NUMBER} +{NUMBER}"]),
+    "demo_split.py": (["--epochs", "1", "--imgsz", "64"],
+                      [rf"^\| epoch \| {NUMBER} \|$", rf"^\| steps \| {NUMBER} \|$", rf"^\| the rest \| {NUMBER} \|$",
+                       rf"^\| callbacks: CSVLogger.on_epoch_end \| {NUMBER} \|$"]),
     "seg_loader.py": (["--runs", "1", "--imgsz", "64", "--batches", "1", "--workers", "0"],
                       [rf"^\| with masks \| {NUMBER} \({NUMBER}\) \| {NUMBER} \({NUMBER}\) \|$",
                        rf"^\| ratio \| \*\*{NUMBER}x\*\* \({NUMBER}x\) \|"]),
