@@ -54,7 +54,10 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
         train(TrainConfig(**{**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed, out=str(out),
                                     workers=args.workers, plots=False, device=args.device), **preset}))
         return
-    from ultralytics import YOLO
+    import os
+
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out.resolve()}/mlflow.db")   # its MLflow logger: not
+    from ultralytics import YOLO                                                          # into the working folder
 
     device = "cpu" if args.device == "cpu" else args.device.replace("cuda:", "").replace("cuda", "0")   # theirs: "0"
     YOLO(f"{args.model}.yaml").train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
