@@ -56,8 +56,9 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
         return
     import os
 
-    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out.resolve()}/mlflow.db")   # its MLflow logger: not
-    from ultralytics import YOLO                                                          # into the working folder
+    # its MLflow logger (on where mlflow imports) writes into the run's folder, not the working folder
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out.resolve()}/mlflow.db")
+    from ultralytics import YOLO
 
     device = "cpu" if args.device == "cpu" else args.device.replace("cuda:", "").replace("cuda", "0")   # theirs: "0"
     YOLO(f"{args.model}.yaml").train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
