@@ -8,7 +8,7 @@
 
 A lent GPU runs commands of at most 10 minutes, and a session gets 15 minutes of device time
 (``LEASE_S``), a machine's start included. The sections' caps add up to more than one session
-can hold (``CAPS``, 1,445 s), so a command takes ``--budget``: the sections run in order, each only
+can hold (``CAPS``, 2,035 s), so a command takes ``--budget``: the sections run in order, each only
 if its cap fits in what is left of the budget, and those that do not fit are written to the
 results as ``left`` with the command that runs them (at once, if the session's device time
 allows, else first thing in the next session with a GPU). ``--plan`` prints the commands with
@@ -55,6 +55,13 @@ loader          NVML utilisation training yolov8s (and yolov8n) from the real lo
 deploy          yolov8n fused, fp32 and fp16: ``yolokit.export(..., "pt2",             (none)    150
                 device="cuda")`` (the AOTInductor compile, its check) against eager:
                 batch 1 latency, batch 16 img/s
+seg             yolov8s-seg and yolov8s at 640, b64 bf16: img/s of each in turns,     (none)    90
+                their ratio; the seg step's peak memory
+parity          ``benchmarks/parity.py``'s seeds 0 1 2 on both sides at a larger      (none)    500
+                scale (``gpu/parity_runs.py``): yolov8s 640, 8 epochs of a 2,000-image
+                shapes set, batch 32 / nbs 64: each side's mean (min-max) mAP50-95
+                and mAP50 by yolokit's validation and the reference's; a command of
+                its own, which resumes its runs when run again on a warm machine
 ==============  =====================================================================  ========  =====
 
 Budget. The estimates assume H100 training at ~600-900 img/s for yolov8s in bf16, ~200-300
@@ -98,7 +105,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from gpu import augment, deploy, epoch, feeding, flops, memory, precision, segment, suite
+from gpu import augment, deploy, epoch, feeding, flops, memory, parity_runs, precision, segment, suite
 from gpu.common import Clock, Row, Settings, fmt, free
 from harness.timing import header
 
@@ -121,12 +128,13 @@ SECTIONS = {   # in order of priority (issue 42): what is still unknown and deci
     "loader": feeding.utilisation,
     "deploy": deploy.pt2_cuda,               # issue 52: the AOTInductor .pt2 compiled for CUDA, after the rest
     "seg": segment.seg_step,                  # issue 60: yolov8s-seg's step against yolov8s's, its peak memory
+    "parity": parity_runs.parity,            # issue 61: parity.py's seeds at yolov8s 640, both sides; a command alone
 }
 # seconds, sized from the 2026-11-27 runs: precision took 73 s for 3 of its 4 rows, channels_last ~20 s a row,
 # batch 138 s, augment 5-6 s; the reference timed out at 60 s in its own interpreter
 CAPS = {"tests": 90, "reference": 110, "precision": 100, "fused": 80, "epoch": 200, "launch": 120,
         "channels_last": 120, "augment": 40, "batch": 150, "mfu": 150, "checkpointing": 60, "loader": 75,
-        "deploy": 150, "seg": 90}
+        "deploy": 150, "seg": 90, "parity": 500}   # parity: a whole command's caps (gpu.parity_runs: 8 epochs fit)
 LEASE_S = 900        # a session's device time: 15 minutes, the machine's start, idle waits and transfers included
 START_S = 60         # a machine's start and the working tree's transfer (27 s seen on 2026-11-27)
 SETUP_S = 40         # a command's own start: the reference's wheels, python, CUDA, the header
@@ -165,6 +173,8 @@ def run_section(name: str, s: Settings, reference_python: str | None) -> tuple[l
     try:
         if name == "reference" and reference_python:
             rows = flops.reference_elsewhere(reference_python, s, clock)
+        elif name == "parity":            # both trainers' runs, by the reference's interpreter where it imports
+            rows = parity_runs.parity(s, clock, reference_python)
         else:
             rows = SECTIONS[name](s, clock)
     except Exception as exc:
@@ -314,6 +324,9 @@ def plan() -> str:
         f"{FIRST_BUDGET_S} s of caps: first in the next sessions with a GPU, each after the correct-on-GPU command "
         f"(the sections gpu-results.json lists as \"left\")",
         *[command(group, sum(CAPS[n] for n in group)) for group in later],
+        *([f"# parity (issue 61; gpu/parity_runs.py): timeout_s {COMMAND_S}, its runs' grace after the cap; its runs "
+           f"stay in runs/gpu-parity on the machine, so while gpu-results.json says runs are left, the same command "
+           f"again (warm machine) trains only those"] if "parity" in rest else []),
     ])
 
 
@@ -373,15 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     described = header({"ultralytics": flops.reference_version() or "not importable"})
     print(described)
     folder = args.out or default_out()
-    start, rows, sections, left = time.perf_counter(), [], {}, []
+    start, rows, sections, left, spent = time.perf_counter(), [], {}, [], 0.0
     path = write_results(folder, described, s, sections, rows, 0.0, left)
     for name in names:
-        if args.budget is not None and time.perf_counter() - start + CAPS[name] > args.budget:
+        # the sections' own seconds against the budget: a command whose budget is its sections' caps (the plan's,
+        # the one printed for those left) runs its last one while the others stayed within theirs
+        if args.budget is not None and spent + CAPS[name] > args.budget:
             left.append(name)   # its cap does not fit what is left of the budget: the next command's
             print(f"\n== {name}: left for the next command (cap {CAPS[name]} s; "
-                  f"{max(0.0, args.budget - (time.perf_counter() - start)):.0f} s of the budget left) ==", flush=True)
+                  f"{max(0.0, args.budget - spent):.0f} s of the budget left) ==", flush=True)
             continue
         got, elapsed = run_section(name, s, args.reference_python)
+        spent += elapsed
         rows += got
         sections[name] = {"elapsed_s": elapsed, "cap_s": CAPS[name], "rows": [r.as_dict() for r in got]}
         if (got[0].data or {}).get("device_failed"):    # a CUDA error: nothing more can run in this process

@@ -8,4 +8,5 @@
 - ``epoch``: the trainer itself on a COCO-sized synthetic set: images/s, data%, GPU busy.
 - ``flops``: model FLOPs utilisation, and the step time against the reference (Ultralytics).
 - ``suite``: the ``gpu``-marked tests of the checkout, run as a subprocess.
+- ``parity_runs``: ``benchmarks/parity.py``'s seeds on both trainers at yolov8s 640 (issue 61), run by run.
 """

@@ -37,7 +37,7 @@ def test_run_py_writes_json(tmp_path):
 
 
 GPU_SECTIONS = ["tests", "reference", "precision", "fused", "epoch", "launch", "channels_last", "augment", "batch",
-                "mfu", "checkpointing", "loader", "deploy", "seg", "parity"]   # in order of priority (issue 42; 52, 60, 61)
+                "mfu", "checkpointing", "loader", "deploy", "seg", "parity"]   # in order of priority (42; 52, 60, 61)
 
 
 def gpu_rows(path: Path) -> dict[str, dict[str, dict]]:
@@ -71,7 +71,7 @@ def test_gpu_py_all_cpu_smoke_gives_every_section_its_numbers(tmp_path):
     assert tests["pytest -m gpu: passed"]["data"]["skipped"] >= 5
     assert "deselected" in tests["pytest -m gpu: passed"]["note"]
 
-    parity = rows["parity"]   # parity.py's runs at tiny sizes: one seed, yolokit's side (both where ultralytics imports)
+    parity = rows["parity"]   # parity.py's runs at tiny sizes: a seed, yolokit's side (both where ultralytics imports)
     assert parity["runs finished"]["value"] == len(parity["runs finished"]["data"]["sides"])
     assert 0 <= parity["yolokit mAP50-95 (yolokit val), mean over seeds"]["value"] <= 1
     assert {"runs.json", "table.md", "curves.png", "parity.log"} <= {f.name for f in (tmp_path / "parity").iterdir()}
