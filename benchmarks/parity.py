@@ -15,7 +15,7 @@ weights-only) and, where ultralytics imports, with the reference validator too (
 by half a stride; yolokit's weights copied into an Ultralytics model by ``val_parity.ultralytics_checkpoint``).
 Each run's curve is read from its own ``results.csv``: mAP50 and mAP50-95 per epoch, and the first epoch whose
 mAP50 reaches 0.5. ``table.md``, ``runs.json`` and ``curves.png`` (every run's curves, each side's mean bold) are
-written to ``--out``; a run whose ``last.pt`` is there already is scored, not trained again.
+written to ``--out``; a run that finished already (``last.pt`` and a row per epoch) is scored, not trained again.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -93,6 +94,15 @@ def score(weights: Path, args: argparse.Namespace) -> dict:
     result, _ = validate(model, loader, num_classes=model.num_classes)
     return {"mAP50": result.map50, "mAP50-95": result.map50_95, "mask_mAP50": result.mask_map50,
             "mask_mAP50-95": result.mask_map50_95}
+
+
+def finished(run: Path, epochs: int) -> bool:
+    """Whether ``run`` holds a whole run: its ``last.pt`` and a results.csv row for each of ``epochs`` (a run cut
+    short is removed and trained again: two parity processes must not share a seed and side)."""
+    results = run / "results.csv"
+    if not (run / "weights" / "last.pt").is_file() or not results.is_file():
+        return False
+    return len(list(csv.DictReader(results.open()))) >= epochs
 
 
 def reference_score(side: str, weights: Path, args: argparse.Namespace) -> dict | None:
@@ -217,7 +227,8 @@ def main() -> int:
         for side in args.sides:
             run = out / f"{side}-{seed}"
             start = time.perf_counter()
-            if not (run / "weights" / "last.pt").is_file():
+            if not finished(run, args.epochs):
+                shutil.rmtree(run, ignore_errors=True)           # a run cut short: from its start again
                 subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", side, str(seed)], check=True)
             seconds = time.perf_counter() - start
             weights = run / "weights" / "last.pt"
