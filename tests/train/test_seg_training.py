@@ -83,8 +83,9 @@ def test_a_detection_model_trains_on_a_segmentation_set_from_its_boxes(seg_shape
 
 
 def test_the_device_augmentation_trains_the_segmentation_model_as_the_workers_do(seg_shapes, tmp_path):
-    """augment_on="device": the same labels and masks as the workers path, images within a grey level, so an
-    epoch's losses agree closely (a mask left unwarped or unflipped would not)."""
+    """The trainer on augment_on="device" with a seg model: it trains, its batches carry the masks to the loss,
+    and an epoch's losses agree closely with the workers path's (the labels and masks are equal bit for bit:
+    tests/data/test_segment_items.py; the images within a grey level)."""
     rows = []
     for on in ("workers", "device"):
         train(config(seg_shapes, tmp_path / on, epochs=1, multi_scale=False, augment_on=on, save_period_iters=0))

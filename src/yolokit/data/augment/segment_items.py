@@ -91,6 +91,8 @@ def _resampled(ds: Any, i: int) -> tuple[np.ndarray, np.ndarray]:
         cache[i] = cache.pop(i)                          # the most recent last
     else:
         cache[i] = resampled_rows(ds.index.segments.image(i))
+        for array in cache[i]:                           # shared by later items: read-only
+            array.setflags(write=False)
         if len(cache) > max(ds.buffer_size, 8):
             del cache[next(iter(cache))]
     return cache[i]
@@ -243,7 +245,7 @@ def _maybe_shown(ds: Any, rows: list, canvas: Any, plan: Any) -> np.ndarray:
     """Which of the Mosaic's rows an affine warp (no perspective) may show, bool [G]: a row whose polygon's
     extent (its points', or its box's for a box row, shifted with its tile and cut to it) lands wholly
     beyond one edge of the output, by a pixel at least, would get an empty box and be dropped by the warp
-    (``affine_polygons``), so its polygon need not be resampled. With perspective: all."""
+    (``affine_polygons``), so its polygon need not be placed and warped. With perspective: all."""
     if not np.array_equal(plan.box_m[2], [0.0, 0.0, 1.0]):
         return np.ones(sum(len(k) for *_, k in rows), bool)
     extents = []
