@@ -401,21 +401,23 @@ def test_copy_paste_on_a_set_read_for_boxes_says_once_that_it_is_off(tmp_path, c
 
 def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, monkeypatch):
     """A Mosaic's rows whose outline lands wholly off the warped output are not resampled
-    (``segment_items._maybe_shown``): every item, image, boxes and masks, is the one made with all rows."""
+    (``segment_items._mosaic_polygons`` given the warp's plan): every item, image, boxes and masks, is the one
+    made with all rows."""
     from yolokit.data.augment import segment_items
 
     hyp = AugmentConfig(mosaic=1.0, degrees=10.0, shear=2.0, translate=0.2, scale=0.5, fliplr=0.5)
     ds = DetectionDataset(seg_many, "train", imgsz=96, augment=True, hyp=hyp, segments=True, buffer_size=0)
-    skipped, original = [], segment_items._maybe_shown
+    skipped, original = [], segment_items._mosaic_polygons
 
-    def counted(*args):
-        shown = original(*args)
-        skipped.append(int((~shown).sum()))
-        return shown
+    def counted(ds, rows, canvas, plan=None):
+        out = original(ds, rows, canvas, plan)
+        skipped.append(int((~out[2]).sum()))
+        return out
 
-    monkeypatch.setattr(segment_items, "_maybe_shown", counted)
+    monkeypatch.setattr(segment_items, "_mosaic_polygons", counted)
     items = [ds[i] for i in range(len(ds))]
-    monkeypatch.setattr(segment_items, "_maybe_shown", lambda *args: np.ones(len(original(*args)), bool))
+    monkeypatch.setattr(segment_items, "_mosaic_polygons", lambda ds, rows, canvas, plan=None:
+                        original(ds, rows, canvas))
     for i, item in enumerate(items):
         again = ds[i]
         assert all(torch.equal(item[k], again[k]) for k in ("image", "boxes", "classes", "masks", "mask_rows")), i

@@ -10,6 +10,7 @@ masks are one index map, larger objects drawn first, so a smaller object lies ov
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
@@ -40,15 +41,7 @@ def resample_polygons(points: np.ndarray, n: int = POINTS) -> np.ndarray:
     """:func:`resample_polygon` of polygons of one point count at once: float [G, K, 2] to float32 [G, n, 2]
     (``np.interp``'s numbers: each new point is ``(p[j + 1] - p[j]) * (t - j) + p[j]`` in float64)."""
     points = np.asarray(points, np.float64)
-    g, k = points.shape[:2]
-    if k == n:
-        return points.astype(np.float32)
-    closed = np.concatenate([points, points[:, :1]], 1)                 # [G, K + 1, 2]
-    low, frac, last = _resample_table(k + 1, n)
-    start, step = closed[:, low], closed[:, low + 1] - closed[:, low]
-    out = step * frac[:, None] + start
-    out[:, last] = closed[:, -1:]                                       # np.interp's exact end point
-    return out.astype(np.float32)
+    return points.astype(np.float32) if points.shape[1] == n else _resample_all(list(points), n)
 
 
 @lru_cache(maxsize=256)
@@ -100,14 +93,29 @@ def polygon_crop(points: np.ndarray, shape: tuple[int, int], ratio: int = 1, *,
     h, w, r = int(shape[0]), int(shape[1]), int(ratio)
     if h % r or w % r:
         return MaskCrop(0, 0, polygon_mask(points, shape, ratio))
-    pts = np.asarray(points, np.float64).astype(np.int32).reshape(-1, 2)
+    pts = (points if isinstance(points, np.ndarray) and points.dtype == np.int32 else
+           np.asarray(points, np.float64).astype(np.int32)).reshape(-1, 2)
     x_lo, y_lo, x_hi, y_hi = np.concatenate(extent(pts)) if bounds is None else bounds
     if x_hi < 0 or y_hi < 0 or x_lo >= w or y_lo >= h:
         return MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
     x0, y0 = max(int(x_lo), 0) // r * r, max(int(y_lo), 0) // r * r
-    x1, y1 = (min(int(x_hi), w - 1) // r + 1) * r, (min(int(y_hi), h - 1) // r + 1) * r
+    return _fill(pts, x0, y0, (min(int(x_hi), w - 1) // r + 1) * r, (min(int(y_hi), h - 1) // r + 1) * r, r)
+
+
+def _fill_box(points: np.ndarray, h: int, w: int, r: int) -> MaskCrop:
+    """:func:`polygon_crop` of int32 points [K, 2] in an image h x w whose sides are multiples of ``r``."""
+    x_lo, y_lo, dx, dy = cv2.boundingRect(points)                   # the points' extent: OpenCV's, one call
+    x_hi, y_hi = x_lo + dx - 1, y_lo + dy - 1
+    if x_hi < 0 or y_hi < 0 or x_lo >= w or y_lo >= h:
+        return MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
+    return _fill(points, max(x_lo, 0) // r * r, max(y_lo, 0) // r * r, (min(x_hi, w - 1) // r + 1) * r,
+                 (min(y_hi, h - 1) // r + 1) * r, r)
+
+
+def _fill(points: np.ndarray, x0: int, y0: int, x1: int, y1: int, r: int) -> MaskCrop:
+    """The fill of ``points`` (int32 [K, 2]) in columns x0:x1 and rows y0:y1 of the image, shrunk by ``r``."""
     crop = np.zeros((y1 - y0, x1 - x0), np.uint8)
-    cv2.fillPoly(crop, (pts - np.array([x0, y0], np.int32)).reshape(1, -1, 2), color=1)
+    cv2.fillPoly(crop, points.reshape(1, -1, 2), color=1, offset=(-x0, -y0))
     return MaskCrop(y0 // r, x0 // r, crop if r == 1 else cv2.resize(crop, ((x1 - x0) // r, (y1 - y0) // r)))
 
 
@@ -143,30 +151,34 @@ def overlap_mask(polygons: Sequence[np.ndarray], shape: tuple[int, int], ratio: 
                             (int(shape[0]) // ratio, int(shape[1]) // ratio))
 
 
-def overlap_of(masks: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`overlap_mask` of masks already drawn: uint8 [N, h, w] of 0 and 1 at the mask's size ``shape``."""
-    return overlap_of_crops([MaskCrop(0, 0, m) for m in masks], shape)
-
-
 def overlap_of_crops(crops: Sequence[MaskCrop], shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`overlap_of` of masks given as crops (:func:`polygon_crop`)."""
+    """:func:`overlap_mask` of masks given as crops (:func:`polygon_crop`)."""
     index = np.zeros(shape, np.int32 if len(crops) > 255 else np.uint8)
     if not len(crops):
         return index, np.zeros(0, np.int64)
-    areas = np.array([c.mask.sum(dtype=np.uint64) for c in crops], np.uint64)
+    areas = np.array([cv2.countNonZero(c.mask) if c.mask.size else 0 for c in crops], np.uint64)   # 0 and 1
     order = np.argsort(-areas)       # unsigned: an object of no pixels wraps to 0 and comes first, as the reference's
-    for value, k in enumerate(order, 1):
+    for value, k in enumerate(order, 1):         # each value above those before it: it covers them
         top, left, mask = crops[k]
-        view = index[top:top + mask.shape[0], left:left + mask.shape[1]]
-        np.maximum(view, mask.astype(index.dtype) * value, out=view)
+        np.copyto(index[top:top + mask.shape[0], left:left + mask.shape[1]], value, where=mask.view(bool))
     return index, order.astype(np.int64)
 
 
 def extent(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The lowest and highest ``(x, y)`` of points [..., K, 2]: two [..., 2] arrays (one reduction per
-    coordinate: NumPy reduces an axis with a last axis of 2 after it about 25 times slower)."""
-    x, y = points[..., 0], points[..., 1]
-    return np.stack([x.min(-1), y.min(-1)], -1), np.stack([x.max(-1), y.max(-1)], -1)
+    """The lowest and highest ``(x, y)`` of points [..., K, 2]: two [..., 2] arrays (reduced coordinate by
+    coordinate over a contiguous copy: NumPy reduces an axis with a last axis of 2 after it far slower)."""
+    return _extent(_by_coordinate(points))
+
+
+def _by_coordinate(points: np.ndarray) -> np.ndarray:
+    """Points [..., K, 2] as a contiguous [2, ..., K]: x, then y."""
+    return np.ascontiguousarray(np.moveaxis(points, -1, 0))
+
+
+def _extent(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`extent` of points by coordinate (:func:`_by_coordinate`)."""
+    back = (*range(1, coords.ndim - 1), 0)
+    return coords.min(-1).transpose(back), coords.max(-1).transpose(back)
 
 
 def polygon_boxes(polygons: np.ndarray, width: float, height: float) -> np.ndarray:
@@ -178,12 +190,15 @@ def polygon_boxes(polygons: np.ndarray, width: float, height: float) -> np.ndarr
     borders (only the few edges that meet a border are crossed), and of the image's corners that lie inside
     it (or on its outline).
     """
-    dtype = polygons.dtype
-    n = len(polygons)
-    if n == 0 or polygons.shape[1] == 0:
-        return np.zeros((n, 4), dtype)
-    x, y = polygons[..., 0], polygons[..., 1]
-    low, high = extent(polygons)                                                    # [N, 2]
+    if len(polygons) == 0 or polygons.shape[1] == 0:
+        return np.zeros((len(polygons), 4), polygons.dtype)
+    return _boxes(_by_coordinate(polygons), width, height)
+
+
+def _boxes(coords: np.ndarray, width: float, height: float) -> np.ndarray:
+    """:func:`polygon_boxes` of polygons by coordinate (:func:`_by_coordinate`, [2, N, K], K > 0)."""
+    dtype = coords.dtype
+    low, high = _extent(coords)                                                     # [N, 2]
     boxes = np.concatenate([low, high], 1)
     inside = (low >= 0).all(1) & (high[:, 0] <= width) & (high[:, 1] <= height)
     off = (high[:, 0] < 0) | (high[:, 1] < 0) | (low[:, 0] > width) | (low[:, 1] > height)
@@ -191,28 +206,29 @@ def polygon_boxes(polygons: np.ndarray, width: float, height: float) -> np.ndarr
     cut = np.flatnonzero(~inside & ~off)
     if not len(cut):
         return boxes
-    points, x, y = polygons[cut], x[cut], y[cut]                                    # [M, K, 2]
-    axes = np.array((0, 0, 1, 1))
-    borders = np.array((0, width, 0, height), dtype)
-    limits = np.array((height, height, width, width), dtype)
-    step = np.roll(points, -1, axis=1) - points
+    points = np.take(coords, cut, 1)                                                # [2, M, K]
+    step = np.concatenate([points[..., 1:], points[..., :1]], -1) - points          # each edge, the last closing
+    size = np.array((width, height), dtype)
+    lo, hi = np.empty((len(cut), 2), dtype), np.empty((len(cut), 2), dtype)
+    shown = (points >= 0).all(0) & (points[0] <= width) & (points[1] <= height)    # [M, K]
+    for k in (0, 1):
+        lo[:, k] = points[k].min(1, where=shown, initial=np.inf)
+        hi[:, k] = points[k].max(1, where=shown, initial=-np.inf)
+    axes = np.array((0, 0, 1, 1))                                                   # x = 0, x = w, y = 0, y = h
+    borders = np.array((0, width, 0, height), dtype)[:, None, None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = (borders - points[..., axes]) / step[..., axes]                       # [M, K, 4]
-    r, e, b = np.nonzero((t >= 0) & (t <= 1))                                      # the few edges that meet a border
-    crossing = points[r, e] + t[r, e, b][:, None] * step[r, e]                     # [C, 2]
-    along = crossing[np.arange(len(b)), 1 - axes[b]]
-    crosses = (along >= 0) & (along <= limits[b])
-    r, crossing = r[crosses], crossing[crosses]
-    shown = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
-    lo = np.stack([np.where(shown, x, np.inf).min(1), np.where(shown, y, np.inf).min(1)], 1).astype(dtype)
-    hi = np.stack([np.where(shown, x, -np.inf).max(1), np.where(shown, y, -np.inf).max(1)], 1).astype(dtype)
-    np.minimum.at(lo, r, crossing)                                                  # the crossings, by row
-    np.maximum.at(hi, r, crossing)
+        t = (borders - np.take(points, axes, 0)) / np.take(step, axes, 0)          # [4, M, K]
+    b, r, e = np.nonzero((t >= 0) & (t <= 1))                                      # the few edges that meet a border
+    crossing = points[:, r, e] + t[b, r, e] * step[:, r, e]                         # [2, C]
+    along = crossing[1 - axes[b], np.arange(len(b))]                                # the other coordinate
+    crosses = (along >= 0) & (along <= size[1 - axes[b]])
+    np.minimum.at(lo, r[crosses], crossing[:, crosses].T)                           # the crossings, by row
+    np.maximum.at(hi, r[crosses], crossing[:, crosses].T)
     corners = np.array(((0, 0), (width, 0), (0, height), (width, height)), dtype)
     near = ((corners >= low[cut, None]) & (corners <= high[cut, None])).all(2)     # [M, 4]: within the extent
     for row, c in zip(*np.nonzero(near), strict=True):                             # the rare corner a polygon covers
-        if cv2.pointPolygonTest(points[row].astype(np.float32), (float(corners[c, 0]), float(corners[c, 1])),
-                                False) >= 0:
+        if cv2.pointPolygonTest(np.ascontiguousarray(points[:, row].T, np.float32),
+                                (float(corners[c, 0]), float(corners[c, 1])), False) >= 0:
             lo[row], hi[row] = np.minimum(lo[row], corners[c]), np.maximum(hi[row], corners[c])
     found = np.isfinite(lo).all(1)
     boxes[cut] = np.where(found[:, None], np.concatenate([lo, hi], 1), 0)
@@ -232,33 +248,46 @@ def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int
         warped polygons [N, K, 2] with each point clipped into its box.
     """
     n, k = polygons.shape[:2]
-    if n == 0:
-        return np.zeros((0, 4), polygons.dtype), polygons
-    xy = np.ones((n * k, 3), polygons.dtype)
-    xy[:, :2] = polygons.reshape(-1, 2)
-    xy = xy @ matrix.T
-    warped = (xy[:, :2] / xy[:, 2:3]).reshape(n, k, 2)
-    boxes = polygon_boxes(warped, size[0], size[1])
-    warped[..., 0] = warped[..., 0].clip(boxes[:, 0:1], boxes[:, 2:3])
-    warped[..., 1] = warped[..., 1].clip(boxes[:, 1:2], boxes[:, 3:4])
-    return boxes, warped
+    if n == 0 or k == 0:
+        return np.zeros((n, 4), polygons.dtype), polygons
+    xy = np.ones((3, n * k), np.result_type(polygons, matrix))
+    xy[:2] = polygons.reshape(-1, 2).T
+    xy = matrix @ xy                                   # by coordinate: the sums of ``[x, y, 1] @ matrix.T``
+    coords = (xy[:2] / xy[2] if (matrix[2] != (0, 0, 1)).any() else xy[:2]).reshape(2, n, k)
+    boxes = _boxes(coords, size[0], size[1])
+    np.maximum(coords, boxes.T[:2, :, None], out=coords)                     # each point into its box
+    np.minimum(coords, boxes.T[2:, :, None], out=coords)
+    return boxes, coords.transpose(1, 2, 0)
 
 
 # --- an item's rows' polygons through the pipeline ---------------------------------------------------------------
 
 
 def resampled_rows(rows: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
-    """An image's rows' polygons resampled to ``POINTS`` points in their own pixels (polygons of one point count
-    together): float32 [G, POINTS, 2] (zeros for a box row), and bool [G], False for a box row."""
+    """An image's rows' polygons resampled to ``POINTS`` points in their own pixels (:func:`resample_polygons`' numbers,
+    all point counts in one pass): float32 [G, POINTS, 2] (zeros for a box row), and bool [G], False for a box row."""
     out = np.zeros((len(rows), POINTS, 2), np.float32)
     has = np.array([p is not None for p in rows], bool).reshape(-1)
-    by_count: dict[int, list[int]] = {}
-    for k, p in enumerate(rows):
-        if p is not None:
-            by_count.setdefault(len(p), []).append(k)
-    for group in by_count.values():
-        out[group] = resample_polygons(np.stack([np.asarray(rows[k], np.float64).reshape(-1, 2) for k in group]))
+    polygons = [np.asarray(p).reshape(-1, 2) for p in rows if p is not None]
+    if polygons:
+        out[has] = _resample_all(polygons)
     return out, has
+
+
+def _resample_all(polygons: list[np.ndarray], n: int = POINTS) -> np.ndarray:
+    """:func:`resample_polygon` of each of ``polygons`` (float [K, 2], any K), back to back: float32 [G, n, 2]."""
+    if any(len(p) == n for p in polygons):                  # those as they are: one at a time
+        return np.stack([resample_polygon(p, n) for p in polygons])
+    closed = np.concatenate([q for p in polygons for q in (p, p[:1])]).astype(np.float64)  # closed, back to back
+    tables = [_resample_table(len(p) + 1, n) for p in polygons]
+    offsets = np.array([0, *itertools.accumulate(len(p) + 1 for p in polygons[:-1])])
+    low = np.concatenate([t[0] for t in tables]) + np.repeat(offsets, n)
+    start = np.take(closed, low, 0)                                        # (np.take: far faster than closed[low])
+    out = ((np.take(closed, low + 1, 0) - start) * np.concatenate([t[1] for t in tables])[:, None] + start)
+    out = out.reshape(len(polygons), n, 2)
+    for g, (table, end) in enumerate(zip(tables, (offsets + [len(p) for p in polygons]).tolist(), strict=True)):
+        out[g, table[2]] = closed[end]                                     # np.interp's exact end point
+    return out.astype(np.float32)
 
 
 def place_rows(resampled: np.ndarray, has: np.ndarray, boxes: np.ndarray, ratio: tuple[float, float]
@@ -308,16 +337,20 @@ def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int,
 
     Box rows (``has_mask`` False) get no pixel. With ``overlap``, one index map (:func:`overlap_mask`; the rows
     are to be put in the returned order, row k then being value k + 1); else uint8 [G, h, w] and the rows as they
-    are (``order`` is ``arange(G)``).
+    are (``order`` is ``arange(G)``). Each mask is :func:`polygon_crop`'s, the crops' bounds found for all rows at
+    once.
     """
     has_mask = np.asarray(has_mask, bool).reshape(-1)
-    empty = MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
-    ints = np.asarray(polygons, np.float64).astype(np.int32)
+    h, w, r = int(shape[0]), int(shape[1]), int(ratio)
+    size = (h // r, w // r)
+    polygons = np.asarray(polygons)
+    ints = (polygons if polygons.dtype == np.float32 else polygons.astype(np.float64)).astype(np.int32)
     ints = ints.reshape(len(has_mask), -1, 2) if len(has_mask) else np.zeros((0, 1, 2), np.int32)   # [G, K, 2]
-    bounds = np.concatenate(extent(ints), 1) if ints.size else np.zeros((len(ints), 4), np.int32)
-    crops = [polygon_crop(p, shape, ratio, bounds=b) if has else empty
-             for p, has, b in zip(ints, has_mask, bounds, strict=True)]
-    size = (int(shape[0]) // ratio, int(shape[1]) // ratio)
+    empty = MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
+    if h % r or w % r:
+        crops = [polygon_crop(p, shape, r) if has else empty for p, has in zip(ints, has_mask, strict=True)]
+    else:
+        crops = [_fill_box(p, h, w, r) if has else empty for p, has in zip(ints, has_mask.tolist(), strict=True)]
     if overlap:
         return overlap_of_crops(crops, size)
     masks = np.zeros((len(crops), *size), np.uint8)

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolokit.data.augment.mosaic import mixup, mosaic4_polygons, mosaic4_rows, mosaic9_rows
+from yolokit.data.augment.mosaic import mixup, mosaic4_rows, mosaic9_rows, place_in_tiles
 from yolokit.data.augment.polygons import (
+    POINTS,
     copy_paste,
     flip_polygons,
     instance_masks,
@@ -49,6 +50,7 @@ from yolokit.data.sources.images import letterbox
 from yolokit.data.sources.readers import DatasetError
 
 logger = logging.getLogger("yolokit.data")
+_NO_ROWS = np.zeros(0, np.int64)
 
 
 def check_segments(ds: Any, where: str, albumentations: Any) -> None:
@@ -80,22 +82,38 @@ def read_masks(ds: Any, where: str, *, mask_ratio: int = 4, overlap: bool = True
 
 def _polygons(ds: Any, i: int, boxes: np.ndarray, ratio: tuple[float, float]):
     """Image i's rows' polygons by ``load``'s ``ratio`` and ``boxes`` (``polygons.row_polygons``)."""
-    return place_rows(*_resampled(ds, i), boxes, ratio)
+    resampled, has, _ = _resampled(ds, i, None)
+    return place_rows(resampled, has, boxes, ratio)
 
 
-def _resampled(ds: Any, i: int) -> tuple[np.ndarray, np.ndarray]:
-    """Image i's rows resampled (``polygons.resampled_rows``), kept for the images used last: a Mosaic draws its
-    partners from the recently used images, so most outlines are resampled once for several items."""
+def _resampled(ds: Any, i: int, rows: np.ndarray | None = _NO_ROWS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Image i's rows resampled (``polygons.resampled_rows``), which have a polygon (bool [G]), and their extents
+    (``Segments.extents``, float64 [G, 4], NaN for a box row).
+
+    Kept while the image is in the dataset's buffer of recent images, from which a Mosaic draws its partners, and
+    each row resampled when first needed (``rows``, its indices; None: all): an outline is resampled once for
+    all the items it is in, and not at all while no warp shows it. Rows not yet needed are zeros.
+    """
     cache = ds.__dict__.setdefault("_resampled_rows", {})
-    if i in cache:
-        cache[i] = cache.pop(i)                          # the most recent last
-    else:
-        cache[i] = resampled_rows(ds.index.segments.image(i))
-        for array in cache[i]:                           # shared by later items: read-only
-            array.setflags(write=False)
-        if len(cache) > max(ds.buffer_size, 8):
-            del cache[next(iter(cache))]
-    return cache[i]
+    entry = cache.get(i)
+    if entry is None:
+        extents = ds.index.segments.extents(i).astype(np.float64)
+        has = ~np.isnan(extents[:, 0])
+        entry = cache[i] = np.zeros((len(has), POINTS, 2), np.float32), has, extents, ~has
+        has.setflags(write=False)                        # shared by later items
+        extents.setflags(write=False)
+        over = len(cache) - max(ds.buffer_size, 8)
+        if over > 0:                                     # the oldest of those out of the buffer first
+            stale = [k for k in cache if k not in ds._buffer and k != i]
+            for k in (stale if len(stale) >= over else [k for k in cache if k != i])[:over]:
+                del cache[k]
+    resampled, has, extents, done = entry
+    need = np.flatnonzero(~done) if rows is None else rows[~done[rows]]
+    if len(need):
+        polygons = ds.index.segments.image(i)
+        resampled[need] = resampled_rows([polygons[k] for k in need])[0]
+        done[need] = True
+    return resampled, has, extents
 
 
 def segment_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
@@ -184,17 +202,15 @@ def _view(ds: Any, i: int, rng: np.random.Generator, recipe: bool = False):
         canvas, boxes, classes, kept = mosaic9_rows(samples, s) if hyp.mosaic_tiles == 9 else \
             mosaic4_rows(samples, s, rng)
         rows = [(j, b, r, k) for (j, b, r), k in zip(sources, kept, strict=True)]
-        has = np.concatenate([_resampled(ds, j)[1][k].reshape(-1) for j, _, _, k in rows])
         if hyp.copy_paste > 0 and rng.random() < hyp.copy_paste:      # on the whole canvas, as the reference's
-            polygons = _mosaic_polygons(ds, rows, canvas, None)
+            polygons, has, _ = _mosaic_polygons(ds, rows, canvas)
             canvas, boxes, classes, polygons, has = copy_paste(np.asarray(canvas), boxes, classes, polygons, has,
                                                                hyp.copy_paste)
             return (*_affine(canvas, boxes, classes, polygons, has, rng, (s, s), affine),
                     (ratio, (0.0, 0.0)), i)
         plan = affine_plan(rng, canvas.shape[:2], (s, s), **affine)
-        shown = _maybe_shown(ds, rows, canvas, plan)                  # the rows the warp may show
-        polygons = _mosaic_polygons(ds, rows, canvas, shown)
-        image, boxes, classes, polygons, has = _warp(canvas, boxes[shown], classes[shown], polygons, has[shown], plan,
+        polygons, has, shown = _mosaic_polygons(ds, rows, canvas, plan)   # only the rows the warp may show
+        image, boxes, classes, polygons, has = _warp(canvas, boxes[shown], classes[shown], polygons, has, plan,
                                                      affine, recipe)
         return image, boxes, classes, polygons, has, (ratio, (0.0, 0.0)), i
     shape = ds.rect_shape(i) if ds.rect else (s, s)
@@ -229,41 +245,44 @@ def _warp(image, boxes, classes, polygons, has, plan, affine, recipe=False):
     return image, boxes, classes, polygons, has[kept]
 
 
-def _mosaic_polygons(ds: Any, rows: list, canvas: Any, shown: np.ndarray | None) -> np.ndarray:
-    """The Mosaic's rows' polygons (``mosaic4_polygons``; ``rows``: each sample's image, boxes, ratio and the rows
-    the Mosaic kept), only the ``shown`` ones of those (bool over the Mosaic's rows; None: all)."""
-    polygons, start = [], 0
-    for j, boxes, ratio, kept in rows:
-        take = kept if shown is None else kept[shown[start:start + len(kept)]]
-        start += len(kept)
-        resampled, has = _resampled(ds, j)
-        polygons.append(place_rows(resampled[take], has[take], np.asarray(boxes).reshape(-1, 4)[take], ratio)[0])
-    return mosaic4_polygons(polygons, canvas, [np.arange(len(p)) for p in polygons])
+def _mosaic_polygons(ds: Any, rows: list, canvas: Any, plan: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Mosaic's rows' polygons, resized by their sample's ratio and placed as ``mosaic.mosaic4_polygons`` places
+    them (``place_in_tiles``). ``rows``: each sample's image, boxes, ratio and the rows the Mosaic kept.
 
+    With the affine ``plan`` to come (no perspective), only the rows it may show: a row whose polygon's extent
+    (its points', or its box's for a box row, shifted with its tile and cut to it) lands wholly beyond one edge
+    of the output, by a pixel at least, would get an empty box and be dropped by the warp (``affine_polygons``),
+    so its polygon is neither placed nor warped.
 
-def _maybe_shown(ds: Any, rows: list, canvas: Any, plan: Any) -> np.ndarray:
-    """Which of the Mosaic's rows an affine warp (no perspective) may show, bool [G]: a row whose polygon's
-    extent (its points', or its box's for a box row, shifted with its tile and cut to it) lands wholly
-    beyond one edge of the output, by a pixel at least, would get an empty box and be dropped by the warp
-    (``affine_polygons``), so its polygon need not be placed and warped. With perspective: all."""
-    if not np.array_equal(plan.box_m[2], [0.0, 0.0, 1.0]):
-        return np.ones(sum(len(k) for *_, k in rows), bool)
-    extents = []
-    for (j, boxes, ratio, kept), (_, x1, y1, x2, y2, sx, sy) in zip(rows, canvas.tiles, strict=True):
-        scale = np.tile(np.array(ratio, np.float64), 2)
-        points = ds.index.segments.extents(j)[kept].astype(np.float64) * scale
-        box = np.where(np.isnan(points[:, :1]), np.asarray(boxes, np.float64).reshape(-1, 4)[kept], points)
-        box = box + np.array([x1 - sx, y1 - sy, x1 - sx, y1 - sy])
-        extents.append(box.clip([x1, y1, x1, y1], [x2, y2, x2, y2]))
-    e = np.concatenate(extents)
-    if not len(e):
-        return np.ones(0, bool)
-    corners = np.stack([e[:, [0, 1]], e[:, [2, 1]], e[:, [0, 3]], e[:, [2, 3]]], 1)        # [G, 4, 2]
-    xy = corners @ plan.box_m[:2, :2].T + plan.box_m[:2, 2]
-    h, w = plan.out_shape
-    off = (xy[..., 0] < -1).all(1) | (xy[..., 1] < -1).all(1) | (xy[..., 0] > w + 1).all(1) | \
-        (xy[..., 1] > h + 1).all(1)
-    return ~off
+    Returns:
+        ``(polygons, has, shown)``: float32 [G', K, 2] and bool [G'] (False: a box row) of the rows shown, and
+        bool [G] over the Mosaic's rows, which are.
+    """
+    cached = [_resampled(ds, j) for j, *_ in rows]                               # rows resampled below, if shown
+    counts = [len(k) for *_, k in rows]
+    frame = np.repeat(np.array([(*r, x1 - sx, y1 - sy, x1, y1, x2, y2) for (_, _, r, _), (_, x1, y1, x2, y2, sx, sy)
+                                in zip(rows, canvas.tiles, strict=True)], np.float64).reshape(-1, 8), counts, 0)
+    boxes = np.concatenate([np.asarray(b, np.float32).reshape(-1, 4)[k] for _, b, _, k in rows])     # [G, 4]
+    shown = np.ones(len(boxes), bool)
+    if plan is not None and len(boxes) and np.array_equal(plan.box_m[2], [0.0, 0.0, 1.0]):
+        extents = np.concatenate([c[2][k] for c, (*_, k) in zip(cached, rows, strict=True)])  # NaN: a box row
+        e = np.where(np.isnan(extents), boxes, extents * frame[:, [0, 1, 0, 1]]) + frame[:, [2, 3, 2, 3]]
+        e = e.clip(frame[:, [4, 5, 4, 5]], frame[:, [6, 7, 6, 7]])
+        corners = np.stack([e[:, [0, 1]], e[:, [2, 1]], e[:, [0, 3]], e[:, [2, 3]]], 1)    # [G, 4, 2]
+        xy = corners @ plan.box_m[:2, :2].T + plan.box_m[:2, 2]
+        h, w = plan.out_shape
+        shown = ~((xy[..., 0] < -1).all(1) | (xy[..., 1] < -1).all(1) | (xy[..., 0] > w + 1).all(1) |
+                  (xy[..., 1] > h + 1).all(1))
+    starts = np.cumsum([0, *counts])
+    takes = [k[shown[a:b]] for (*_, k), a, b in zip(rows, starts[:-1], starts[1:], strict=True)]
+    cached = [_resampled(ds, j, t) for (j, *_), t in zip(rows, takes, strict=True)]
+    polygons = np.concatenate([np.take(c[0], t, 0) for c, t in zip(cached, takes, strict=True)])  # f32 [G', K, 2]
+    has = np.concatenate([c[1][t] for c, t in zip(cached, takes, strict=True)])
+    ratio = np.repeat(np.array([r for _, _, r, _ in rows], np.float32).reshape(-1, 1, 2), [len(t) for t in takes], 0)
+    polygons *= ratio.repeat(polygons.shape[1], 1)                        # ``place_rows``' ratio
+    if not has.all():                                                     # box rows: their outlines
+        polygons[~has] = place_rows(polygons[~has], np.zeros((~has).sum(), bool), boxes[shown][~has], (1.0, 1.0))[0]
+    return place_in_tiles(polygons, canvas, [len(t) for t in takes]), has, shown
 
 
 def collate_masks(items: list[dict], h: int, w: int) -> dict:

@@ -283,7 +283,7 @@ def affine_polygons(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, po
     new[:, [0, 2]] = new[:, [0, 2]].clip(0, w)
     new[:, [1, 3]] = new[:, [1, 3]].clip(0, h)
     kept = np.flatnonzero(box_candidates(boxes, new, scale=plan.s, area_thr=area_thr))
-    return new[kept], classes[kept], warped[kept].astype(np.float32), kept
+    return new[kept], classes[kept], np.take(warped, kept, 0).astype(np.float32), kept
 
 
 def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, int],

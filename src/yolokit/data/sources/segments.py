@@ -4,6 +4,7 @@ share the boxes."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,14 +43,18 @@ class Segments:
 
     def extents(self, i: int) -> np.ndarray:
         """Image i's rows' extents: float32 [G, 4], each polygon's lowest x, y and highest x, y; NaN for a box row."""
-        r0, r1 = int(self.starts[i]), int(self.starts[i + 1])
-        out = np.full((r1 - r0, 4), np.nan, np.float32)
-        rows = np.flatnonzero(~self.boxes[r0:r1])
+        return self._extents[int(self.starts[i]):int(self.starts[i + 1])]
+
+    @functools.cached_property
+    def _extents(self) -> np.ndarray:
+        """Every row's extent (:meth:`extents`), found at first use in two reductions over all the points."""
+        out = np.full((len(self.boxes), 4), np.nan, np.float32)
+        rows = np.flatnonzero(~self.boxes)
         if len(rows):       # the polygon rows' points lie back to back (a box row has none)
-            at = self.bounds[r0 + rows]
-            points = self.points[at[0]:self.bounds[r0 + rows[-1] + 1]]
-            out[rows, :2] = np.minimum.reduceat(points, at - at[0], axis=0)
-            out[rows, 2:] = np.maximum.reduceat(points, at - at[0], axis=0)
+            at = self.bounds[rows]
+            out[rows, :2] = np.minimum.reduceat(self.points, at, axis=0)
+            out[rows, 2:] = np.maximum.reduceat(self.points, at, axis=0)
+        out.setflags(write=False)
         return out
 
     def image(self, i: int) -> list[np.ndarray | None]:
