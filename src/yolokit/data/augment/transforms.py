@@ -280,10 +280,10 @@ def affine_polygons(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, po
     h, w = plan.out_shape
     new, warped = warp_polygons(np.asarray(polygons, np.float32), plan.box_m, (w, h))
     new = np.asarray(new, np.float32).reshape(-1, 4)
-    new[:, [0, 2]] = new[:, [0, 2]].clip(0, w)
-    new[:, [1, 3]] = new[:, [1, 3]].clip(0, h)
+    np.clip(new[:, 0::2], 0, w, out=new[:, 0::2])
+    np.clip(new[:, 1::2], 0, h, out=new[:, 1::2])
     kept = np.flatnonzero(box_candidates(boxes, new, scale=plan.s, area_thr=area_thr))
-    return new[kept], classes[kept], np.take(warped, kept, 0).astype(np.float32), kept
+    return new[kept], classes[kept], np.take(warped.astype(np.float32), kept, 0), kept
 
 
 def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, int],
