@@ -1,11 +1,13 @@
 """The training loader with masks against the same set read for boxes only: wall and CPU time per image.
 
-    python benchmarks/seg_loader.py [--runs 7] [--imgsz 640] [--workers 2]
+    python benchmarks/seg_loader.py [--runs 7] [--imgsz 640] [--workers 2] [--interleaved 9]
 
 Both loaders as the trainer builds them (``harness.pipeline.yolokit_loader``) on a generated shapes-seg set, in
 alternating runs of 16 batches after 3 on fresh workers; the CPU time counts the main process and the workers
 (steadier than the wall clock on a shared machine). Prints the medians (and minimums) per image, their ratio,
 and the median of the ratios of each pair of runs (run side by side: the steadiest figure on a noisy machine).
+``--interleaved N``: also N passes over the set in this process (1 thread), the two datasets' batches (items and
+collate) alternating, each pass's CPU time summed per form: the items' own cost without the workers' spread.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main() -> int:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=16)
+    parser.add_argument("--interleaved", type=int, default=0, metavar="PASSES")
     args = parser.parse_args()
     from yolokit.data import make_shapes
 
@@ -57,7 +60,40 @@ def main() -> int:
     pairs = [[a[k] / b[k] for a, b in zip(times[True], times[False], strict=True)] for k in (0, 1)]
     print(f"| ratio, median of the {args.runs} pairs of runs | **{np.median(pairs[0]):.2f}x** | "
           f"**{np.median(pairs[1]):.2f}x** |")
+    if args.interleaved:
+        print(interleaved(yaml, args.imgsz, batch, args.interleaved))
     return 0
+
+
+def interleaved(yaml, imgsz: int, batch: int, passes: int) -> str:
+    """Both forms' items and collate in this process, batch by batch alternating (the order swapped every
+    batch), over ``passes`` passes after one that warms the files: the ratio per pass and overall."""
+    import time
+
+    import cv2
+    import torch
+
+    from yolokit.data import DetectionDataset
+    from yolokit.data.loader import collate_uint8
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    ratios, total = [], {True: 0.0, False: 0.0}
+    for p in range(passes + 1):
+        sets = {m: DetectionDataset(yaml, "train", imgsz=imgsz, augment=True, segments=m) for m in (True, False)}
+        n = len(sets[True]) // batch * batch
+        spent = {True: 0.0, False: 0.0}
+        for k, start in enumerate(range(0, n, batch)):
+            for masks in ((True, False) if k % 2 else (False, True)):
+                t = time.process_time()
+                collate_uint8([sets[masks][i] for i in range(start, start + batch)])
+                spent[masks] += time.process_time() - t
+        if p:
+            ratios.append(spent[True] / spent[False])
+            total = {m: total[m] + spent[m] / n * 1000 / passes for m in total}
+    return (f"| in one process, batches alternating, {passes} passes | with masks {total[True]:.2f} ms/image | boxes "
+            f"only {total[False]:.2f} ms/image | ratio per pass {min(ratios):.2f}-{max(ratios):.2f}x, median "
+            f"**{np.median(ratios):.2f}x** |")
 
 
 if __name__ == "__main__":

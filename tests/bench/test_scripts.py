@@ -359,9 +359,11 @@ SCRIPTS = {
     "demo_split.py": (["--epochs", "1", "--imgsz", "64"],
                       [rf"^\| epoch \| {NUMBER} \|$", rf"^\| steps \| {NUMBER} \|$", rf"^\| the rest \| {NUMBER} \|$",
                        rf"^\| callbacks: CSVLogger.on_epoch_end \| {NUMBER} \|$"]),
-    "seg_loader.py": (["--runs", "1", "--imgsz", "64", "--batches", "1", "--workers", "0"],
+    "seg_loader.py": (["--runs", "1", "--imgsz", "64", "--batches", "1", "--workers", "0", "--interleaved", "1"],
                       [rf"^\| with masks \| {NUMBER} \({NUMBER}\) \| {NUMBER} \({NUMBER}\) \|$",
-                       rf"^\| ratio \| \*\*{NUMBER}x\*\* \({NUMBER}x\) \|"]),
+                       rf"^\| ratio, median of the 1 pairs of runs \| \*\*{NUMBER}x\*\* \| \*\*{NUMBER}x\*\* \|$",
+                       rf"^\| in one process, batches alternating, 1 passes \| with masks {NUMBER} ms/image .* "
+                       rf"median \*\*{NUMBER}x\*\* \|$"]),
     "predict_memory.py": (["--counts", "3", "--size", "64", "--imgsz", "64", "--batch", "2", "--modes", "streamed"],
                           [rf"^\| 3 \| streamed \| {NUMBER} \| {NUMBER} \|$"]),
 }
