@@ -364,6 +364,11 @@ SCRIPTS = {
                        rf"^\| ratio, median of the 1 pairs of runs \| \*\*{NUMBER}x\*\* \| \*\*{NUMBER}x\*\* \|$",
                        rf"^\| in one process, batches alternating, 1 passes \| with masks {NUMBER} ms/image .* "
                        rf"median \*\*{NUMBER}x\*\* \|$"]),
+    "parity_table.py": (["--row", "as they are", "benchmarks/parity-runs/shapes-yolov8n.json",
+                          "--row", "again", "benchmarks/parity-runs/shapes-yolov8n.json"],
+                         [rf"^\| as they are \| reference \| 0, 1, 2, 3, 4 \| {NUMBER} \({NUMBER}-{NUMBER}\) "
+                          r"\| baseline \|",
+                          r"^\| again \| yolokit \| 0, 1, 2, 3, 4 \| .* \| \+0\.000 \|"]),
     "predict_memory.py": (["--counts", "3", "--size", "64", "--imgsz", "64", "--batch", "2", "--modes", "streamed"],
                           [rf"^\| 3 \| streamed \| {NUMBER} \| {NUMBER} \|$"]),
 }
