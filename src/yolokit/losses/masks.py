@@ -54,10 +54,13 @@ def mask_loss(coefficients: Tensor, protos: Tensor, point_row: Tensor, gt_image:
     image_size = gt_boxes.new_tensor([width, height, width, height], dtype=torch.float32)
     mask_size = gt_boxes.new_tensor([w, h, w, h], dtype=torch.float32)
     total, count = coefficients.new_zeros(()), 0
+    positive = point_row < n
+    points = positive.nonzero()[:, 1]                               # the batch's positives, image by image
+    counts = positive.sum(1).tolist()                               # two reads of the device a batch, not B
     # unbind: one backward node stacks the images' gradients (a select per image would write a zero-filled
     # gradient of the whole batch's prototypes for each image)
-    for i, (coef, proto) in enumerate(zip(coefficients.unbind(0), protos.unbind(0), strict=True)):
-        point = (point_row[i] < n).nonzero().squeeze(1)
+    for i, (coef, proto, point) in enumerate(zip(coefficients.unbind(0), protos.unbind(0), points.split(counts),
+                                                 strict=True)):
         if not len(point):
             continue
         row = point_row[i, point]
