@@ -457,3 +457,23 @@ def test_the_device_path_on_cuda_gives_the_workers_masks_and_images_within_a_gre
     assert torch.equal(moved["targets"].cpu(), a["targets"])
     diff = (moved["images"].mul(255).round().cpu().int() - a["images_uint8"].int()).abs()
     assert diff.float().mean((1, 2, 3)).max() <= 1.0
+
+
+def test_a_mosaics_partners_find_their_outlines_resampled_while_in_the_buffer(tmp_path, monkeypatch):
+    """Each image's outlines are resampled once while it is in the buffer of recent images, from which a Mosaic
+    draws its partners (``segment_items._resampled``): past the first items, whose partners come from anywhere,
+    an item resamples its own image only (the cache once kept the recently *used* images where the buffer keeps
+    the recently *decoded* ones: 1.6 an item)."""
+    from yolokit.data.sources.segments import Segments
+
+    root = make_shapes(tmp_path / "set", n_train=48, n_val=2, imgsz=64, segments=True)
+    ds = DetectionDataset(root, "train", imgsz=64, augment=True, segments=True, buffer_size=16,
+                          hyp=AugmentConfig(mosaic=1.0, mixup=0.0))
+    opened, original, item = [], Segments.extents, [0]
+    monkeypatch.setattr(Segments, "extents", lambda self, i: opened.append((item[0], int(i))) or original(self, i))
+    for i in range(len(ds)):
+        item[0] = i
+        ds[i]
+    early = ds.buffer_size // 4                     # the first items: partners drawn from the whole set
+    late = [(i, j) for i, j in opened if i > early]
+    assert all(i == j for i, j in late) and len(late) > len(ds) // 2            # only an item's own image
