@@ -31,11 +31,7 @@ def seg_val(tmp_path_factory):
 def truth_masks(ds, i):
     """Image i's ground truth masks as whole bool arrays (pycocotools' rasterization of its polygons)."""
     h, w = (int(v) for v in ds.index.shapes[i])
-    cropped = polygon_masks(ds.index.segments.image(i), ds.index.labels[i][:, 1:5], (h, w))
-    out = np.zeros((len(cropped), h, w), bool)
-    for m, (x1, y1, x2, y2), crop in zip(out, cropped.bounds, cropped.crops, strict=True):
-        m[y1:y2, x1:x2] = crop
-    return out
+    return polygon_masks(ds.index.segments.image(i), ds.index.labels[i][:, 1:5], (h, w)).dense((h, w))
 
 
 def cut(mask):
@@ -136,3 +132,31 @@ def test_a_box_row_is_scored_as_its_rectangle():
     masks = polygon_masks([None, np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]])], boxes, (12, 16))
     assert list(masks.bounds[0]) == [2, 3, 10, 8] and masks.crops[0].all() and masks.area[0] == 8 * 5
     assert 6 <= masks.area[1] <= 12                                     # a triangle of area 8
+
+
+def test_the_samples_carry_the_masks_a_samples_plot_fills(seg_val, tmp_path, monkeypatch):
+    """A segmentation model's validation samples: the ground truth as the set's rows with their polygons' masks,
+    the predictions scoring at least 0.25 with theirs (the ones a samples plot shows), and the plot draws both."""
+    from yolokit.train import plots
+
+    ds, loader = seg_val
+
+    class Fading(Oracle):
+        def predict(self, images, **kw):
+            out = super().predict(images, **kw)
+            return [Detections(d.boxes, torch.linspace(0.9, 0.1, len(d.scores)), d.labels, d.masks) for d in out]
+
+    _, samples = validate(Fading(ds, loader, False), loader, num_classes=len(ds.names), keep_samples=5)
+    order = [int(i) for batch in loader for i in batch["indices"]]      # rect batches: by aspect ratio
+    assert len(samples) == 5
+    for i, (image, pred, truth) in zip(order, samples, strict=False):
+        whole = truth_masks(ds, i)
+        assert image.shape[:2] == whole.shape[1:]
+        assert torch.equal(truth.masks, torch.from_numpy(whole))
+        assert torch.equal(truth.labels, torch.as_tensor(ds.index.labels[i][:, 0]).long())
+        shown = torch.linspace(0.9, 0.1, len(whole)) >= 0.25
+        assert torch.equal(pred.masks, torch.from_numpy(whole)[shown]) and len(pred) == int(shown.sum())
+    drawn = []
+    monkeypatch.setattr(plots, "draw_detections", lambda image, det, *a, **k: drawn.append(det) or image)
+    plots.samples_plot(samples, ds.names, tmp_path / "val_predictions.jpg")
+    assert len(drawn) == 10 and all(d.masks is not None and len(d.masks) == len(d.boxes) for d in drawn)

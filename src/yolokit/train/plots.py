@@ -138,7 +138,7 @@ def confusion_matrix_plot(matrix: np.ndarray, names: Sequence[str], path: str | 
 def samples_plot(samples: Sequence[tuple[np.ndarray, Detections, Detections]], names: Sequence[str],
                  path: str | Path, *, pairs: int = 8, min_score: float = 0.25) -> Path:
     """Validation images: ground truth on the left, predictions scoring at least ``min_score``
-    on the right, two pairs a row."""
+    on the right, two pairs a row; a segmentation model's masks filled on both."""
     samples = list(samples)[:pairs]
     rows = max(1, math.ceil(len(samples) / 2))
     aspect = float(np.median([im.shape[0] / im.shape[1] for im, *_ in samples])) if samples else 1.0
@@ -149,7 +149,7 @@ def samples_plot(samples: Sequence[tuple[np.ndarray, Detections, Detections]], n
     for i, (image, pred, truth) in enumerate(samples):
         keep = np.asarray(pred.numpy().scores) >= min_score
         d = pred.numpy()
-        shown = Detections(d.boxes[keep], d.scores[keep], d.labels[keep])
+        shown = Detections(d.boxes[keep], d.scores[keep], d.labels[keep], None if d.masks is None else d.masks[keep])
         width = max(2, round(max(image.shape[:2]) / 250))
         for ax, drawn, title in ((axes[2 * i], draw_detections(image, truth, names, thickness=width,
                                                                 show_scores=False), "labels"),

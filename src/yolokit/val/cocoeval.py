@@ -348,6 +348,13 @@ class CroppedMasks:
     def __len__(self) -> int:
         return len(self.crops)
 
+    def dense(self, shape: tuple[int, int]) -> np.ndarray:
+        """The masks as whole images: bool [N, H, W] of ``shape`` (H, W)."""
+        out = np.zeros((len(self), int(shape[0]), int(shape[1])), bool)
+        for whole, (x1, y1, x2, y2), crop in zip(out, self.bounds.tolist(), self.crops, strict=True):
+            whole[y1:y2, x1:x2] = crop
+        return out
+
     def pair_iou(self, other: CroppedMasks, mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
         """IoU of aligned pairs (``self[mine[p]]``, ``other[theirs[p]]``), as pycocotools' ``rleIou`` has it
         (no crowd): intersection over union of pixel counts in float64, 0 without intersection."""

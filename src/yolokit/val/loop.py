@@ -140,9 +140,26 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
             if on_image is not None:
                 on_image(int(indices[i]), batch["paths"][i], tuple(shape), det)
             if len(samples) < keep_samples:
-                truth = Detections(boxes.float(), torch.ones(len(labels)), labels)
-                samples.append((_original_rgb(dataset, int(indices[i]), batch["paths"][i],
-                                              shape), boxes_only, truth))
+                samples.append((_original_rgb(dataset, int(indices[i]), batch["paths"][i], shape),
+                                *_sample_detections(det, boxes_only, boxes.float(), labels, masks, dataset,
+                                                    int(indices[i]), shape)))
+
+
+SAMPLE_MIN_SCORE = 0.25   # the samples keep the masks of the predictions a samples plot shows
+
+
+def _sample_detections(det: Detections, boxes_only: Detections, boxes: torch.Tensor, labels: torch.Tensor,
+                       masks: Any, dataset: Any, index: int, shape: tuple[int, int]) -> tuple[Detections, Detections]:
+    """A sample's predictions and ground truth. For a segmentation model with masks (whole images): the
+    predictions scoring at least ``SAMPLE_MIN_SCORE`` only (all of them would be up to max_det whole images),
+    and the ground truth as the set's rows, each with its polygon's mask (``mask_record``'s, in their order)."""
+    if masks is None or det.masks is None:
+        return boxes_only, Detections(boxes, torch.ones(len(labels)), labels)
+    keep = det.scores >= SAMPLE_MIN_SCORE
+    rows = torch.from_numpy(np.asarray(dataset.index.labels[index], np.float32).reshape(-1, 5))
+    return (Detections(det.boxes[keep], det.scores[keep], det.labels[keep], det.masks[keep]),
+            Detections(rows[:, 1:5], torch.ones(len(rows)), torch.from_numpy(masks[2]).long(),
+                       torch.from_numpy(masks[1].dense(shape))))
 
 
 def model_device(model: Any) -> torch.device:
