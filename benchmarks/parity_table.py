@@ -1,6 +1,6 @@
 """The ablation table of several ``benchmarks/parity.py`` runs: one row per setting and side, mAP50-95 and mAP50
 as mean (min-max) over its seeds, the first epoch at mAP50 0.5, and the change of the mean against the first
-row of the same side (the baseline).
+row of the same side (the baseline) over the seeds both have.
 
     python benchmarks/parity_table.py --row "both recipes as they are" benchmarks/parity-runs/shapes-yolov8n.json \
         --row "yolokit: warmup_min_steps=0" benchmarks/parity-runs/shapes-yolov8n-yk-warmup-min0.json ...
@@ -45,16 +45,27 @@ def spread(values: list, digits: int = 3) -> str:
 
 def table(all_rows: list[dict]) -> list[str]:
     """The markdown table: the change of the mean against the side's first row."""
-    base = {}
-    lines = ["| setting | side | seeds | mAP50-95 | change of the mean | mAP50 | epoch at mAP50 0.5 |",
+    base: dict[str, dict] = {}
+    lines = ["| setting | side | seeds | mAP50-95 | change of the mean (same seeds) | mAP50 | epoch at mAP50 0.5 |",
              "|---|---|---|---|---:|---|---|"]
     for row in all_rows:
-        mean = float(np.mean(row["box"]))
-        change = f"{mean - base[row['side']]:+.3f}" if row["side"] in base else "baseline"
-        base.setdefault(row["side"], mean)
+        first = base.setdefault(row["side"], row)
+        change = "baseline" if first is row else _change(first, row)
         lines.append(f"| {row['label']} | {row['side']} | {', '.join(map(str, row['seeds']))} | {spread(row['box'])} | "
                      f"{change} | {spread(row['box50'])} | {spread(row['first'], 1)} |")
     return lines
+
+
+def _change(base: dict, row: dict) -> str:
+    """The change of ``row``'s mean mAP50-95 against ``base``'s over the seeds both have (named when not all)."""
+    theirs = dict(zip(base["seeds"], base["box"], strict=True))
+    common = [(v, theirs[s]) for s, v in zip(row["seeds"], row["box"], strict=True) if s in theirs]
+    if not common:
+        return "no seed in common"
+    mine, before = np.array(common).T
+    note = "" if len(common) == len(base["seeds"]) == len(row["seeds"]) else \
+        f" (seeds {', '.join(str(s) for s in row['seeds'] if s in theirs)}: {before.mean():.3f} before)"
+    return f"{mine.mean() - before.mean():+.3f}{note}"
 
 
 def main() -> int:
