@@ -399,14 +399,34 @@ def test_copy_paste_on_a_set_read_for_boxes_says_once_that_it_is_off(tmp_path, c
     assert "masks" not in ds[0]
 
 
-def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, monkeypatch):
-    """A Mosaic's rows whose outline lands wholly off the warped output are not resampled
+@pytest.fixture(scope="module")
+def seg_mixed(tmp_path_factory, seg_many):
+    """seg_many with every other row of each label file a box row (its outline's box): a mixed set."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("seg-mixed") / "set"
+    shutil.copytree(Path(seg_many).parent, root)
+    for path in (root / "labels").rglob("*.txt"):
+        rows = []
+        for k, line in enumerate(path.read_text().splitlines()):
+            values = np.array(line.split()[1:], float).reshape(-1, 2)
+            (x1, y1), (x2, y2) = values.min(0), values.max(0)
+            rows.append(line if k % 2 else f"{line.split()[0]} {(x1 + x2) / 2} {(y1 + y2) / 2} {x2 - x1} {y2 - y1}")
+        path.write_text("\n".join(rows) + "\n")
+    (root / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(Path(seg_many).parent), str(root)))
+    return root / "data.yaml"
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["polygons", "box-rows-too"])
+def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, seg_mixed, mixed, monkeypatch):
+    """A Mosaic's rows whose outline (a box row: its box) lands wholly off the warped output are not resampled
     (``segment_items._mosaic_polygons`` given the warp's plan): every item, image, boxes and masks, is the one
-    made with all rows."""
+    made with all rows; a box row keeps a box and gets no mask pixel."""
     from yolokit.data.augment import segment_items
 
     hyp = AugmentConfig(mosaic=1.0, degrees=10.0, shear=2.0, translate=0.2, scale=0.5, fliplr=0.5)
-    ds = DetectionDataset(seg_many, "train", imgsz=96, augment=True, hyp=hyp, segments=True, buffer_size=0)
+    ds = DetectionDataset(seg_mixed if mixed else seg_many, "train", imgsz=96, augment=True, hyp=hyp, segments=True,
+                          buffer_size=0, overlap_mask=False)
     skipped, original = [], segment_items._mosaic_polygons
 
     def counted(ds, rows, canvas, plan=None):
@@ -422,6 +442,12 @@ def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, 
         again = ds[i]
         assert all(torch.equal(item[k], again[k]) for k in ("image", "boxes", "classes", "masks", "mask_rows")), i
     assert sum(skipped) >= 3
+    rows = torch.cat([item["mask_rows"] for item in items])
+    assert rows.any() and (~rows).any() == mixed
+    for item in items:
+        box_rows = ~item["mask_rows"]
+        assert item["masks"][box_rows].sum() == 0
+        assert (item["boxes"][box_rows, 2:] > item["boxes"][box_rows, :2]).all()
 
 
 def test_a_nine_image_item_carries_each_mask_with_its_object(seg):

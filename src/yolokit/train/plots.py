@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from yolokit.ops.nms import Detections
+from yolokit.val.loop import SAMPLE_MIN_SCORE
 from yolokit.viz import class_colour, curve_keys, draw_detections, run_curves
 
 MAX_LEGEND = 20  # classes listed in a curve's legend; more are drawn in grey
@@ -136,9 +137,10 @@ def confusion_matrix_plot(matrix: np.ndarray, names: Sequence[str], path: str | 
 
 
 def samples_plot(samples: Sequence[tuple[np.ndarray, Detections, Detections]], names: Sequence[str],
-                 path: str | Path, *, pairs: int = 8, min_score: float = 0.25) -> Path:
+                 path: str | Path, *, pairs: int = 8, min_score: float = SAMPLE_MIN_SCORE) -> Path:
     """Validation images: ground truth on the left, predictions scoring at least ``min_score``
-    on the right, two pairs a row; a segmentation model's masks filled on both."""
+    on the right, two pairs a row; a segmentation model's masks filled on both (validation keeps the masks
+    of predictions at ``SAMPLE_MIN_SCORE`` or more: a lower ``min_score`` shows no more of them)."""
     samples = list(samples)[:pairs]
     rows = max(1, math.ceil(len(samples) / 2))
     aspect = float(np.median([im.shape[0] / im.shape[1] for im, *_ in samples])) if samples else 1.0

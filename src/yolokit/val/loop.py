@@ -145,7 +145,7 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
                                                     int(indices[i]), shape)))
 
 
-SAMPLE_MIN_SCORE = 0.25   # the samples keep the masks of the predictions a samples plot shows
+SAMPLE_MIN_SCORE = 0.25   # the samples keep the masks of the predictions a samples plot shows (its default)
 
 
 def _sample_detections(det: Detections, boxes_only: Detections, boxes: torch.Tensor, labels: torch.Tensor,

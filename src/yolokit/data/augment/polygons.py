@@ -81,34 +81,23 @@ class MaskCrop(NamedTuple):
     mask: np.ndarray
 
 
-def polygon_crop(points: np.ndarray, shape: tuple[int, int], ratio: int = 1, *,
-                 bounds: np.ndarray | None = None) -> MaskCrop:
+def polygon_crop(points: np.ndarray, shape: tuple[int, int], ratio: int = 1) -> MaskCrop:
     """:func:`polygon_mask`'s pixels inside the polygon's box only, the same values.
 
     The fill is drawn in the polygon's points' box (clipped to the image, widened to whole blocks of
     ``ratio`` pixels) and resized alone: a pixel of an integer downscale is read from its own block
     only, and a fill's pixels from its points' box only. An image whose sides are not multiples of
-    ``ratio`` (a resize that is not an integer downscale) is drawn whole. ``bounds``: the truncated points'
-    ``(x_lo, y_lo, x_hi, y_hi)`` when known."""
+    ``ratio`` (a resize that is not an integer downscale) is drawn whole."""
     h, w, r = int(shape[0]), int(shape[1]), int(ratio)
     if h % r or w % r:
         return MaskCrop(0, 0, polygon_mask(points, shape, ratio))
     pts = (points if isinstance(points, np.ndarray) and points.dtype == np.int32 else
            np.asarray(points, np.float64).astype(np.int32)).reshape(-1, 2)
-    x_lo, y_lo, x_hi, y_hi = np.concatenate(extent(pts)) if bounds is None else bounds
-    if x_hi < 0 or y_hi < 0 or x_lo >= w or y_lo >= h:
-        return MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
-    x0, y0 = max(int(x_lo), 0) // r * r, max(int(y_lo), 0) // r * r
-    return _fill(pts, x0, y0, (min(int(x_hi), w - 1) // r + 1) * r, (min(int(y_hi), h - 1) // r + 1) * r, r)
-
-
-def _fill_box(points: np.ndarray, h: int, w: int, r: int) -> MaskCrop:
-    """:func:`polygon_crop` of int32 points [K, 2] in an image h x w whose sides are multiples of ``r``."""
-    x_lo, y_lo, dx, dy = cv2.boundingRect(points)                   # the points' extent: OpenCV's, one call
+    x_lo, y_lo, dx, dy = cv2.boundingRect(pts)                      # the points' extent, in one call
     x_hi, y_hi = x_lo + dx - 1, y_lo + dy - 1
     if x_hi < 0 or y_hi < 0 or x_lo >= w or y_lo >= h:
         return MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
-    return _fill(points, max(x_lo, 0) // r * r, max(y_lo, 0) // r * r, (min(x_hi, w - 1) // r + 1) * r,
+    return _fill(pts, max(x_lo, 0) // r * r, max(y_lo, 0) // r * r, (min(x_hi, w - 1) // r + 1) * r,
                  (min(y_hi, h - 1) // r + 1) * r, r)
 
 
@@ -164,19 +153,14 @@ def overlap_of_crops(crops: Sequence[MaskCrop], shape: tuple[int, int]) -> tuple
     return index, order.astype(np.int64)
 
 
-def extent(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The lowest and highest ``(x, y)`` of points [..., K, 2]: two [..., 2] arrays (reduced coordinate by
-    coordinate over a contiguous copy: NumPy reduces an axis with a last axis of 2 after it far slower)."""
-    return _extent(_by_coordinate(points))
-
-
 def _by_coordinate(points: np.ndarray) -> np.ndarray:
     """Points [..., K, 2] as a contiguous [2, ..., K]: x, then y."""
     return np.ascontiguousarray(np.moveaxis(points, -1, 0))
 
 
 def _extent(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`extent` of points by coordinate (:func:`_by_coordinate`)."""
+    """The lowest and highest ``(x, y)`` of points by coordinate (:func:`_by_coordinate`): two [..., 2] arrays
+    (reduced over a contiguous copy: NumPy reduces an axis with a last axis of 2 after it far slower)."""
     back = (*range(1, coords.ndim - 1), 0)
     return coords.min(-1).transpose(back), coords.max(-1).transpose(back)
 
@@ -296,10 +280,15 @@ def place_rows(resampled: np.ndarray, has: np.ndarray, boxes: np.ndarray, ratio:
     its box's outline (``boxes`` [G, 4] in resized pixels), resampled. Returns ``(polygons, has)`` as
     :func:`row_polygons`."""
     out = resampled * np.array(ratio, np.float32)
-    if (~has).any():                                    # box rows: their outlines, resampled together
-        x1, y1, x2, y2 = np.asarray(boxes, np.float32).reshape(-1, 4)[~has].T
-        out[~has] = resample_polygons(np.stack([x1, y1, x2, y1, x2, y2, x1, y2], 1).reshape(-1, 4, 2))
+    if (~has).any():
+        out[~has] = box_outlines(np.asarray(boxes, np.float32).reshape(-1, 4)[~has])
     return out, has
+
+
+def box_outlines(boxes: np.ndarray) -> np.ndarray:
+    """Boxes' outlines as box rows' polygons: float32 [G, 4] xyxy to [G, POINTS, 2], resampled together."""
+    x1, y1, x2, y2 = np.asarray(boxes, np.float32).reshape(-1, 4).T
+    return resample_polygons(np.stack([x1, y1, x2, y1, x2, y2, x1, y2], 1).reshape(-1, 4, 2))
 
 
 def row_polygons(rows: Sequence[np.ndarray | None], boxes: np.ndarray, ratio: tuple[float, float]
@@ -337,8 +326,7 @@ def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int,
 
     Box rows (``has_mask`` False) get no pixel. With ``overlap``, one index map (:func:`overlap_mask`; the rows
     are to be put in the returned order, row k then being value k + 1); else uint8 [G, h, w] and the rows as they
-    are (``order`` is ``arange(G)``). Each mask is :func:`polygon_crop`'s, the crops' bounds found for all rows at
-    once.
+    are (``order`` is ``arange(G)``). Each mask is :func:`polygon_crop`'s.
     """
     has_mask = np.asarray(has_mask, bool).reshape(-1)
     h, w, r = int(shape[0]), int(shape[1]), int(ratio)
@@ -347,10 +335,7 @@ def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int,
     ints = (polygons if polygons.dtype == np.float32 else polygons.astype(np.float64)).astype(np.int32)
     ints = ints.reshape(len(has_mask), -1, 2) if len(has_mask) else np.zeros((0, 1, 2), np.int32)   # [G, K, 2]
     empty = MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
-    if h % r or w % r:
-        crops = [polygon_crop(p, shape, r) if has else empty for p, has in zip(ints, has_mask, strict=True)]
-    else:
-        crops = [_fill_box(p, h, w, r) if has else empty for p, has in zip(ints, has_mask.tolist(), strict=True)]
+    crops = [polygon_crop(p, shape, r) if has else empty for p, has in zip(ints, has_mask.tolist(), strict=True)]
     if overlap:
         return overlap_of_crops(crops, size)
     masks = np.zeros((len(crops), *size), np.uint8)

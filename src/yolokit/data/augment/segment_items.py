@@ -28,6 +28,7 @@ import torch
 from yolokit.data.augment.mosaic import mixup, mosaic4_rows, mosaic9_rows, place_in_tiles
 from yolokit.data.augment.polygons import (
     POINTS,
+    box_outlines,
     copy_paste,
     flip_polygons,
     instance_masks,
@@ -281,7 +282,7 @@ def _mosaic_polygons(ds: Any, rows: list, canvas: Any, plan: Any = None) -> tupl
     ratio = np.repeat(np.array([r for _, _, r, _ in rows], np.float32).reshape(-1, 1, 2), [len(t) for t in takes], 0)
     polygons *= ratio.repeat(polygons.shape[1], 1)                        # ``place_rows``' ratio
     if not has.all():                                                     # box rows: their outlines
-        polygons[~has] = place_rows(polygons[~has], np.zeros((~has).sum(), bool), boxes[shown][~has], (1.0, 1.0))[0]
+        polygons[~has] = box_outlines(boxes[shown][~has])
     return place_in_tiles(polygons, canvas, [len(t) for t in takes]), has, shown
 
 
