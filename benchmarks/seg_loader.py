@@ -7,7 +7,9 @@ alternating runs of 16 batches after 3 on fresh workers; the CPU time counts the
 (steadier than the wall clock on a shared machine). Prints the medians (and minimums) per image, their ratio,
 and the median of the ratios of each pair of runs (run side by side: the steadiest figure on a noisy machine).
 ``--interleaved N``: also N passes over the set in this process (1 thread), the two datasets' batches (items and
-collate) alternating, each pass's CPU time summed per form: the items' own cost without the workers' spread.
+collate) alternating, each pass's CPU time summed per form: the items' own cost without the workers' spread;
+each pass on fresh datasets (a first epoch), and, with ``--warm``, also N epochs of the same two datasets after
+a first (what a training run's later epochs cost: outlines already resampled are kept, ``OUTLINE_CACHE_BYTES``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--interleaved", type=int, default=0, metavar="PASSES")
+    parser.add_argument("--warm", action="store_true", help="with --interleaved: also later epochs of one set")
     args = parser.parse_args()
     from yolokit.data import make_shapes
 
@@ -62,12 +65,15 @@ def main() -> int:
           f"**{np.median(pairs[1]):.2f}x** |")
     if args.interleaved:
         print(interleaved(yaml, args.imgsz, batch, args.interleaved))
+        if args.warm:
+            print(interleaved(yaml, args.imgsz, batch, args.interleaved, warm=True))
     return 0
 
 
-def interleaved(yaml, imgsz: int, batch: int, passes: int) -> str:
+def interleaved(yaml, imgsz: int, batch: int, passes: int, warm: bool = False) -> str:
     """Both forms' items and collate in this process, batch by batch alternating (the order swapped every
-    batch), over ``passes`` passes after one that warms the files: the ratio per pass and overall."""
+    batch), over ``passes`` passes after one that warms the files: the ratio per pass and overall. Each pass
+    on fresh datasets, or with ``warm`` the epochs after the first of the same two."""
     import time
 
     import cv2
@@ -79,8 +85,12 @@ def interleaved(yaml, imgsz: int, batch: int, passes: int) -> str:
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     ratios, total = [], {True: 0.0, False: 0.0}
+    sets = {}
     for p in range(passes + 1):
-        sets = {m: DetectionDataset(yaml, "train", imgsz=imgsz, augment=True, segments=m) for m in (True, False)}
+        if not (warm and sets):
+            sets = {m: DetectionDataset(yaml, "train", imgsz=imgsz, augment=True, segments=m) for m in (True, False)}
+        for dataset in sets.values():
+            dataset.set_epoch(p)
         n = len(sets[True]) // batch * batch
         spent = {True: 0.0, False: 0.0}
         for k, start in enumerate(range(0, n, batch)):
@@ -91,7 +101,8 @@ def interleaved(yaml, imgsz: int, batch: int, passes: int) -> str:
         if p:
             ratios.append(spent[True] / spent[False])
             total = {m: total[m] + spent[m] / n * 1000 / passes for m in total}
-    return (f"| in one process, batches alternating, {passes} passes | with masks {total[True]:.2f} ms/image | boxes "
+    form = f"epochs 2-{passes + 1} of one dataset each" if warm else f"{passes} passes, each a first epoch"
+    return (f"| in one process, batches alternating, {form} | with masks {total[True]:.2f} ms/image | boxes "
             f"only {total[False]:.2f} ms/image | ratio per pass {min(ratios):.2f}-{max(ratios):.2f}x, median "
             f"**{np.median(ratios):.2f}x** |")
 

@@ -487,19 +487,59 @@ def test_the_device_path_on_cuda_gives_the_workers_masks_and_images_within_a_gre
 
 def test_a_mosaics_partners_find_their_outlines_resampled_while_in_the_buffer(tmp_path, monkeypatch):
     """Each image's outlines are resampled once while it is in the buffer of recent images, from which a Mosaic
-    draws its partners (``segment_items._resampled``): past the first items, whose partners come from anywhere,
-    an item resamples its own image only (the cache once kept the recently *used* images where the buffer keeps
-    the recently *decoded* ones: 1.6 an item)."""
+    draws its partners (``segment_items._resampled``), even when the cache cannot hold the set: past the first
+    items, whose partners come from anywhere, an item resamples its own image only (the cache once kept the
+    recently *used* images where the buffer keeps the recently *decoded* ones: 1.6 an item). The cache stays
+    within its bytes."""
+    from yolokit.data.augment import segment_items
     from yolokit.data.sources.segments import Segments
 
     root = make_shapes(tmp_path / "set", n_train=48, n_val=2, imgsz=64, segments=True)
     ds = DetectionDataset(root, "train", imgsz=64, augment=True, segments=True, buffer_size=16,
                           hyp=AugmentConfig(mosaic=1.0, mixup=0.0))
+    rows = sorted((len(ds.index.segments.extents(i)) for i in range(len(ds))), reverse=True)
+    budget = sum(rows[:ds.buffer_size + 4]) * segment_items.POINTS * 2 * 4      # the buffer's fits, the set's not
+    assert budget < sum(rows) * segment_items.POINTS * 2 * 4
+    monkeypatch.setattr(segment_items, "OUTLINE_CACHE_BYTES", budget)
     opened, original, item = [], Segments.extents, [0]
     monkeypatch.setattr(Segments, "extents", lambda self, i: opened.append((item[0], int(i))) or original(self, i))
     for i in range(len(ds)):
         item[0] = i
         ds[i]
+        kept = ds.__dict__["_resampled_rows"]
+        assert ds._resampled_bytes == sum(e[0].nbytes for e in kept.values()) <= budget
     early = ds.buffer_size // 4                     # the first items: partners drawn from the whole set
     late = [(i, j) for i, j in opened if i > early]
     assert all(i == j for i, j in late) and len(late) > len(ds) // 2            # only an item's own image
+    assert len(kept) < len(ds)                                                 # and older images went
+
+
+def test_a_set_within_the_outline_cache_is_resampled_once_for_all_epochs(tmp_path, monkeypatch):
+    """Outlines are kept across epochs while they fit (``OUTLINE_CACHE_BYTES``): each row is resampled once in two
+    epochs (the second resamples only rows the first never showed), and the second epoch's items equal those
+    of a dataset that resamples every time (a cache of no bytes)."""
+    from yolokit.data.augment import polygons, segment_items
+
+    root = make_shapes(tmp_path / "set", n_train=24, n_val=2, imgsz=64, segments=True)
+    make = lambda: DetectionDataset(root, "train", imgsz=64, augment=True, segments=True, buffer_size=8,
+                                    hyp=AugmentConfig(mosaic=1.0, mixup=0.0))
+    calls = []
+    original = polygons.resampled_rows
+    monkeypatch.setattr(segment_items, "resampled_rows", lambda rows: calls.append(len(rows)) or original(rows))
+    ds = make()
+    first = [ds[i] for i in range(len(ds))]
+    once = sum(calls)
+    ds.set_epoch(1)
+    second = [ds[i] for i in range(len(ds))]
+    kept = ds.__dict__["_resampled_rows"].values()
+    assert len(kept) == len(ds) and sum(calls) == sum(int((done & has).sum()) for _, has, _, done in kept)
+    assert 0 < sum(calls) - once < once                                        # each row once, in either epoch
+    calls.clear()
+    monkeypatch.setattr(segment_items, "OUTLINE_CACHE_BYTES", 0)
+    fresh = make()
+    fresh.set_epoch(1)
+    again = [fresh[i] for i in range(len(fresh))]
+    assert sum(calls) > 0 and len(fresh.__dict__["_resampled_rows"]) == 1     # only the item's own image is kept
+    for a, b in zip(second, again, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("image", "boxes", "classes", "masks", "mask_rows"))
+    assert any(not torch.equal(a["masks"], b["masks"]) for a, b in zip(first, second, strict=True))

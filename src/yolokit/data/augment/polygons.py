@@ -176,11 +176,12 @@ def polygon_boxes(polygons: np.ndarray, width: float, height: float) -> np.ndarr
     """
     if len(polygons) == 0 or polygons.shape[1] == 0:
         return np.zeros((len(polygons), 4), polygons.dtype)
-    return _boxes(_by_coordinate(polygons), width, height)
+    return _boxes(_by_coordinate(polygons), width, height)[0]
 
 
-def _boxes(coords: np.ndarray, width: float, height: float) -> np.ndarray:
-    """:func:`polygon_boxes` of polygons by coordinate (:func:`_by_coordinate`, [2, N, K], K > 0)."""
+def _boxes(coords: np.ndarray, width: float, height: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`polygon_boxes` of polygons by coordinate (:func:`_by_coordinate`, [2, N, K], K > 0), and the rows
+    not wholly inside the image (int64 [M]: those whose box is not their points' extent)."""
     dtype = coords.dtype
     low, high = _extent(coords)                                                     # [N, 2]
     boxes = np.concatenate([low, high], 1)
@@ -189,7 +190,7 @@ def _boxes(coords: np.ndarray, width: float, height: float) -> np.ndarray:
     boxes[off] = 0
     cut = np.flatnonzero(~inside & ~off)
     if not len(cut):
-        return boxes
+        return boxes, np.flatnonzero(off)
     points = np.take(coords, cut, 1)                                                # [2, M, K]
     step = np.concatenate([points[..., 1:], points[..., :1]], -1) - points          # each edge, the last closing
     size = np.array((width, height), dtype)
@@ -216,7 +217,7 @@ def _boxes(coords: np.ndarray, width: float, height: float) -> np.ndarray:
             lo[row], hi[row] = np.minimum(lo[row], corners[c]), np.maximum(hi[row], corners[c])
     found = np.isfinite(lo).all(1)
     boxes[cut] = np.where(found[:, None], np.concatenate([lo, hi], 1), 0)
-    return boxes
+    return boxes, np.flatnonzero(~inside)
 
 
 def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -238,9 +239,12 @@ def warp_polygons(polygons: np.ndarray, matrix: np.ndarray, size: tuple[int, int
     xy[:2] = polygons.reshape(-1, 2).T
     xy = matrix @ xy                                   # by coordinate: the sums of ``[x, y, 1] @ matrix.T``
     coords = (xy[:2] / xy[2] if (matrix[2] != (0, 0, 1)).any() else xy[:2]).reshape(2, n, k)
-    boxes = _boxes(coords, size[0], size[1])
-    np.maximum(coords, boxes.T[:2, :, None], out=coords)                     # each point into its box
-    np.minimum(coords, boxes.T[2:, :, None], out=coords)
+    boxes, outside = _boxes(coords, size[0], size[1])
+    if len(outside):                                   # each point into its box (a row inside is within its own)
+        part = np.take(coords, outside, 1)
+        np.maximum(part, np.take(boxes, outside, 0).T[:2, :, None], out=part)
+        np.minimum(part, np.take(boxes, outside, 0).T[2:, :, None], out=part)
+        coords[:, outside] = part
     return boxes, coords.transpose(1, 2, 0)
 
 

@@ -52,6 +52,7 @@ from yolokit.data.sources.readers import DatasetError
 
 logger = logging.getLogger("yolokit.data")
 _NO_ROWS = np.zeros(0, np.int64)
+OUTLINE_CACHE_BYTES = 64 << 20   # resampled outlines a process keeps (8 KB a row: 8,192 rows)
 
 
 def check_segments(ds: Any, where: str, albumentations: Any) -> None:
@@ -91,9 +92,10 @@ def _resampled(ds: Any, i: int, rows: np.ndarray | None = _NO_ROWS) -> tuple[np.
     """Image i's rows resampled (``polygons.resampled_rows``), which have a polygon (bool [G]), and their extents
     (``Segments.extents``, float64 [G, 4], NaN for a box row).
 
-    Kept while the image is in the dataset's buffer of recent images, from which a Mosaic draws its partners, and
-    each row resampled when first needed (``rows``, its indices; None: all): an outline is resampled once for
-    all the items it is in, and not at all while no warp shows it. Rows not yet needed are zeros.
+    Each row is resampled when first needed (``rows``, its indices; None: all; rows not yet needed are zeros) and
+    kept: an outline is resampled once for all the items and epochs it is in, and not at all while no warp shows
+    it. The process keeps ``OUTLINE_CACHE_BYTES`` of outlines at most; past that the oldest go first, those of the
+    dataset's buffer of recent images (a Mosaic's partners) last.
     """
     cache = ds.__dict__.setdefault("_resampled_rows", {})
     entry = cache.get(i)
@@ -103,11 +105,9 @@ def _resampled(ds: Any, i: int, rows: np.ndarray | None = _NO_ROWS) -> tuple[np.
         entry = cache[i] = np.zeros((len(has), POINTS, 2), np.float32), has, extents, ~has
         has.setflags(write=False)                        # shared by later items
         extents.setflags(write=False)
-        over = len(cache) - max(ds.buffer_size, 8)
-        if over > 0:                                     # the oldest of those out of the buffer first
-            stale = [k for k in cache if k not in ds._buffer and k != i]
-            for k in (stale if len(stale) >= over else [k for k in cache if k != i])[:over]:
-                del cache[k]
+        ds._resampled_bytes = getattr(ds, "_resampled_bytes", 0) + entry[0].nbytes
+        if ds._resampled_bytes > OUTLINE_CACHE_BYTES:
+            _evict(ds, cache, i)
     resampled, has, extents, done = entry
     need = np.flatnonzero(~done) if rows is None else rows[~done[rows]]
     if len(need):
@@ -115,6 +115,24 @@ def _resampled(ds: Any, i: int, rows: np.ndarray | None = _NO_ROWS) -> tuple[np.
         resampled[need] = resampled_rows([polygons[k] for k in need])[0]
         done[need] = True
     return resampled, has, extents
+
+
+def _evict(ds: Any, cache: dict, keep: int) -> None:
+    """Drops the oldest outlines until the cache is within its bytes: first those of images out of the buffer,
+    then the buffer's (never image ``keep``'s)."""
+    for spare_buffer in (True, False):
+        victims, freed = [], 0
+        for k, entry in cache.items():                   # oldest first; stops once enough is found
+            if ds._resampled_bytes - freed <= OUTLINE_CACHE_BYTES:
+                break
+            if k != keep and not (spare_buffer and k in ds._buffer):
+                victims.append(k)
+                freed += entry[0].nbytes
+        for k in victims:
+            del cache[k]
+        ds._resampled_bytes -= freed
+        if ds._resampled_bytes <= OUTLINE_CACHE_BYTES:
+            return
 
 
 def segment_item(ds: Any, i: int, rng: np.random.Generator) -> dict:

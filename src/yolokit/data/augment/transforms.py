@@ -283,7 +283,7 @@ def affine_polygons(plan: AffinePlan, boxes: np.ndarray, classes: np.ndarray, po
     np.clip(new[:, 0::2], 0, w, out=new[:, 0::2])
     np.clip(new[:, 1::2], 0, h, out=new[:, 1::2])
     kept = np.flatnonzero(box_candidates(boxes, new, scale=plan.s, area_thr=area_thr))
-    return new[kept], classes[kept], np.take(warped.astype(np.float32), kept, 0), kept
+    return new[kept], classes[kept], np.take(warped, kept, 0).astype(np.float32), kept
 
 
 def _resize_and_paste(image: np.ndarray, m: np.ndarray, out_shape: tuple[int, int],
