@@ -62,7 +62,8 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
     from ultralytics import YOLO
 
     device = "cpu" if args.device == "cpu" else args.device.replace("cuda:", "").replace("cuda", "0")   # theirs: "0"
-    YOLO(f"{args.model}.yaml").train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
+    model = args.model if args.model.endswith(".yaml") else f"{args.model}.yaml"    # yolo26n.yaml: a packaged YAML
+    YOLO(model).train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
                                                device=device, workers=args.workers, project=str(out.parent),
                                                name=out.name, exist_ok=True, plots=False, verbose=False), **preset})
 
