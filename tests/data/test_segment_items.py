@@ -521,8 +521,11 @@ def test_a_set_within_the_outline_cache_is_resampled_once_for_all_epochs(tmp_pat
     from yolokit.data.augment import polygons, segment_items
 
     root = make_shapes(tmp_path / "set", n_train=24, n_val=2, imgsz=64, segments=True)
-    make = lambda: DetectionDataset(root, "train", imgsz=64, augment=True, segments=True, buffer_size=8,
-                                    hyp=AugmentConfig(mosaic=1.0, mixup=0.0))
+
+    def make():
+        return DetectionDataset(root, "train", imgsz=64, augment=True, segments=True, buffer_size=8,
+                                hyp=AugmentConfig(mosaic=1.0, mixup=0.0))
+
     calls = []
     original = polygons.resampled_rows
     monkeypatch.setattr(segment_items, "resampled_rows", lambda rows: calls.append(len(rows)) or original(rows))
