@@ -45,6 +45,8 @@ def test_a_head_the_trainer_has_no_loss_for_is_named():
 def test_model_names_are_checked_before_anything_is_built():
     check_model_name("yolov8s")
     check_model_name("path/to/my-net.yaml")                  # read when the run builds it
+    check_model_name("yolo26n")                              # a packaged YAML's name at a scale, as the reference's
+    check_model_name("yolo11s-seg")
     with pytest.raises(ValueError, match=r"unknown model 'yolov9s'; available: yolov3, .*yolo11\.yaml"):
         check_model_name("yolov9s")
 
@@ -97,3 +99,18 @@ def test_the_warmup_floor_reaches_the_schedule(tmp_path, floor, steps):
                                   warmup_min_steps=floor, model="yolov8n", out=str(tmp_path / "run")),
                       user_callbacks=[])
     assert built.parts.schedule.warmup_iters == steps
+
+
+def test_a_packaged_yamls_plain_name_builds_what_its_yaml_name_builds():
+    """``yolo26n`` (what a user of the reference types) is ``yolo26n.yaml``: the same network, name and scale;
+    a built-in name stays the built-in variant, and a name no packaged YAML has stays an error."""
+    from yolokit.models.zoo import packaged_model
+
+    for name in ("yolo26n", "yolo11s", "yolov8n-p2"):
+        plain, file = yolokit.create_model(name, num_classes=3), yolokit.create_model(f"{name}.yaml", num_classes=3)
+        assert plain.name == file.name == name
+        assert [tuple(p.shape) for p in plain.parameters()] == [tuple(p.shape) for p in file.parameters()]
+    assert sum(p.numel() for p in yolokit.create_model("yolo26n", num_classes=4).parameters()) == 2_505_360
+    assert packaged_model("yolov8n") is None and packaged_model("my/yolo26n") is None
+    with pytest.raises(ValueError, match=r"unknown model 'yolo27n'.*a packaged model YAML's name at a scale"):
+        yolokit.create_model("yolo27n")

@@ -24,7 +24,7 @@ from yolokit.models.detector import Detector
 from yolokit.models.heads import AnchorHead, DFLHead
 from yolokit.models.necks import YOLOv3FPN, YOLOv3TinyFPN, YOLOv8PAN
 from yolokit.models.spec import Modules, build_spec_model, create_from_yaml, spec_head_facts
-from yolokit.models.spec_config import SPEC_FAMILY, SpecConfig
+from yolokit.models.spec_config import CFG, SPEC_FAMILY, SpecConfig, find_yaml
 
 Anchors = tuple[tuple[tuple[int, int], ...], ...]
 Shapes = dict[str, tuple[int, ...]]
@@ -93,6 +93,19 @@ def list_models(task: str = "detect") -> list[str]:
     return list(MODELS) if task == "detect" else list(SEGMENT_MODELS)
 
 
+def packaged_model(name: Any) -> str | None:
+    """The packaged model YAML a plain name means, as the reference's names do: ``yolo26n`` is ``yolo26n.yaml``
+    (``yolo26.yaml`` at scale n), ``yolo11s-seg`` is ``yolo11-seg.yaml`` at scale s; None for a name no packaged
+    YAML has (a built-in variant's, ``yolov8n``, is built from its config: ``MODELS``)."""
+    if not isinstance(name, str) or not name or name in MODELS or Path(name).suffix or "/" in name or "\\" in name:
+        return None
+    try:
+        find_yaml(CFG / f"{name}.yaml")
+    except FileNotFoundError:
+        return None
+    return f"{name}.yaml"
+
+
 def is_yaml_name(name: Any) -> bool:
     """Whether ``create_model`` reads ``name`` as a model YAML (a path or name ending in .yaml / .yml)."""
     return isinstance(name, (str, Path)) and Path(name).suffix in (".yaml", ".yml")
@@ -120,12 +133,13 @@ def create_model(name: str | Path | Mapping[str, Any], *, num_classes: int | Non
     """
     if isinstance(name, Mapping) or is_yaml_name(name):
         return create_from_yaml(name, scale=scale, num_classes=num_classes, modules=modules)
-    if name in SEGMENT_MODELS:
-        return create_from_yaml(f"{name}.yaml", scale=scale, num_classes=num_classes, modules=modules)
+    packaged = packaged_model(name)
+    if packaged is not None:                       # yolo26n, yolo11s-seg: a packaged YAML at a scale
+        return create_from_yaml(packaged, scale=scale, num_classes=num_classes, modules=modules)
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}, the segmentation models "
-                         f"(yolov8n-seg ... yolo26x-seg), or a model YAML (a path, or a packaged one such as "
-                         f"yolo11n.yaml or yolov8s-p2.yaml)")
+                         f"(yolov8n-seg ... yolo26x-seg), a packaged model YAML's name at a scale (yolo11n, "
+                         f"yolo26s, yolov8s-p2), or a model YAML (a path)")
     if scale is not None or modules is not None:
         raise ValueError(f"{name} is a built-in variant: scale and modules apply to model YAMLs only")
     num_classes = 80 if num_classes is None else num_classes

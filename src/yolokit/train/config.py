@@ -25,7 +25,7 @@ import yaml
 from yolokit.data import AugmentConfig
 from yolokit.data.store.cap import parse_size
 from yolokit.models import MODELS, packaged_yamls
-from yolokit.models.zoo import SEGMENT_MODELS, is_yaml_name
+from yolokit.models.zoo import is_yaml_name, packaged_model
 from yolokit.train.trackers.catalog import tracker_names
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")   # torch.compile's
@@ -242,10 +242,10 @@ class TrainConfig:
 
 def check_model_name(name: str) -> None:
     """A built-in name or a model YAML (a path, or a packaged one such as yolo11s.yaml); else a ValueError."""
-    if name not in MODELS and name not in SEGMENT_MODELS and not is_yaml_name(name):
+    if name not in MODELS and packaged_model(name) is None and not is_yaml_name(name):
         raise ValueError(f"unknown model {name!r}; available: {', '.join(MODELS)}, the segmentation models "
-                         f"(yolov8n-seg ... yolo26x-seg), or a model YAML (a path, or a packaged one: "
-                         f"{', '.join(packaged_yamls())})")
+                         f"(yolov8n-seg ... yolo26x-seg), a packaged model YAML's name at a scale (yolo11n, "
+                         f"yolo26s), or a model YAML (a path, or a packaged one: {', '.join(packaged_yamls())})")
 
 
 AUGMENT_FIELDS = frozenset(f.name for f in fields(AugmentConfig))

@@ -13,7 +13,7 @@ from yolokit.interop import load, save
 from yolokit.interop.native import TORCH_SUFFIXES, native_contents
 from yolokit.interop.state import is_fused
 from yolokit.models import Detector, create_model
-from yolokit.models.zoo import is_yaml_name
+from yolokit.models.zoo import is_yaml_name, packaged_model
 from yolokit.train.files import atomic_save
 
 DEFAULT_MODEL = "yolov8n"
@@ -40,7 +40,8 @@ def read_pretrained(path: str | Path, model: str | None = None) -> Detector:
         if model is None:
             raise
         source = load(path, model=model)   # a Darknet file whose size fits several variants
-    wanted = create_model(model, num_classes=1).name if model is not None and is_yaml_name(model) else model
+    wanted = (create_model(model, num_classes=1).name if model is not None and (is_yaml_name(model) or
+              packaged_model(model)) else model)
     if wanted is not None and wanted != source.name:
         raise ValueError(f"model {model!r} contradicts the weights {path}, which hold a {source.name}: leave "
                          f"--model out to train a {source.name} from them, or pass --model {source.name}")
