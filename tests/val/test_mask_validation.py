@@ -160,3 +160,53 @@ def test_the_samples_carry_the_masks_a_samples_plot_fills(seg_val, tmp_path, mon
     monkeypatch.setattr(plots, "draw_detections", lambda image, det, *a, **k: drawn.append(det) or image)
     plots.samples_plot(samples, ds.names, tmp_path / "val_predictions.jpg")
     assert len(drawn) == 10 and all(d.masks is not None and len(d.masks) == len(d.boxes) for d in drawn)
+
+
+def test_validation_keeps_a_segmentation_models_masks_in_their_boxes_with_the_same_records(seg_val, monkeypatch):
+    """A segmentation Detector is validated with ``mask_form="crops"`` (memory the boxes' areas, never K whole
+    images of the original size): every image's mask record (bounds, pixels, areas) equals the one made from
+    whole masks, and no whole mask is made for the metric (only for the samples asked for)."""
+    import yolokit
+    from yolokit.models import detector
+    from yolokit.ops.masks import MaskCrops
+    from yolokit.val import loop
+
+    ds, loader = seg_val
+    torch.manual_seed(0)
+    model = yolokit.create_model("yolov8n-seg", num_classes=len(ds.names)).eval()
+
+    class Whole:                                   # the same model without a head to look at: whole masks
+        def __init__(self, model):
+            self.model = model
+
+        def predict(self, images, **kw):
+            assert "mask_form" not in kw
+            return self.model.predict(images, **kw)
+
+        def parameters(self):
+            return self.model.parameters()
+
+        def eval(self):
+            return self
+
+        def train(self, mode=True):
+            return self
+
+    records, real = {}, loop.mask_record
+    monkeypatch.setattr(loop, "mask_record", lambda masks, *a: records.setdefault(key, []).append(
+        (type(masks).__name__, real(masks, *a))) or records[key][-1][1])
+    key = "whole"
+    whole, _ = validate(Whole(model), loader, num_classes=len(ds.names), keep_samples=0, conf=0.0)
+    monkeypatch.setattr(detector, "masks_in_original", lambda *a, **k: pytest.fail("a whole mask was made"))
+    key = "crops"
+    crops, samples = validate(model, loader, num_classes=len(ds.names), keep_samples=2, conf=0.0)
+    assert {k for k, _ in records["whole"]} == {"Tensor"} and {k for k, _ in records["crops"]} == {"MaskCrops"}
+    assert len(records["crops"]) == len(ds) and sum(len(r[0]) for _, r in records["crops"]) > 2 * len(ds)
+    assert sum(int((r[0].area > 0).sum()) for _, r in records["crops"]) > len(ds)     # masks with pixels among them
+    for (_, a), (_, b) in zip(records["whole"], records["crops"], strict=True):
+        assert np.array_equal(a[0].bounds, b[0].bounds) and np.array_equal(a[0].area, b[0].area)
+        assert all(np.array_equal(x, y) for x, y in zip(a[0].crops, b[0].crops, strict=True))
+    assert crops.mask_map50_95 == whole.mask_map50_95 and crops.map50_95 == whole.map50_95
+    for image, pred, _ in samples:                 # the samples' masks whole, as a samples plot draws them
+        assert isinstance(pred.masks, torch.Tensor) and pred.masks.shape == (len(pred), *image.shape[:2])
+    assert MaskCrops(torch.zeros(0, 4, dtype=torch.long), []).dense((5, 7)).shape == (0, 5, 7)

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from yolokit.models.layers import Conv
 from yolokit.models.necks import neck_units
 from yolokit.ops.geometry import unletterbox_boxes
-from yolokit.ops.masks import masks_in_original, point_coefficients
+from yolokit.ops.masks import mask_crops_in_original, masks_in_original, point_coefficients
 from yolokit.ops.nms import (
     Detections,
     end_to_end_detections,
@@ -149,6 +149,7 @@ class Detector(nn.Module):
         orig_shapes: Sequence[tuple[int, int]] | None = None,
         ratio_pad: Sequence[Any] | None = None,
         nms: bool = True,
+        mask_form: str = "whole",
     ) -> list[Detections]:
         """Detects objects in a batch of input tensors: forward, decode, NMS, boxes mapped back.
 
@@ -177,6 +178,9 @@ class Detector(nn.Module):
                 ``max_det`` best (point, class) pairs above ``conf``, without NMS (``iou`` and
                 ``multi_label`` do not apply; ``agnostic``: one class per point). A model without
                 that branch raises a ValueError.
+            mask_form: a segmentation model's masks: "whole", Tensor[K, H, W] bool in each image's pixels;
+                or "crops", ``ops.masks.MaskCrops`` (each mask inside its box only: memory the boxes' areas,
+                what validation uses).
 
         Returns:
             One ``Detections`` per image, on the model's device.
@@ -188,6 +192,8 @@ class Detector(nn.Module):
             torch.Size([5, 4])
         """
         self.check_nms(nms)
+        if mask_form not in ("whole", "crops"):
+            raise ValueError(f"mask_form must be 'whole' or 'crops', got {mask_form!r}")
         param = next(self.parameters())
         batch, orig_shapes, ratio_pad = input_batch(images, int(max(self.strides)), param.device, param.dtype,
                                                     orig_shapes, ratio_pad)
@@ -203,7 +209,8 @@ class Detector(nn.Module):
             seg = (point_coefficients(maps["coefficients" if nms else "one2one_coefficients"]), maps["protos"],
                    tuple(batch.shape[-2:]))
         return detections_of(preds, orig_shapes, ratio_pad, nms=nms, conf=conf, iou=iou, max_det=max_det,
-                             classes=classes, agnostic=agnostic, multi_label=multi_label, seg=seg)
+                             classes=classes, agnostic=agnostic, multi_label=multi_label, seg=seg,
+                             mask_form=mask_form)
 
     def fuse(self, channels_last: bool | None = None) -> Detector:
         """Prepares the model for inference: folds every batch norm into its convolution.
@@ -304,12 +311,13 @@ def detections_of(predictions: Tensor, orig_shapes: Sequence[tuple[int, int]], r
                   nms: bool = True, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
                   classes: Sequence[int] | None = None, agnostic: bool = False,
                   multi_label: bool = False, seg: tuple[Tensor, Tensor, tuple[int, int]] | None = None,
-                  ) -> list[Detections]:
+                  mask_form: str = "whole") -> list[Detections]:
     """Decoded predictions Tensor[B, P, 4 + C] -> ``Detector.predict``'s detections: NMS (or, with
     ``nms=False``, an end-to-end branch's top-k), boxes mapped back to each original image.
 
     ``seg``: a segmentation head's ``(coefficients Tensor[B, P, M], prototypes Tensor[B, M, h, w], the input's
-    (height, width))``: each detection also gets its mask in its original image (``ops.masks.masks_in_original``).
+    (height, width))``: each detection also gets its mask in its original image (``ops.masks.masks_in_original``;
+    with ``mask_form="crops"`` as ``ops.masks.MaskCrops``).
     """
     if seg is None:
         if nms:
@@ -323,17 +331,19 @@ def detections_of(predictions: Tensor, orig_shapes: Sequence[tuple[int, int]], r
                         multi_label=multi_label, max_det=max_det) if nms else
              end_to_end_points(predictions, conf=conf, classes=classes, max_det=max_det, agnostic=agnostic))
     dets = mapped_back([d for d, _ in found], orig_shapes, ratio_pad)
-    return with_masks(dets, [point for _, point in found], seg, orig_shapes, ratio_pad)
+    return with_masks(dets, [point for _, point in found], seg, orig_shapes, ratio_pad, mask_form=mask_form)
 
 
 def with_masks(dets: Sequence[Detections], points: Sequence[Tensor], seg: tuple[Tensor, Tensor, tuple[int, int]],
-               orig_shapes: Sequence[tuple[int, int]], ratio_pad: Sequence[Any]) -> list[Detections]:
+               orig_shapes: Sequence[tuple[int, int]], ratio_pad: Sequence[Any], *,
+               mask_form: str = "whole") -> list[Detections]:
     """Each image's detections (boxes in original pixels) with their masks: those of the points (Tensor[K]
     indices into ``seg``'s coefficients) they came from, sampled into the original image
-    (``ops.masks.masks_in_original``). ``seg``: as ``detections_of``'s."""
+    (``ops.masks.masks_in_original``, or with ``mask_form="crops"`` ``mask_crops_in_original``). ``seg``: as
+    ``detections_of``'s."""
     coefficients, protos, size = seg
-    return [Detections(d.boxes, d.scores, d.labels,
-                       masks_in_original(coefficients[b, point], protos[b], d.boxes, rp, size, shape))
+    sample = mask_crops_in_original if mask_form == "crops" else masks_in_original
+    return [Detections(d.boxes, d.scores, d.labels, sample(coefficients[b, point], protos[b], d.boxes, rp, size, shape))
             for b, (d, point, rp, shape) in enumerate(zip(dets, points, ratio_pad, orig_shapes, strict=True))]
 
 

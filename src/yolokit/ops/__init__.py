@@ -12,7 +12,7 @@ from yolokit.ops.boxes import (
     iou,
 )
 from yolokit.ops.geometry import LetterboxPlan, letterbox_plan, unletterbox_boxes
-from yolokit.ops.masks import decode_masks, mask_logits, masks_in_original
+from yolokit.ops.masks import MaskCrops, decode_masks, mask_crops_in_original, mask_logits, masks_in_original
 from yolokit.ops.nms import (
     Detections,
     end_to_end_detections,
@@ -45,6 +45,8 @@ __all__ = [
     "letterbox_plan",
     "mask_logits",
     "masks_in_original",
+    "mask_crops_in_original",
+    "MaskCrops",
     "nms_points",
     "non_max_suppression",
     "top_k_points",

@@ -9,6 +9,7 @@ A mask pixel ``(i, j)`` is inside a box ``(x1, y1, x2, y2)`` (in that mask's pix
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +69,8 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
     prototypes, which span the whole input; its logit is read there by bilinear interpolation (the same
     as upsampling the prototype logits to the input, for a pixel on the input's grid), then kept where
     above 0 and inside the detection's box in original pixels. Only the pixels inside each box are sampled:
-    the work is the boxes' areas, not the detections times the image.
+    the work is the boxes' areas, not the detections times the image (:func:`mask_crops_in_original`, whose
+    crops this pastes into whole images).
 
     Args:
         coefficients: Tensor[K, M]; protos: Tensor[M, h, w].
@@ -81,19 +83,35 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
     Returns:
         Tensor[K, height, width] bool.
     """
+    crops = mask_crops_in_original(coefficients, protos, boxes, ratio_pad, input_size, orig_shape,
+                                   chunk_pixels=chunk_pixels)
+    return crops.dense(orig_shape).to(protos.device)
+
+
+def mask_crops_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio_pad: RatioPad,
+                           input_size: Sequence[int], orig_shape: Sequence[int], *, chunk_pixels: int = 2**22
+                           ) -> MaskCrops:
+    """:func:`masks_in_original`'s masks as the crops of their boxes: memory the boxes' areas, not K whole images.
+
+    Returns:
+        :class:`MaskCrops`: each box's pixels ``(x1, y1, x2, y2)`` (x2 and y2 exclusive, clipped to the image)
+        and the mask there, on the prototypes' device.
+    """
     height, width = int(orig_shape[0]), int(orig_shape[1])
-    k, device = len(coefficients), protos.device
-    out = torch.zeros(k, height, width, dtype=torch.bool, device=device)
-    if not k:
-        return out
+    device = protos.device
+    # pixel i is inside [a, b) when a <= i < b: columns ceil(x1) ... ceil(x2) - 1, clipped to the image
+    window = boxes.detach().double().ceil().clamp_min(0).cpu().reshape(-1, 4)
+    window = torch.minimum(window, torch.tensor([width, height, width, height], dtype=torch.float64)).long()
+    window[:, 2:] = torch.maximum(window[:, 2:], window[:, :2])                # an empty box: an empty window
+    crops = [torch.zeros(int(y2 - y1), int(x2 - x1), dtype=torch.bool, device=device)
+             for x1, y1, x2, y2 in window.tolist()]
+    if not len(coefficients):
+        return MaskCrops(window, crops)
     (rw, rh), (pw, ph) = ratio_pad
     in_h, in_w = float(input_size[0]), float(input_size[1])
     gx = ((torch.arange(width, device=device, dtype=torch.float64) + 0.5) * rw + pw) / in_w * 2 - 1
     gy = ((torch.arange(height, device=device, dtype=torch.float64) + 0.5) * rh + ph) / in_h * 2 - 1
     logits = mask_logits(coefficients, protos)[:, None]                      # [K, 1, h, w]
-    # pixel i is inside [a, b) when a <= i < b: columns ceil(x1) ... ceil(x2) - 1, clipped to the image
-    window = boxes.detach().double().ceil().clamp_min(0).cpu()
-    window = torch.minimum(window, torch.tensor([width, height, width, height], dtype=torch.float64)).long()
     gx, gy = gx.float(), gy.float()                                            # each box's grid: slices of these
     for j, (x1, y1, x2, y2) in enumerate(window.tolist()):
         if x2 <= x1 or y2 <= y1:
@@ -103,5 +121,44 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
             r1 = min(r0 + step, y2)
             grid = torch.stack([gx[x1:x2].expand(r1 - r0, -1), gy[r0:r1, None].expand(-1, x2 - x1)], -1)
             sampled = F.grid_sample(logits[j:j + 1], grid[None], mode="bilinear", align_corners=False)
-            out[j, r0:r1, x1:x2] = sampled[0, 0] > 0
-    return out
+            crops[j][r0 - y1:r1 - y1] = sampled[0, 0] > 0
+    return MaskCrops(window, crops)
+
+
+@dataclass
+class MaskCrops:
+    """Detections' masks as the crops of their boxes (``Detector.predict(..., mask_form="crops")``): what
+    validation keeps, in memory the boxes' areas where whole masks take K x H x W.
+
+    Attributes:
+        windows: int64 [K, 4] (CPU) each crop's place ``(x1, y1, x2, y2)`` in the image, x2 and y2 exclusive.
+        crops: K bool tensors, [y2 - y1, x2 - x1] each; a mask has no pixel outside its window.
+    """
+
+    windows: Tensor
+    crops: list[Tensor]
+
+    def __len__(self) -> int:
+        return len(self.crops)
+
+    def __getitem__(self, which: Tensor) -> MaskCrops:
+        """The masks ``which`` picks (a bool mask or indices over the K)."""
+        rows = torch.as_tensor(which).cpu().reshape(-1)
+        rows = rows.nonzero().reshape(-1) if rows.dtype == torch.bool else rows.long()
+        return MaskCrops(self.windows[rows], [self.crops[i] for i in rows.tolist()])
+
+    def to(self, device: torch.device | str) -> MaskCrops:
+        """On ``device``, all crops moved in one copy."""
+        if not self.crops or all(c.device == torch.device(device) for c in self.crops):
+            return self
+        sizes = [c.numel() for c in self.crops]
+        flat = torch.cat([c.reshape(-1) for c in self.crops]).to(device)
+        return MaskCrops(self.windows, [f.view(c.shape) for f, c in zip(flat.split(sizes), self.crops, strict=True)])
+
+    def dense(self, shape: Sequence[int]) -> Tensor:
+        """Whole-image masks: bool Tensor[K, H, W] of ``shape``, on the crops' device."""
+        device = self.crops[0].device if self.crops else "cpu"
+        out = torch.zeros(len(self), int(shape[0]), int(shape[1]), dtype=torch.bool, device=device)
+        for whole, (x1, y1, x2, y2), crop in zip(out, self.windows.tolist(), self.crops, strict=True):
+            whole[y1:y2, x1:x2] = crop
+        return out

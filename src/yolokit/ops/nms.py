@@ -19,8 +19,8 @@ class Detections:
         scores: Tensor[K] confidence in [0, 1].
         labels: Tensor[K] int64 class indices.
         masks: a segmentation model's: Tensor[K, H, W] bool (or ndarray), each detection's mask in the same
-            pixels as its box (the original image's, from ``Detector.predict`` with ``orig_shapes``); None
-            for a detection model.
+            pixels as its box (the original image's, from ``Detector.predict`` with ``orig_shapes``), or
+            ``ops.masks.MaskCrops`` (``mask_form="crops"``); None for a detection model.
     """
 
     boxes: Any
@@ -39,7 +39,8 @@ class Detections:
             self.boxes.detach().cpu().float().numpy(),
             self.scores.detach().cpu().float().numpy(),
             self.labels.detach().cpu().long().numpy(),
-            None if self.masks is None else self.masks.detach().cpu().bool().numpy(),
+            None if self.masks is None else self.masks.detach().cpu().bool().numpy() if isinstance(self.masks, Tensor)
+            else self.masks.to("cpu"),      # ops.masks.MaskCrops: its crops on the CPU
         )
 
     def to(self, device: torch.device | str) -> Detections:

@@ -23,7 +23,7 @@ checks that on randomized sets. Ground truth here is never crowd (``iscrowd`` 0)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -344,6 +344,15 @@ class CroppedMasks:
             crops.append(np.ascontiguousarray(mask[y1:y2, x1:x2]))
         area = np.array([int(c.sum()) for c in crops], np.int64)
         return cls(np.asarray(bounds, np.int64).reshape(-1, 4), crops, area)
+
+    @classmethod
+    def from_windows(cls, windows: np.ndarray, crops: Sequence[np.ndarray]) -> CroppedMasks:
+        """From masks given inside windows of the image (``ops.masks.MaskCrops``: int [N, 4] ``(x1, y1, x2, y2)``
+        and each window's mask): :meth:`from_masks` of the whole masks, without making them."""
+        tight = cls.from_masks(crops)
+        offsets = np.asarray(windows, np.int64).reshape(-1, 4)[:, [0, 1, 0, 1]]
+        tight.bounds = np.where(tight.area[:, None] > 0, tight.bounds + offsets, 0)
+        return tight
 
     def __len__(self) -> int:
         return len(self.crops)

@@ -16,6 +16,7 @@ from yolokit.data import to_device
 from yolokit.data.sources.images import ImageError, decode_image, read_image
 from yolokit.data.store.remote import StoreError, StoreStopped, one_line
 from yolokit.ops.geometry import unletterbox_boxes
+from yolokit.ops.masks import MaskCrops
 from yolokit.ops.nms import Detections
 from yolokit.val.masks import mask_record, mask_scores
 from yolokit.val.metrics import EvalResult, coco_evaluate
@@ -124,10 +125,12 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
          on_image: ImageSink | None) -> None:
     """``validate``'s pass over this rank's batches: each image's record (and the first samples) appended."""
     dataset = getattr(loader, "dataset", None)
+    segments = bool(getattr(getattr(model, "head", None), "segments", False))    # a segmentation Detector
     for batch in batches:
         batch = to_device(batch, device, non_blocking=True)
+        crops = dict(mask_form="crops") if segments else {}       # a Detector's masks kept in their boxes only
         dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det, multi_label=multi_label,
-                             orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"], nms=nms)
+                             orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"], nms=nms, **crops)
         rows = batch["targets"].cpu()
         indices = batch.get("indices") or [len(records) + i for i in range(len(dets))]
         for i, (det, shape, rp) in enumerate(zip(dets, batch["orig_shapes"], batch["ratio_pad"], strict=True)):
@@ -138,11 +141,18 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
             boxes_only = Detections(det.boxes, det.scores, det.labels)   # [K, H, W] masks are not kept per image
             records.append((int(indices[i]), boxes_only, (boxes.numpy(), labels.numpy()), tuple(shape), masks))
             if on_image is not None:
-                on_image(int(indices[i]), batch["paths"][i], tuple(shape), det)
+                on_image(int(indices[i]), batch["paths"][i], tuple(shape), _whole(det, shape))
             if len(samples) < keep_samples:
                 samples.append((_original_rgb(dataset, int(indices[i]), batch["paths"][i], shape),
                                 *_sample_detections(det, boxes_only, boxes.float(), labels, masks, dataset,
                                                     int(indices[i]), shape)))
+
+
+def _whole(det: Detections, shape: tuple[int, int]) -> Detections:
+    """``det`` with whole-image masks (``MaskCrops.dense``), for what reads them so: a sink, a sample's."""
+    if not isinstance(det.masks, MaskCrops):
+        return det
+    return Detections(det.boxes, det.scores, det.labels, det.masks.dense(shape))
 
 
 SAMPLE_MIN_SCORE = 0.25   # the samples keep the masks of the predictions a samples plot shows (its default)
@@ -157,7 +167,8 @@ def _sample_detections(det: Detections, boxes_only: Detections, boxes: torch.Ten
         return boxes_only, Detections(boxes, torch.ones(len(labels)), labels)
     keep = det.scores >= SAMPLE_MIN_SCORE
     rows = torch.from_numpy(np.asarray(dataset.index.labels[index], np.float32).reshape(-1, 5))
-    return (Detections(det.boxes[keep], det.scores[keep], det.labels[keep], det.masks[keep]),
+    kept = Detections(det.boxes[keep], det.scores[keep], det.labels[keep], det.masks[keep])
+    return (_whole(kept, shape),
             Detections(rows[:, 1:5], torch.ones(len(rows)), torch.from_numpy(masks[2]).long(),
                        torch.from_numpy(masks[1].dense(shape))))
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from yolokit.ops.masks import MaskCrops
 from yolokit.val.cocoeval import CroppedMasks, evaluate_masks
 
 MaskRecord = tuple[CroppedMasks, CroppedMasks, np.ndarray]   # (detections' masks, ground truth's, its labels)
@@ -63,6 +64,9 @@ def mask_record(masks: Any, dataset: Any, index: int, shape: tuple[int, int]) ->
     truth = ground_truth(dataset, index, shape)
     if truth is None:
         return None
+    if isinstance(masks, MaskCrops):                 # Detector.predict(mask_form="crops"): never whole images
+        masks = masks.to("cpu")
+        return CroppedMasks.from_windows(masks.windows.numpy(), [c.numpy() for c in masks.crops]), truth[0], truth[1]
     dets = masks.cpu().numpy() if hasattr(masks, "cpu") else np.asarray(masks)
     return CroppedMasks.from_masks(list(dets)), truth[0], truth[1]
 
