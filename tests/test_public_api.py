@@ -55,8 +55,8 @@ PUBLIC = {
     "ops": """
         Detections LetterboxPlan MaskCrops anchor_to_box box_area box_convert box_iou box_to_dist ciou
         clip_boxes decode_masks dfl_expectation diou dist_to_box end_to_end_detections end_to_end_points
-        giou grid_points iou letterbox_plan mask_crops_in_original mask_logits masks_in_original nms_points non_max_suppression
-        top_k_points top_k_predictions unletterbox_boxes
+        giou grid_points iou letterbox_plan mask_crops_in_original mask_logits masks_in_original
+        nms_points non_max_suppression top_k_points top_k_predictions unletterbox_boxes
     """,
     "predict": """
         Frame Result ResultWriter batches frames next_run_dir predict predict_iter

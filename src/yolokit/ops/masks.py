@@ -70,7 +70,8 @@ def masks_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, ratio
     as upsampling the prototype logits to the input, for a pixel on the input's grid), then kept where
     above 0 and inside the detection's box in original pixels. Only the pixels inside each box are sampled:
     the work is the boxes' areas, not the detections times the image (:func:`mask_crops_in_original`, whose
-    crops this pastes into whole images).
+    crops this pastes into whole images). The logits are read separably, along x then y, each axis's two
+    neighbours and weights found once per image.
 
     Args:
         coefficients: Tensor[K, M]; protos: Tensor[M, h, w].
@@ -108,20 +109,20 @@ def mask_crops_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, 
     if not len(coefficients):
         return MaskCrops(window, crops)
     (rw, rh), (pw, ph) = ratio_pad
-    in_h, in_w = float(input_size[0]), float(input_size[1])
-    gx = ((torch.arange(width, device=device, dtype=torch.float64) + 0.5) * rw + pw) / in_w * 2 - 1
-    gy = ((torch.arange(height, device=device, dtype=torch.float64) + 0.5) * rh + ph) / in_h * 2 - 1
-    logits = mask_logits(coefficients, protos)[:, None]                      # [K, 1, h, w]
-    gx, gy = gx.float(), gy.float()                                            # each box's grid: slices of these
+    logits = mask_logits(coefficients, protos)                               # [K, h, w]
+    h, w = logits.shape[-2:]
+    cols, rows = _taps(width, rw, pw, float(input_size[1]), w, device), _taps(height, rh, ph, float(input_size[0]), h,
+                                                                             device)
     for j, (x1, y1, x2, y2) in enumerate(window.tolist()):
         if x2 <= x1 or y2 <= y1:
             continue
+        lo, hi, weight = (t[x1:x2] for t in cols)
+        across = torch.lerp(logits[j].index_select(1, lo), logits[j].index_select(1, hi), weight)   # along x first
         step = max(1, chunk_pixels // (x2 - x1))
         for r0 in range(y1, y2, step):
             r1 = min(r0 + step, y2)
-            grid = torch.stack([gx[x1:x2].expand(r1 - r0, -1), gy[r0:r1, None].expand(-1, x2 - x1)], -1)
-            sampled = F.grid_sample(logits[j:j + 1], grid[None], mode="bilinear", align_corners=False)
-            crops[j][r0 - y1:r1 - y1] = sampled[0, 0] > 0
+            lo, hi, weight = rows[0][r0:r1], rows[1][r0:r1], rows[2][r0:r1, None]
+            crops[j][r0 - y1:r1 - y1] = torch.lerp(across.index_select(0, lo), across.index_select(0, hi), weight) > 0
     return MaskCrops(window, crops)
 
 
@@ -162,3 +163,16 @@ class MaskCrops:
         for whole, (x1, y1, x2, y2), crop in zip(out, self.windows.tolist(), self.crops, strict=True):
             whole[y1:y2, x1:x2] = crop
         return out
+
+
+def _taps(n: int, ratio: float, pad: float, size_in: float, size: int, device: torch.device
+          ) -> tuple[Tensor, Tensor, Tensor]:
+    """Where each of ``n`` original pixels (along one axis) reads the prototypes: the two neighbouring prototype
+    pixels (int64 [n]) and the second one's weight (float32 [n], a ``torch.lerp`` weight), as bilinear upsampling
+    reads them (the centre's place ``(i + 0.5) * ratio + pad`` in the input, scaled to the prototypes; clamped at
+    the borders)."""
+    place = ((torch.arange(n, device=device, dtype=torch.float64) + 0.5) * ratio + pad) / size_in * size - 0.5
+    place = place.clamp(0, size - 1)
+    lo = place.floor().long().clamp_max(size - 1)
+    hi = (lo + 1).clamp_max(size - 1)
+    return lo, hi, (place - lo).float()
