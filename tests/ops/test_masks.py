@@ -61,3 +61,32 @@ def test_masks_in_a_downscaled_original_agree_with_resizing_the_input_logits():
     cropped = masks_in_original(coefficients[1:2], protos, box, plan.ratio_pad, (64, 64), (240, 300))[0]
     inside = cropped[31:190, 20:200]                     # rows 31 ... 189: a pixel row i is inside when i >= 30.5
     assert torch.equal(inside, ours[1, 31:190, 20:200]) and cropped.sum() == inside.sum() > 0
+
+
+def test_mask_crops_are_the_whole_masks_inside_their_boxes():
+    """``mask_crops_in_original``'s crops pasted at their windows are ``masks_in_original``'s masks (nothing outside
+    a box), a selection keeps its windows, and validation's compact records are those of the whole masks."""
+    import numpy as np
+
+    from yolokit.ops.masks import mask_crops_in_original
+    from yolokit.val.cocoeval import CroppedMasks
+
+    coefficients, protos = head_output(seed=2)
+    plan = letterbox_plan((240, 300), 64)
+    boxes = torch.tensor([[0.0, 0.0, 300.0, 240.0], [20.0, 30.5, 200.0, 190.0], [290.0, 5.0, 310.0, 20.0],
+                          [50.0, 50.0, 50.0, 80.0], [-10.0, 200.0, 40.0, 260.0]])
+    whole = masks_in_original(coefficients, protos, boxes, plan.ratio_pad, (64, 64), (240, 300))
+    crops = mask_crops_in_original(coefficients, protos, boxes, plan.ratio_pad, (64, 64), (240, 300))
+    assert torch.equal(crops.dense((240, 300)), whole) and whole[0].any() and not whole[3].any()
+    assert crops.windows.tolist()[2:] == [[290, 5, 300, 20], [50, 50, 50, 80], [0, 200, 40, 240]]
+    picked = crops[torch.tensor([True, False, True, False, True])]
+    assert torch.equal(picked.dense((240, 300)), whole[[0, 2, 4]])
+    compact = CroppedMasks.from_windows(crops.windows.numpy(), [c.numpy() for c in crops.crops])
+    reference = CroppedMasks.from_masks(whole.numpy())
+    assert np.array_equal(compact.bounds, reference.bounds) and np.array_equal(compact.area, reference.area)
+    assert all(np.array_equal(a, b) for a, b in zip(compact.crops, reference.crops, strict=True))
+    if torch.cuda.is_available():                 # one copy to the device and back: the same crops
+        back = crops.to("cuda").to("cpu")
+        assert all(torch.equal(a, b) for a, b in zip(back.crops, crops.crops, strict=True))
+    else:
+        assert crops.to("cpu") is crops
