@@ -125,10 +125,10 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
          on_image: ImageSink | None) -> None:
     """``validate``'s pass over this rank's batches: each image's record (and the first samples) appended."""
     dataset = getattr(loader, "dataset", None)
-    segments = bool(getattr(getattr(model, "head", None), "segments", False))    # a segmentation Detector
+    segments = bool(getattr(getattr(model, "head", None), "segments", False))    # a segmentation Detector:
+    crops = dict(mask_form="crops") if segments else {}                          # its masks kept in their boxes
     for batch in batches:
         batch = to_device(batch, device, non_blocking=True)
-        crops = dict(mask_form="crops") if segments else {}       # a Detector's masks kept in their boxes only
         dets = model.predict(batch["images"], conf=conf, iou=iou, max_det=max_det, multi_label=multi_label,
                              orig_shapes=batch["orig_shapes"], ratio_pad=batch["ratio_pad"], nms=nms, **crops)
         rows = batch["targets"].cpu()
