@@ -89,8 +89,9 @@ def test_scale_letter_in_the_name_picks_the_packaged_file_and_scale():
     assert meta_model("yolov3-tiny.yaml").config.scale is None
     with pytest.raises(FileNotFoundError, match="yolo12s.yaml: no such model file.*yolo11.yaml"):
         yolokit.create_model("yolo12s.yaml")
-    with pytest.raises(ValueError, match="yolo11n\\.yaml"):
-        yolokit.create_model("yolo11n")  # a YAML name needs its suffix; the message points to it
+    assert meta_model("yolo11n").name == "yolo11n"           # a packaged file's name without .yaml, as the reference's
+    with pytest.raises(ValueError, match="unknown model 'yolo12n'.*yolo11n, yolo26s"):
+        yolokit.create_model("yolo12n")  # a name no packaged file has: the message names the forms
 
 
 def test_scale_of_a_users_file(tmp_path):
