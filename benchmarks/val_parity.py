@@ -63,13 +63,20 @@ def ultralytics_checkpoint(weights: str, path: Path, imgsz: int) -> int:
     torch.save({"model": theirs.float(), "train_args": {}, "date": None, "version": "bench"}, path)
     x = torch.rand(1, 3, imgsz, imgsz)
     with torch.no_grad():
-        mine, copied = ours.eval()(x), yolokit.load(path).eval()(x)
-        if isinstance(mine, dict):                     # a seg model's maps, coefficients and prototypes
-            mine, copied = [*mine["maps"], *mine["coefficients"], mine["protos"]], \
-                [*copied["maps"], *copied["coefficients"], copied["protos"]]
+        mine, copied = _tensors(ours.eval()(x)), _tensors(yolokit.load(path).eval()(x))
         diff = max(float((a - b).abs().max()) for a, b in zip(mine, copied, strict=True))
     assert diff == 0.0, f"the Ultralytics copy computes something else (max difference {diff})"
     return ours.num_classes
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    """A forward's output as a flat list of tensors: maps, a seg model's coefficients and prototypes, an end-to-end
+    model's two branches (a dict's values by key)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for k in sorted(out) for t in _tensors(out[k])]
+    return [t for v in out for t in _tensors(v)]
 
 
 @contextlib.contextmanager
