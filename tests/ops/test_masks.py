@@ -1,5 +1,6 @@
 """Masks from coefficients and prototypes: at the input, and sampled straight into the original image."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -63,9 +64,30 @@ def test_masks_in_a_downscaled_original_agree_with_resizing_the_input_logits():
     assert torch.equal(inside, ours[1, 31:190, 20:200]) and cropped.sum() == inside.sum() > 0
 
 
-def test_mask_crops_are_the_whole_masks_inside_their_boxes():
-    """``mask_crops_in_original``'s crops pasted at their windows are ``masks_in_original``'s masks (nothing outside
-    a box), a selection keeps its windows, and validation's compact records are those of the whole masks."""
+def grid_sampled(coefficients, protos, boxes, plan, input_size, orig_shape):
+    """Masks in the original image by ``F.grid_sample`` at each pixel's centre (an independent reading of the
+    same rule: bilinear, borders held), cut to each box's pixels ``ceil(x1) <= i < ceil(x2)``."""
+    h, w = orig_shape
+    (rw, rh), (pw, ph) = plan.ratio_pad
+    gx = ((torch.arange(w, dtype=torch.float64) + 0.5) * rw + pw) / input_size[1] * 2 - 1
+    gy = ((torch.arange(h, dtype=torch.float64) + 0.5) * rh + ph) / input_size[0] * 2 - 1
+    grid = torch.stack([gx.expand(h, -1), gy[:, None].expand(-1, w)], -1).float()[None]
+    logits = mask_logits(coefficients, protos)[:, None]
+    sampled = F.grid_sample(logits, grid.expand(len(logits), -1, -1, -1), mode="bilinear", padding_mode="border",
+                            align_corners=False)[:, 0] > 0
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    x1, y1, x2, y2 = boxes.ceil()[:, :, None, None].unbind(1)
+    return sampled & (xs >= x1) & (xs < x2) & (ys >= y1) & (ys < y2)
+
+
+BOXES = torch.tensor([[0.0, 0.0, 300.0, 240.0], [20.0, 30.5, 200.0, 190.0], [290.0, 5.0, 310.0, 20.0],
+                      [50.0, 50.0, 50.0, 80.0], [-10.0, 200.0, 40.0, 260.0]])
+
+
+def test_mask_crops_are_the_grid_sampled_masks_inside_their_boxes():
+    """``mask_crops_in_original`` (separable: along x, then y) agrees with ``grid_sample`` at every pixel centre,
+    also when a large box is read in bands of rows; the crops pasted are ``masks_in_original``'s, a selection
+    keeps its windows, and validation's compact records equal those of the whole masks."""
     import numpy as np
 
     from yolokit.ops.masks import mask_crops_in_original
@@ -73,20 +95,37 @@ def test_mask_crops_are_the_whole_masks_inside_their_boxes():
 
     coefficients, protos = head_output(seed=2)
     plan = letterbox_plan((240, 300), 64)
-    boxes = torch.tensor([[0.0, 0.0, 300.0, 240.0], [20.0, 30.5, 200.0, 190.0], [290.0, 5.0, 310.0, 20.0],
-                          [50.0, 50.0, 50.0, 80.0], [-10.0, 200.0, 40.0, 260.0]])
-    whole = masks_in_original(coefficients, protos, boxes, plan.ratio_pad, (64, 64), (240, 300))
-    crops = mask_crops_in_original(coefficients, protos, boxes, plan.ratio_pad, (64, 64), (240, 300))
-    assert torch.equal(crops.dense((240, 300)), whole) and whole[0].any() and not whole[3].any()
+    crops = mask_crops_in_original(coefficients, protos, BOXES, plan.ratio_pad, (64, 64), (240, 300))
+    reference = grid_sampled(coefficients, protos, BOXES, plan, (64, 64), (240, 300))
+    whole = crops.dense((240, 300))
+    assert (whole != reference).sum() <= 2 and whole[0].any() and not whole[3].any()    # rounding at a logit of 0
+    banded = mask_crops_in_original(coefficients, protos, BOXES, plan.ratio_pad, (64, 64), (240, 300),
+                                    chunk_pixels=1000)
+    assert all(torch.equal(a, b) for a, b in zip(banded.crops, crops.crops, strict=True))
+    assert torch.equal(masks_in_original(coefficients, protos, BOXES, plan.ratio_pad, (64, 64), (240, 300)), whole)
     assert crops.windows.tolist()[2:] == [[290, 5, 300, 20], [50, 50, 50, 80], [0, 200, 40, 240]]
     picked = crops[torch.tensor([True, False, True, False, True])]
     assert torch.equal(picked.dense((240, 300)), whole[[0, 2, 4]])
     compact = CroppedMasks.from_windows(crops.windows.numpy(), [c.numpy() for c in crops.crops])
-    reference = CroppedMasks.from_masks(whole.numpy())
-    assert np.array_equal(compact.bounds, reference.bounds) and np.array_equal(compact.area, reference.area)
-    assert all(np.array_equal(a, b) for a, b in zip(compact.crops, reference.crops, strict=True))
-    if torch.cuda.is_available():                 # one copy to the device and back: the same crops
-        back = crops.to("cuda").to("cpu")
-        assert all(torch.equal(a, b) for a, b in zip(back.crops, crops.crops, strict=True))
-    else:
-        assert crops.to("cpu") is crops
+    from_whole = CroppedMasks.from_masks(whole.numpy())
+    assert np.array_equal(compact.bounds, from_whole.bounds) and np.array_equal(compact.area, from_whole.area)
+    assert all(np.array_equal(a, b) for a, b in zip(compact.crops, from_whole.crops, strict=True))
+    assert crops.to("cpu") is crops
+
+
+@pytest.mark.gpu
+def test_mask_crops_on_cuda_are_the_cpu_crops_and_come_back_in_one_copy():
+    """The masks sampled on CUDA (validation's path there) are the CPU's but for rounding at a logit of 0, and
+    ``MaskCrops.to`` brings them back intact."""
+    from yolokit.ops.masks import mask_crops_in_original
+
+    coefficients, protos = head_output(seed=2)
+    plan = letterbox_plan((240, 300), 64)
+    cpu = mask_crops_in_original(coefficients, protos, BOXES, plan.ratio_pad, (64, 64), (240, 300))
+    cuda = mask_crops_in_original(coefficients.cuda(), protos.cuda(), BOXES.cuda(), plan.ratio_pad, (64, 64),
+                                  (240, 300))
+    assert all(c.is_cuda for c in cuda.crops) and cuda.to("cuda:0") is cuda
+    back = cuda.to("cpu")
+    assert all(not c.is_cuda for c in back.crops)
+    assert torch.equal(back.windows, cpu.windows)
+    assert sum(int((a != b).sum()) for a, b in zip(back.crops, cpu.crops, strict=True)) <= 2

@@ -104,25 +104,26 @@ def mask_crops_in_original(coefficients: Tensor, protos: Tensor, boxes: Tensor, 
     window = boxes.detach().double().ceil().clamp_min(0).cpu().reshape(-1, 4)
     window = torch.minimum(window, torch.tensor([width, height, width, height], dtype=torch.float64)).long()
     window[:, 2:] = torch.maximum(window[:, 2:], window[:, :2])                # an empty box: an empty window
-    crops = [torch.zeros(int(y2 - y1), int(x2 - x1), dtype=torch.bool, device=device)
-             for x1, y1, x2, y2 in window.tolist()]
-    if not len(coefficients):
-        return MaskCrops(window, crops)
-    (rw, rh), (pw, ph) = ratio_pad
-    logits = mask_logits(coefficients, protos)                               # [K, h, w]
-    h, w = logits.shape[-2:]
-    cols, rows = _taps(width, rw, pw, float(input_size[1]), w, device), _taps(height, rh, ph, float(input_size[0]), h,
-                                                                             device)
+    crops: list[Tensor] = []
+    if len(coefficients):
+        (rw, rh), (pw, ph) = ratio_pad
+        logits = mask_logits(coefficients, protos)                           # [K, h, w]
+        h, w = logits.shape[-2:]
+        cols = _taps(width, rw, pw, float(input_size[1]), w, device)
+        rows = _taps(height, rh, ph, float(input_size[0]), h, device)
     for j, (x1, y1, x2, y2) in enumerate(window.tolist()):
         if x2 <= x1 or y2 <= y1:
+            crops.append(torch.zeros(y2 - y1, x2 - x1, dtype=torch.bool, device=device))
             continue
         lo, hi, weight = (t[x1:x2] for t in cols)
         across = torch.lerp(logits[j].index_select(1, lo), logits[j].index_select(1, hi), weight)   # along x first
         step = max(1, chunk_pixels // (x2 - x1))
+        bands = []                                                           # a large box: bands of rows
         for r0 in range(y1, y2, step):
             r1 = min(r0 + step, y2)
             lo, hi, weight = rows[0][r0:r1], rows[1][r0:r1], rows[2][r0:r1, None]
-            crops[j][r0 - y1:r1 - y1] = torch.lerp(across.index_select(0, lo), across.index_select(0, hi), weight) > 0
+            bands.append(torch.lerp(across.index_select(0, lo), across.index_select(0, hi), weight) > 0)
+        crops.append(bands[0] if len(bands) == 1 else torch.cat(bands))
     return MaskCrops(window, crops)
 
 
@@ -150,7 +151,9 @@ class MaskCrops:
 
     def to(self, device: torch.device | str) -> MaskCrops:
         """On ``device``, all crops moved in one copy."""
-        if not self.crops or all(c.device == torch.device(device) for c in self.crops):
+        target = torch.device(device)
+        if not self.crops or all(c.device.type == target.type and target.index in (None, c.device.index)
+                                 for c in self.crops):
             return self
         sizes = [c.numel() for c in self.crops]
         flat = torch.cat([c.reshape(-1) for c in self.crops]).to(device)
