@@ -101,7 +101,8 @@ def interleaved(yaml, imgsz: int, batch: int, passes: int, warm: bool = False) -
         if p:
             ratios.append(spent[True] / spent[False])
             total = {m: total[m] + spent[m] / n * 1000 / passes for m in total}
-    form = f"epochs 2-{passes + 1} of one dataset each" if warm else f"{passes} passes, each a first epoch"
+    plural = "es" if passes != 1 else ""
+    form = f"epochs 2-{passes + 1} of one dataset each" if warm else f"{passes} pass{plural}, each a first epoch"
     return (f"| in one process, batches alternating, {form} | with masks {total[True]:.2f} ms/image | boxes "
             f"only {total[False]:.2f} ms/image | ratio per pass {min(ratios):.2f}-{max(ratios):.2f}x, median "
             f"**{np.median(ratios):.2f}x** |")

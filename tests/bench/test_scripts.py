@@ -362,7 +362,8 @@ SCRIPTS = {
     "seg_loader.py": (["--runs", "1", "--imgsz", "64", "--batches", "1", "--workers", "0", "--interleaved", "1"],
                       [rf"^\| with masks \| {NUMBER} \({NUMBER}\) \| {NUMBER} \({NUMBER}\) \|$",
                        rf"^\| ratio, median of the 1 pairs of runs \| \*\*{NUMBER}x\*\* \| \*\*{NUMBER}x\*\* \|$",
-                       rf"^\| in one process, batches alternating, 1 passes \| with masks {NUMBER} ms/image .* "
+                       rf"^\| in one process, batches alternating, 1 pass, each a first epoch \| "
+                       rf"with masks {NUMBER} ms/image .* "
                        rf"median \*\*{NUMBER}x\*\* \|$"]),
     "parity_table.py": (["--row", "as they are", "benchmarks/parity-runs/shapes-yolov8n.json",
                           "--row", "again", "benchmarks/parity-runs/shapes-yolov8n.json"],
