@@ -114,3 +114,23 @@ def test_a_packaged_yamls_plain_name_builds_what_its_yaml_name_builds():
     assert packaged_model("yolov8n") is None and packaged_model("my/yolo26n") is None
     with pytest.raises(ValueError, match=r"unknown model 'yolo27n'.*a packaged model YAML's name at a scale"):
         yolokit.create_model("yolo27n")
+
+
+def test_min_gt_side_reaches_every_assigner_and_gives_a_tiny_box_its_points():
+    """``TrainConfig.min_gt_side``: the reference 8.4's widening of small GTs for the inside test, one switch."""
+    model = yolokit.create_model("yolov8n", num_classes=2)
+    tiny = torch.tensor([[0, 1, 13.0, 13.0, 15.0, 15.0]])      # between the centres of every level (8, 16, 32)
+    maps = model(torch.zeros(1, 3, 64, 64))
+    plain, wide = build_loss(model, TrainConfig()), build_loss(model, TrainConfig(min_gt_side=16))
+    assert (plain.assigner.min_gt_side, wide.assigner.min_gt_side) == (0.0, 16.0)
+    positives = [int(loss._terms(maps, tiny, None)[1].positive.sum()) for loss in (plain, wide)]
+    assert positives[0] == 0 and positives[1] > 0                   # no point inside / some, in the widened box
+    e2e = yolokit.create_model("yolo26n", num_classes=2)
+    assert build_loss(e2e, TrainConfig()).one2one.assigner.min_gt_side == 16.0     # YOLO26's own
+    assert build_loss(e2e, TrainConfig(min_gt_side=0)).one2many.assigner.min_gt_side == 0.0
+    seg = build_loss(yolokit.create_model("yolov8n-seg", num_classes=2), TrainConfig(min_gt_side=8))
+    assert seg.assigner.min_gt_side == 8.0
+    with pytest.raises(ValueError, match="min_gt_side 16: a YOLOv3 anchor head"):
+        build_loss(yolokit.create_model("yolov3-tiny", num_classes=2), TrainConfig(min_gt_side=16))
+    with pytest.raises(ValueError, match="min_gt_side must be >= 0"):
+        TrainConfig(min_gt_side=-1)

@@ -285,6 +285,7 @@ class YOLO26Loss(nn.Module):
         one2one_topk2: the one-to-one branch's positives per GT.
         start: o2m at epoch 0.
         final: o2m at the last epoch.
+        min_gt_side: both branches' (:class:`YOLO26BranchLoss`); None: the reference's widening.
 
     Examples:
         >>> loss_fn = YOLO26Loss(num_classes=3, strides=(8, 16, 32))
@@ -309,10 +310,11 @@ class YOLO26Loss(nn.Module):
         one2one_topk2: int = 1,
         start: float = 0.8,
         final: float = 0.1,
+        min_gt_side: float | None = None,
     ):
         super().__init__()
         common = {"num_classes": num_classes, "strides": strides, "reg_max": reg_max, "box": box, "cls": cls,
-                  "dfl": dfl}
+                  "dfl": dfl, "min_gt_side": min_gt_side}
         self.one2many = YOLO26BranchLoss(**common, topk=topk)
         self.one2one = YOLO26BranchLoss(**common, topk=one2one_topk, topk2=one2one_topk2)
         self.num_classes, self.strides, self.reg_max = num_classes, self.one2many.strides, reg_max

@@ -86,12 +86,12 @@ class YOLO26SegLoss(YOLO26Loss):
 
     def __init__(self, num_classes: int, strides: Sequence[int], reg_max: int = 1, box: float = 7.5,
                  cls: float = 0.5, dfl: float = 1.5, topk: int = 10, one2one_topk: int = 7, one2one_topk2: int = 1,
-                 start: float = 0.8, final: float = 0.1, *, num_masks: int = 32, overlap: bool = True,
-                 seg: float | None = None):
+                 start: float = 0.8, final: float = 0.1, min_gt_side: float | None = None, *, num_masks: int = 32,
+                 overlap: bool = True, seg: float | None = None):
         super().__init__(num_classes, strides, reg_max, box, cls, dfl, topk, one2one_topk, one2one_topk2, start,
-                         final)
+                         final, min_gt_side)
         common = {"num_classes": num_classes, "strides": strides, "reg_max": reg_max, "box": box, "cls": cls,
-                  "dfl": dfl, "num_masks": num_masks, "overlap": overlap, "seg": seg}
+                  "dfl": dfl, "num_masks": num_masks, "overlap": overlap, "seg": seg, "min_gt_side": min_gt_side}
         self.one2many = YOLO26SegBranchLoss(**common, topk=topk)
         self.one2one = YOLO26SegBranchLoss(**common, topk=one2one_topk, topk2=one2one_topk2)
         self.num_masks, self.overlap = num_masks, overlap

@@ -37,11 +37,15 @@ class YOLOv8Loss(DetectionLoss):
     ``total = box * box_term + cls * cls_term + dfl * dfl_term`` (gains 7.5, 0.5, 1.5 by
     default). The total is normalized per batch (by S): unlike Ultralytics it is **not**
     multiplied by the batch size. With plain SGD, an Ultralytics learning rate ``lr``
-    therefore matches ours at ``lr * batch_size``; Adam(W) hardly notices the scale.
+    therefore matches ours at ``lr * batch_size``; Adam(W) hardly notices the scale, but gradient
+    clipping does: the reference's gradient norm at batch B is B times ours, so its clip at 10 is
+    ours at ``10 / B``.
 
     A GT box that holds no grid point (a tiny one between cell centres) gets no positives and
-    only shapes the class loss as background, as in Ultralytics. All loss arithmetic runs
-    in float32 with autocast disabled, whatever the maps' dtype.
+    only shapes the class loss as background, as in Ultralytics before 8.4; 8.4 widens a GT's
+    sides shorter than its second level's stride (16 px) to it for the assigner's inside test
+    (``min_gt_side=16`` here; off by default). All loss arithmetic runs in float32 with autocast
+    disabled, whatever the maps' dtype.
 
     Args:
         num_classes: number of classes C.
@@ -53,6 +57,8 @@ class YOLOv8Loss(DetectionLoss):
         topk: candidates kept per GT by the assigner.
         alpha: assigner's score exponent.
         beta: assigner's IoU exponent.
+        min_gt_side: the assigner's inside test widens GT sides shorter than this (pixels) to it about the
+            box's centre (``TaskAlignedAssigner``'s); 0: the box as it is.
 
     Examples:
         >>> loss_fn = YOLOv8Loss(num_classes=3, strides=(8, 16, 32))
@@ -74,13 +80,14 @@ class YOLOv8Loss(DetectionLoss):
         topk: int = 10,
         alpha: float = 0.5,
         beta: float = 6.0,
+        min_gt_side: float = 0.0,
     ):
         super().__init__()
         if reg_max < 2:
             raise ValueError(f"reg_max must be >= 2, got {reg_max}")
         self.num_classes, self.strides, self.reg_max = num_classes, tuple(int(s) for s in strides), reg_max
         self.gains = {"box": box, "cls": cls, "dfl": dfl}
-        self.assigner = TaskAlignedAssigner(topk=topk, alpha=alpha, beta=beta)
+        self.assigner = TaskAlignedAssigner(topk=topk, alpha=alpha, beta=beta, min_gt_side=min_gt_side)
 
     def extra_repr(self) -> str:
         gains = ", ".join(f"{k}={v}" for k, v in self.gains.items())

@@ -223,19 +223,22 @@ def build_loss(model: Detector, config: TrainConfig) -> nn.Module:
     :class:`YOLO26SegLoss` (``overlap_mask``: the masks' form).
     """
     head = model.head
+    gains = dict(box=config.box, cls=config.cls, dfl=config.dfl)
+    if config.min_gt_side is not None:        # else each loss's own
+        gains["min_gt_side"] = config.min_gt_side
     if getattr(head, "segments", False):   # the detection terms as below, and the mask term
-        seg = dict(box=config.box, cls=config.cls, dfl=config.dfl, num_masks=head.num_masks,
-                   overlap=config.overlap_mask)
+        seg = dict(gains, num_masks=head.num_masks, overlap=config.overlap_mask)
         if isinstance(head, EndToEndHead):
             return YOLO26SegLoss(head.num_classes, head.strides, reg_max=head.reg_max, **seg)
         return YOLOv8SegLoss(head.num_classes, head.strides, reg_max=head.reg_max, **seg)
     if isinstance(head, EndToEndHead):
-        return YOLO26Loss(head.num_classes, head.strides, reg_max=head.reg_max, box=config.box, cls=config.cls,
-                          dfl=config.dfl)
+        return YOLO26Loss(head.num_classes, head.strides, reg_max=head.reg_max, **gains)
     if isinstance(head, DFLHead):
-        return YOLOv8Loss(head.num_classes, head.strides, reg_max=head.reg_max, box=config.box, cls=config.cls,
-                          dfl=config.dfl)
+        return YOLOv8Loss(head.num_classes, head.strides, reg_max=head.reg_max, **gains)
     if isinstance(head, AnchorHead):
+        if config.min_gt_side is not None:
+            raise ValueError(f"min_gt_side {config.min_gt_side:g}: a YOLOv3 anchor head's loss matches anchors, "
+                             "it has no task-aligned assigner to widen GTs for; leave min_gt_side unset")
         return YOLOv3Loss(head.num_classes, head.anchors, head.strides)
     raise TypeError(f"no loss for a {type(head).__name__} head: the trainer trains DFLHead (YOLOv8Loss), "
                     "EndToEndHead (YOLO26Loss) and AnchorHead (YOLOv3Loss) detectors")

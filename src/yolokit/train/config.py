@@ -71,6 +71,8 @@ class TrainConfig:
     box: float = 7.5              # the box loss's gain
     cls: float = 0.5              # the class loss's gain
     dfl: float = 1.5              # the distribution focal loss's gain
+    min_gt_side: float | None = None  # the assigner's inside test widens GT sides shorter than this (pixels) to it;
+    #                                   None: the loss's own (YOLO26: 16 at strides 8-32, as the reference; YOLOv8: 0)
     # segmentation models (yolov8n-seg ...): the masks the loss trains against
     overlap_mask: bool = True     # one index map per image (larger objects under smaller); False: a mask per object
     mask_ratio: int = 4           # masks at 1/N of the image's size
@@ -188,6 +190,7 @@ class TrainConfig:
             (self.dist_timeout > 0, f"dist_timeout must be > 0 minutes, got {self.dist_timeout}"),
             (self.max_bad_steps >= 0, f"max_bad_steps must be >= 0, got {self.max_bad_steps}"),
             (self.clip_grad_norm >= 0, f"clip_grad_norm must be >= 0, got {self.clip_grad_norm}"),
+            (self.min_gt_side is None or self.min_gt_side >= 0, f"min_gt_side must be >= 0, got {self.min_gt_side}"),
             (not isinstance(self.freeze, int) or self.freeze >= 0, f"freeze must be >= 0, got {self.freeze}"),
         ]
         for ok, message in checks:
