@@ -37,9 +37,9 @@ class YOLOv8Loss(DetectionLoss):
     ``total = box * box_term + cls * cls_term + dfl * dfl_term`` (gains 7.5, 0.5, 1.5 by
     default). The total is normalized per batch (by S): unlike Ultralytics it is **not**
     multiplied by the batch size. With plain SGD, an Ultralytics learning rate ``lr``
-    therefore matches ours at ``lr * batch_size``; Adam(W) hardly notices the scale, but gradient
-    clipping does: the reference's gradient norm at batch B is B times ours, so its clip at 10 is
-    ours at ``10 / B``.
+    therefore matches ours at ``lr * batch_size``; Adam(W) hardly notices the scale. (The trainer
+    backpropagates ``loss * images``, as Ultralytics does, so its gradients and their clipping are
+    the reference's.)
 
     A GT box that holds no grid point (a tiny one between cell centres) gets no positives and
     only shapes the class loss as background, as in Ultralytics before 8.4; 8.4 widens a GT's
