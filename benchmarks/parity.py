@@ -3,7 +3,8 @@ scored by one evaluator (yolokit's validation), a table per seed and its mean, m
 
     /tmp/benchenv/bin/python benchmarks/parity.py --model yolov8n-seg --data shapes-seg --seeds 0 1 2 \
         --out runs/parity/seg [--epochs 25 --imgsz 256 ...] [--sides yolokit reference] \
-        [--set yolokit.warmup_min_steps=0 --set reference.warmup_bias_lr=0.1 ...]
+        [--set yolokit.warmup_min_steps=0 --set reference.warmup_bias_lr=0.1 ...] \
+        [--set yolokit.assigner.contested=any]
 
 Run with an interpreter where both yolokit and ultralytics import (the bench environment). Each run is a
 process of its own (``--one SIDE SEED``), one after the other, so that neither trainer's settings (threads,
@@ -16,6 +17,9 @@ by half a stride; yolokit's weights copied into an Ultralytics model by ``val_pa
 Each run's curve is read from its own ``results.csv``: mAP50 and mAP50-95 per epoch, and the first epoch whose
 mAP50 reaches 0.5. ``table.md``, ``runs.json`` and ``curves.png`` (every run's curves, each side's mean bold) are
 written to ``--out``; a run that finished already (``last.pt`` and a row per epoch) is scored, not trained again.
+``--set yolokit.assigner.KEY=VALUE``: an option of yolokit's ``TaskAlignedAssigner`` that the trainer has no setting
+for (``contested``: the reference's handling of a point several GTs kept), given to every loss's assigner of the
+run and written to its folder (``assigner.yaml``): an ablation's switch.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
     if side == "yolokit":
         from yolokit.train import TrainConfig, train
 
+        assigner = {k.partition(".")[2]: preset.pop(k) for k in [k for k in preset if k.startswith("assigner.")]}
+        if assigner:
+            patch_assigner(assigner, out)
         train(TrainConfig(**{**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed, out=str(out),
                                     workers=args.workers, plots=False, device=args.device), **preset}))
         return
@@ -66,6 +73,23 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
     YOLO(model).train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
                                                device=device, workers=args.workers, project=str(out.parent),
                                                name=out.name, exist_ok=True, plots=False, verbose=False), **preset})
+
+
+def patch_assigner(options: dict, out: Path) -> None:
+    """Every loss of this process builds its ``TaskAlignedAssigner`` with ``options`` (a loss's own arguments
+    still win); they are written to ``out/assigner.yaml``."""
+    import functools
+
+    import yaml
+
+    import yolokit.losses.yolo26 as yolo26
+    import yolokit.losses.yolov8 as yolov8
+    from yolokit.losses.assigners import TaskAlignedAssigner
+
+    TaskAlignedAssigner(**options)                                       # a bad option fails here, in one line
+    yolov8.TaskAlignedAssigner = yolo26.TaskAlignedAssigner = functools.partial(TaskAlignedAssigner, **options)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "assigner.yaml").write_text(yaml.safe_dump(options))
 
 
 def overrides(pairs: list[str], side: str) -> dict:

@@ -425,3 +425,28 @@ def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path)
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)
     last = tmp_path / "out" / "yolokit-0" / "weights" / "last.pt"
     assert again.returncode == 0 and last.stat().st_mtime_ns == stamp
+
+
+def test_parity_py_gives_an_assigner_option_to_every_loss_of_its_run(tmp_path, monkeypatch):
+    """``--set yolokit.assigner.contested=any``: an ablation's switch the trainer has no setting for."""
+    import importlib.util
+
+    import yolokit.losses.yolo26 as yolo26
+    import yolokit.losses.yolov8 as yolov8
+    from yolokit.losses import YOLO26Loss, YOLOv8Loss
+
+    for module in (yolov8, yolo26):                                  # put back after the test
+        monkeypatch.setattr(module, "TaskAlignedAssigner", module.TaskAlignedAssigner)
+    spec = importlib.util.spec_from_file_location("parity_under_test", BENCHMARKS / "parity.py")
+    parity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+    assert YOLOv8Loss(2, (8, 16, 32)).assigner.contested == "kept"
+    preset = parity.overrides(["yolokit.assigner.contested=any", "yolokit.warmup_min_steps=0"], "yolokit")
+    assert preset == {"assigner.contested": "any", "warmup_min_steps": 0}
+    with pytest.raises(ValueError, match="contested"):
+        parity.patch_assigner({"contested": "some"}, tmp_path / "bad")
+    parity.patch_assigner({"contested": "any"}, tmp_path / "run")
+    assert YOLOv8Loss(2, (8, 16, 32), min_gt_side=16).assigner.contested == "any"
+    assert YOLOv8Loss(2, (8, 16, 32), min_gt_side=16).assigner.min_gt_side == 16.0   # the loss's own still count
+    assert YOLO26Loss(2, (8, 16, 32)).one2one.assigner.topk2 == 1
+    assert (tmp_path / "run" / "assigner.yaml").read_text() == "contested: any\n"
