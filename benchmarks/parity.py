@@ -19,7 +19,9 @@ mAP50 reaches 0.5. ``table.md``, ``runs.json`` and ``curves.png`` (every run's c
 written to ``--out``; a run that finished already (``last.pt`` and a row per epoch) is scored, not trained again.
 ``--set yolokit.assigner.KEY=VALUE``: an option of yolokit's ``TaskAlignedAssigner`` that the trainer has no setting
 for (``contested``: the reference's handling of a point several GTs kept), given to every loss's assigner of the
-run and written to its folder (``assigner.yaml``): an ablation's switch.
+run and written to its folder (``assigner.yaml``): an ablation's switch. ``--set reference.albumentations=false``:
+the reference's run without its albumentations step (blur, median blur, gray, CLAHE at p 0.01), as where the
+package is not installed.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
         return
     import os
 
+    if preset.pop("albumentations", True) is False:   # its Albumentations step skips itself when the import fails
+        sys.modules["albumentations"] = None
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ablation.yaml").write_text("albumentations: false\n")
     # its MLflow logger (on where mlflow imports) writes into the run's folder, not the working folder
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out.resolve()}/mlflow.db")
     from ultralytics import YOLO
