@@ -34,35 +34,35 @@ def truth_masks(ds, i):
     return polygon_masks(ds.index.segments.image(i), ds.index.labels[i][:, 1:5], (h, w)).dense((h, w))
 
 
-def cut(mask):
-    """The mask without the right 40% of its columns (an IoU near 0.6)."""
+def cut(mask, keep: float = 0.6):
+    """The mask with only the left ``keep`` of its columns (0.6: an IoU near 0.6)."""
     cols = np.flatnonzero(mask.any(0))
     out = mask.copy()
     if len(cols):
-        out[:, cols[0] + int(0.6 * (cols[-1] - cols[0] + 1)):] = False
+        out[:, cols[0] + int(keep * (cols[-1] - cols[0] + 1)):] = False
     return out
 
 
-def answer(ds, i, cut_every_other: bool):
+def answer(ds, i, cut_every_other: bool, keep: float = 0.6):
     """The stand-in's masks for image i: its ground truth, every other one cut back when asked."""
     masks = truth_masks(ds, i)
-    return np.array([cut(m) if cut_every_other and k % 2 else m for k, m in enumerate(masks)], bool).reshape(
-        masks.shape)
+    return np.array([cut(m, keep) if cut_every_other and k % 2 else m for k, m in enumerate(masks)],
+                    bool).reshape(masks.shape)
 
 
 class Oracle(torch.nn.Module):
     """``predict`` answers each image of the loader's next batch with its ground truth (every other mask cut
     back when ``cut``), scores falling with the row."""
 
-    def __init__(self, ds, loader, cut_every_other: bool):
+    def __init__(self, ds, loader, cut_every_other: bool, keep: float = 0.6):
         super().__init__()
-        self.ds, self.batches, self.cut = ds, iter(loader), cut_every_other
+        self.ds, self.batches, self.cut, self.keep = ds, iter(loader), cut_every_other, keep
         self.weight = torch.nn.Parameter(torch.zeros(1))
 
     def predict(self, images, **kw):
         out = []
         for i in next(self.batches)["indices"]:
-            masks = answer(self.ds, int(i), self.cut)
+            masks = answer(self.ds, int(i), self.cut, self.keep)
             labels = torch.as_tensor(self.ds.index.labels[int(i)][:, 0]).long()
             boxes = torch.as_tensor(self.ds.index.labels[int(i)][:, 1:5]).float()
             scores = torch.linspace(0.9, 0.5, len(labels))
@@ -116,7 +116,7 @@ def test_perfect_masks_score_one_and_cut_masks_score_what_pycocotools_scores(seg
     assert result.mask_map50_95 == pytest.approx(stats[0], abs=1e-12) and 0.3 < stats[0] < 0.95
     assert result.mask_map50 == pytest.approx(stats[1], abs=1e-12)
     assert result.map50_95 == 1.0                                       # the boxes were left whole
-    assert "masks mAP50" in repr(result)
+    assert "masks P 1.000, R 1.000, mAP50 1.000" in repr(result)     # IoU near 0.6: every mask matched at 0.5
     table = result.table()
     assert table[0]["mask mAP50-95"] == result.mask_map50_95 and len(table) > 2
     assert all(row["mask mAP50"] <= 1.0 and row["mask mAP50-95"] <= row["mask mAP50"] for row in table)
@@ -124,7 +124,27 @@ def test_perfect_masks_score_one_and_cut_masks_score_what_pycocotools_scores(seg
     assert np.mean(per_class) == pytest.approx(result.mask_map50_95, abs=1e-12)
     assert [row["mask mAP50-95"] for row in perfect.table()] == [1.0] * len(table)
     head = result.format_table().splitlines()[0]
-    assert head.split()[-4:] == ["mask", "mAP50", "mask", "mAP50-95"]
+    assert head.split()[-8:] == ["mask", "P", "mask", "R", "mask", "mAP50", "mask", "mAP50-95"]
+
+
+def test_mask_precision_and_recall_match_masks_at_iou_half_beside_perfect_boxes(seg_val):
+    """Every other mask cut to its left fifth (IoU well under 0.5) on a perfect box: the boxes' P and R stay 1,
+    the masks' count those as false detections and missed objects, read as the boxes' P and R are read."""
+    from yolokit.val.metrics import confidence_curves
+
+    ds, loader = seg_val
+    result, _ = validate(Oracle(ds, loader, True, keep=0.2), loader, num_classes=len(ds.names))
+    labels = [np.asarray(ds.index.labels[i][:, 0], np.int64) for i in range(len(ds))]
+    scores = np.concatenate([np.linspace(0.9, 0.5, len(c)).astype(np.float32) for c in labels]).astype(np.float64)
+    hits = np.concatenate([np.arange(len(c)) % 2 == 0 for c in labels])          # the uncut masks only
+    expected = confidence_curves(scores, hits, np.concatenate(labels), np.bincount(np.concatenate(labels)))
+    assert (result.precision, result.recall, result.map50_95) == (1.0, 1.0, 1.0)
+    assert result.mask_precision == expected.mean_precision and result.mask_recall == expected.mean_recall
+    assert result.mask_recall < 0.9 and 0 < result.mask_precision <= 1
+    np.testing.assert_array_equal(result.per_class_mask_precision, expected.per_class_precision)
+    row = result.table()[0]
+    assert (row["mask P"], row["mask R"]) == (result.mask_precision, result.mask_recall)
+    assert list(result.as_dict())[-4:] == ["mask_precision", "mask_recall", "mask_mAP50", "mask_mAP50-95"]
 
 
 def test_a_box_row_is_scored_as_its_rectangle():

@@ -236,11 +236,13 @@ class ProgressBar(Callback):
             self.bar.close()
 
 
-METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_mAP50", "mask_mAP50-95")
+METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_precision", "mask_recall", "mask_mAP50",
+           "mask_mAP50-95")
 
 
 def _metrics_line(values: dict[str, float]) -> str:
-    masks = (f"  mask mAP50 {values['mask_mAP50']:.3f}  mask mAP50-95 {values['mask_mAP50-95']:.3f}"
+    masks = (f"  mask P {values.get('mask_precision', 0.0):.3f}  mask R {values.get('mask_recall', 0.0):.3f}  "
+             f"mask mAP50 {values['mask_mAP50']:.3f}  mask mAP50-95 {values['mask_mAP50-95']:.3f}"
              if "mask_mAP50" in values else "")
     return (f"P {values['precision']:.3f}  R {values['recall']:.3f}  mAP50 {values['mAP50']:.3f}  "
             f"mAP50-95 {values['mAP50-95']:.3f}{masks}")

@@ -124,4 +124,5 @@ class Progress:
         last = state.get("result", {})      # rows of epochs without a validation repeat these
         self.result = EvalResult(precision=last.get("precision", 0.0), recall=last.get("recall", 0.0),
                                  map50=last.get("mAP50", 0.0), map50_95=last.get("mAP50-95", 0.0),
-                                 mask_map50=last.get("mask_mAP50"), mask_map50_95=last.get("mask_mAP50-95"))
+                                 mask_map50=last.get("mask_mAP50"), mask_map50_95=last.get("mask_mAP50-95"),
+                                 mask_precision=last.get("mask_precision"), mask_recall=last.get("mask_recall"))

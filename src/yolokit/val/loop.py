@@ -106,6 +106,9 @@ def validate(
                             [r[1].labels.numpy() for r in records], num_classes)
         result.mask_map50, result.mask_map50_95 = masks.map50, masks.map50_95
         result.per_class_mask_ap50, result.per_class_mask_ap = masks.per_class_ap50, masks.per_class_ap
+        result.mask_precision, result.mask_recall = masks.precision, masks.recall
+        result.per_class_mask_precision, result.per_class_mask_recall = masks.per_class_precision, \
+            masks.per_class_recall
     return result, samples
 
 

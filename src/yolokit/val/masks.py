@@ -18,6 +18,8 @@ import numpy as np
 
 from yolokit.ops.masks import MaskCrops
 from yolokit.val.cocoeval import CroppedMasks, evaluate_masks
+from yolokit.val.matching import greedy_match
+from yolokit.val.metrics import confidence_curves
 
 MaskRecord = tuple[CroppedMasks, CroppedMasks, np.ndarray]   # (detections' masks, ground truth's, its labels)
 
@@ -72,12 +74,29 @@ def mask_record(masks: Any, dataset: Any, index: int, shape: tuple[int, int]) ->
 
 
 class MaskScores(NamedTuple):
-    """Mask AP over a split: over all classes, and per class ([C], NaN for a class without ground truth)."""
+    """Mask AP over a split: over all classes, and per class ([C], NaN for a class without ground truth); and
+    precision and recall as the boxes' are read (``metrics.confidence_curves``), at mask IoU 0.5."""
 
     map50: float
     map50_95: float
     per_class_ap50: np.ndarray
     per_class_ap: np.ndarray
+    precision: float = 0.0
+    recall: float = 0.0
+    per_class_precision: np.ndarray | None = None
+    per_class_recall: np.ndarray | None = None
+
+
+def mask_matches(record: MaskRecord, scores: np.ndarray, labels: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """[D] bool: the detection's mask takes a ground truth mask of its class at mask IoU >= ``threshold``, greedy
+    by score (``matching.greedy_match``, as the boxes are matched for P and R)."""
+    dets, truth, truth_labels = record
+    labels = np.asarray(labels).reshape(-1)
+    iou = np.zeros((len(dets), len(truth)))
+    d, g = np.nonzero(labels[:, None] == np.asarray(truth_labels).reshape(-1)[None, :])
+    if len(d):
+        iou[d, g] = dets.pair_iou(truth, d, g)
+    return greedy_match(iou, np.asarray(scores).reshape(-1), threshold) >= 0
 
 
 def mask_scores(records: Sequence[MaskRecord], scores: Sequence[np.ndarray], labels: Sequence[np.ndarray],
@@ -88,9 +107,16 @@ def mask_scores(records: Sequence[MaskRecord], scores: Sequence[np.ndarray], lab
     det_images = np.concatenate([np.full(len(r[0]), i) for i, r in enumerate(records)] + [np.zeros(0, np.int64)])
     gt_labels = np.concatenate([r[2] for r in records] + [np.zeros(0, np.int64)])
     per_class, per_class50 = np.full(num_classes, np.nan), np.full(num_classes, np.nan)
+    curves = confidence_curves(
+        np.concatenate([np.asarray(s, np.float64).reshape(-1) for s in scores] + [np.zeros(0)]),
+        np.concatenate([mask_matches(r, s, c) for r, s, c in zip(records, scores, labels, strict=True)]
+                       + [np.zeros(0, bool)]),
+        np.concatenate([np.asarray(c, np.int64).reshape(-1) for c in labels] + [np.zeros(0, np.int64)]),
+        np.bincount(gt_labels, minlength=num_classes))
+    pr = (curves.mean_precision, curves.mean_recall, curves.per_class_precision, curves.per_class_recall)
     if not len(gt_images) or not len(det_images):
         per_class[np.unique(gt_labels)] = per_class50[np.unique(gt_labels)] = 0.0
-        return MaskScores(0.0, 0.0, per_class50, per_class)
+        return MaskScores(0.0, 0.0, per_class50, per_class, *pr)
     result = evaluate_masks(_joined([r[1] for r in records]), gt_labels, gt_images,
                             _joined([r[0] for r in records]), np.concatenate([np.asarray(s) for s in scores]),
                             np.concatenate([np.asarray(c) for c in labels]), det_images, num_classes)
@@ -99,7 +125,8 @@ def mask_scores(records: Sequence[MaskRecord], scores: Sequence[np.ndarray], lab
         p = precision[:, :, k]
         if (p > -1).any():                                                 # -1: no ground truth of class k
             per_class[k], per_class50[k] = p[p > -1].mean(), p[0][p[0] > -1].mean()
-    return MaskScores(max(float(result.stats[1]), 0.0), max(float(result.stats[0]), 0.0), per_class50, per_class)
+    return MaskScores(max(float(result.stats[1]), 0.0), max(float(result.stats[0]), 0.0), per_class50, per_class,
+                      *pr)
 
 
 def _joined(parts: Sequence[CroppedMasks]) -> CroppedMasks:

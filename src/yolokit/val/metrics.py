@@ -21,7 +21,7 @@ import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from yolokit.val.matching import confusion_matrix, matches_at_iou
 
 COLUMNS = ["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"]  # of EvalResult.table's rows
 SCORES = COLUMNS[3:]
-MASK_SCORES = ["mask mAP50", "mask mAP50-95"]   # a segmentation model's table's columns after SCORES
+MASK_SCORES = ["mask P", "mask R", "mask mAP50", "mask mAP50-95"]   # a segmentation model's columns after SCORES
 
 
 def html_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -73,6 +73,9 @@ class EvalResult:
         stats: COCOeval's 12 summary numbers.
         mask_map50, mask_map50_95: a segmentation model's mask AP (COCO's ``segm``), else None.
         per_class_mask_ap50, per_class_mask_ap: [C] its mask AP50 and AP50-95 per class, NaN likewise.
+        mask_precision, mask_recall: its masks' precision and recall as the boxes' are read (matched at mask
+            IoU 0.5), at the masks' own best-F1 confidence, else None.
+        per_class_mask_precision, per_class_mask_recall: [C] the same per class, NaN likewise.
         names: class names by index, when the evaluation knew them (``validate`` takes the split's);
             ``table()`` and the notebook view use them, else class indices.
 
@@ -105,6 +108,10 @@ class EvalResult:
     mask_map50_95: float | None = None
     per_class_mask_ap50: np.ndarray | None = None
     per_class_mask_ap: np.ndarray | None = None
+    mask_precision: float | None = None
+    mask_recall: float | None = None
+    per_class_mask_precision: np.ndarray | None = None
+    per_class_mask_recall: np.ndarray | None = None
 
     @property
     def fitness(self) -> float:
@@ -115,10 +122,11 @@ class EvalResult:
 
     def as_dict(self) -> dict[str, float]:
         """The headline numbers (results.csv's columns): P, R, mAP50, mAP50-95, and a segmentation model's
-        ``mask_mAP50`` and ``mask_mAP50-95``."""
+        ``mask_precision``, ``mask_recall``, ``mask_mAP50`` and ``mask_mAP50-95``."""
         out = {"precision": self.precision, "recall": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}
         if self.mask_map50 is not None:
-            out.update({"mask_mAP50": self.mask_map50, "mask_mAP50-95": self.mask_map50_95 or 0.0})
+            out.update({"mask_precision": self.mask_precision or 0.0, "mask_recall": self.mask_recall or 0.0,
+                        "mask_mAP50": self.mask_map50, "mask_mAP50-95": self.mask_map50_95 or 0.0})
         return out
 
     def scores(self) -> list[str]:
@@ -126,9 +134,9 @@ class EvalResult:
         return SCORES + (MASK_SCORES if self.mask_map50 is not None else [])
 
     def table(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Rows ``class, images, instances, P, R, mAP50, mAP50-95`` (and a segmentation model's ``mask mAP50``,
-        ``mask mAP50-95``): "all" first, then each class with ground truth, named by ``names``, else by
-        ``self.names``, else by its index."""
+        """Rows ``class, images, instances, P, R, mAP50, mAP50-95`` (and a segmentation model's ``mask P``,
+        ``mask R``, ``mask mAP50``, ``mask mAP50-95``): "all" first, then each class with ground truth, named
+        by ``names``, else by ``self.names``, else by its index."""
         names = list(names if names is not None else self.names or [])
         rows = [{"class": "all", "images": self.images, "instances": int(self.class_instances.sum()),
                  "P": self.precision, "R": self.recall, "mAP50": self.map50, "mAP50-95": self.map50_95}]
@@ -137,12 +145,15 @@ class EvalResult:
                          "instances": int(self.class_instances[k]), "P": float(self.per_class_precision[k]),
                          "R": float(self.per_class_recall[k]), "mAP50": float(self.per_class_ap50[k]),
                          "mAP50-95": float(self.per_class_ap[k])})
-        if self.mask_map50 is not None:   # a segmentation model: its masks' AP, all classes then each
-            rows[0].update({"mask mAP50": self.mask_map50, "mask mAP50-95": self.mask_map50_95 or 0.0})
-            ap50, ap = (np.full(len(self.class_instances), np.nan) if a is None else a
-                        for a in (self.per_class_mask_ap50, self.per_class_mask_ap))
+        if self.mask_map50 is not None:   # a segmentation model: its masks' P, R and AP, all classes then each
+            rows[0].update({"mask P": self.mask_precision or 0.0, "mask R": self.mask_recall or 0.0,
+                            "mask mAP50": self.mask_map50, "mask mAP50-95": self.mask_map50_95 or 0.0})
+            p, r, ap50, ap = (np.full(len(self.class_instances), np.nan) if a is None else a
+                              for a in (self.per_class_mask_precision, self.per_class_mask_recall,
+                                        self.per_class_mask_ap50, self.per_class_mask_ap))
             for row, k in zip(rows[1:], np.flatnonzero(self.class_instances > 0), strict=True):
-                row.update({"mask mAP50": float(ap50[k]), "mask mAP50-95": float(ap[k])})
+                row.update({"mask P": float(p[k]), "mask R": float(r[k]), "mask mAP50": float(ap50[k]),
+                            "mask mAP50-95": float(ap[k])})
         return rows
 
     def format_table(self, names: Sequence[str] | None = None) -> str:
@@ -155,7 +166,8 @@ class EvalResult:
 
     def __repr__(self) -> str:
         every = self.table()[0]  # "all"
-        masks = "" if self.mask_map50 is None else (f"; masks mAP50 {self.mask_map50:.3f}, "
+        masks = "" if self.mask_map50 is None else (f"; masks P {self.mask_precision or 0.0:.3f}, "
+                                                    f"R {self.mask_recall or 0.0:.3f}, mAP50 {self.mask_map50:.3f}, "
                                                     f"mAP50-95 {self.mask_map50_95 or 0.0:.3f}")
         return (f"EvalResult({every['images']} images, {every['instances']} instances: " + ", ".join(
             f"{k} {every[k]:.3f}" for k in SCORES) + masks + ")")
@@ -315,33 +327,59 @@ def _confidence_metrics(result: EvalResult, scores: np.ndarray, tp: np.ndarray, 
     """Fills the per-class precision / recall / F1 curves over ``CONF_POINTS``, the best-F1
     confidence, and precision and recall there (per class and their mean over classes with
     ground truth)."""
-    num_classes = len(result.class_instances)
+    curves = confidence_curves(scores, tp, labels, result.class_instances)
+    result.conf_points = CONF_POINTS.copy()
+    result.conf_precision, result.conf_recall, result.conf_f1 = curves.precision, curves.recall, curves.f1
+    result.per_class_precision, result.per_class_recall = curves.per_class_precision, curves.per_class_recall
+    if curves.best is not None:
+        result.best_conf = float(CONF_POINTS[curves.best])
+        result.precision, result.recall = curves.mean_precision, curves.mean_recall
+
+
+class ConfidenceCurves(NamedTuple):
+    """Precision, recall and F1 per class over ``CONF_POINTS`` ([C, 1000] each), the index of the best
+    smoothed class-mean F1 (None without ground truth), per-class precision and recall there ([C], NaN for a
+    class without ground truth), and their means over the classes with ground truth."""
+
+    precision: np.ndarray
+    recall: np.ndarray
+    f1: np.ndarray
+    best: int | None
+    per_class_precision: np.ndarray
+    per_class_recall: np.ndarray
+    mean_precision: float
+    mean_recall: float
+
+
+def confidence_curves(scores: np.ndarray, tp: np.ndarray, labels: np.ndarray,
+                      instances: np.ndarray) -> ConfidenceCurves:
+    """The usual YOLO validators' precision and recall: each class's detections by falling score, ``tp`` (bool
+    [D]: matched at IoU 0.5) counted against ``instances`` ([C] ground truths per class), read at the confidence
+    where the class-mean F1, smoothed by a box filter over a tenth of the range (as the reference smooths), is
+    best."""
+    num_classes = len(instances)
     shape = (num_classes, len(CONF_POINTS))
     p_curve, r_curve = np.zeros(shape), np.zeros(shape)
     order = np.argsort(-scores, kind="stable")
     scores, tp, labels = scores[order], tp[order], labels[order]
-    present = np.flatnonzero(result.class_instances > 0)
+    present = np.flatnonzero(instances > 0)
     for k in present:
         mine = labels == k
         if not mine.any():
             continue
         hits = np.cumsum(tp[mine])
-        recall = hits / result.class_instances[k]
+        recall = hits / instances[k]
         precision = hits / np.arange(1, len(hits) + 1)
         r_curve[k] = np.interp(-CONF_POINTS, -scores[mine], recall, left=0)  # scores fall as we go
         p_curve[k] = np.interp(-CONF_POINTS, -scores[mine], precision, left=1)
     f1 = 2 * p_curve * r_curve / np.maximum(p_curve + r_curve, 1e-16)
-    result.conf_points, result.conf_precision, result.conf_recall, result.conf_f1 = CONF_POINTS.copy(), p_curve, \
-        r_curve, f1
-    result.per_class_precision = np.full(num_classes, np.nan)
-    result.per_class_recall = np.full(num_classes, np.nan)
+    per_p, per_r = np.full(num_classes, np.nan), np.full(num_classes, np.nan)
     if not len(present):
-        return
+        return ConfidenceCurves(p_curve, r_curve, f1, None, per_p, per_r, 0.0, 0.0)
     width = round(len(CONF_POINTS) * 0.1 / 2)  # a box filter over 10% of the range, as the reference smooths
     mean_f1 = f1[present].mean(0)
     smooth = np.convolve(np.pad(mean_f1, width, mode="edge"), np.ones(2 * width + 1) / (2 * width + 1), "valid")
     best = int(smooth.argmax())
-    result.best_conf = float(CONF_POINTS[best])
-    result.per_class_precision[present], result.per_class_recall[present] = p_curve[present, best], \
-        r_curve[present, best]
-    result.precision, result.recall = float(p_curve[present, best].mean()), float(r_curve[present, best].mean())
+    per_p[present], per_r[present] = p_curve[present, best], r_curve[present, best]
+    return ConfidenceCurves(p_curve, r_curve, f1, best, per_p, per_r, float(per_p[present].mean()),
+                            float(per_r[present].mean()))
