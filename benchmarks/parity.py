@@ -1,5 +1,6 @@
 """Both trainers on one preset, several seeds each: yolokit and the reference (Ultralytics), every final weight
-scored by one evaluator (yolokit's validation), a table per seed and its mean, min and max.
+scored by one evaluator (yolokit's validation; an end-to-end model's one-to-one branch too, without NMS), a table
+per seed and its mean, min and max.
 
     /tmp/benchenv/bin/python benchmarks/parity.py --model yolov8n-seg --data shapes-seg --seeds 0 1 2 \
         --out runs/parity/seg [--epochs 25 --imgsz 256 ...] [--sides yolokit reference] \
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-KEYS = ("mAP50", "mAP50-95", "mask_mAP50", "mask_mAP50-95")
+KEYS = ("mAP50", "mAP50-95", "mask_mAP50", "mask_mAP50-95", "one-to-one mAP50-95")
 
 
 def data_yaml(data: str) -> Path:
@@ -123,8 +124,11 @@ def score(weights: Path, args: argparse.Namespace) -> dict:
     loader = build_dataloader(DetectionDataset(data_yaml(args.data), "val", imgsz=args.imgsz, rect=True,
                                                stride=max(model.strides)), 16, workers=0, shuffle=False)
     result, _ = validate(model, loader, num_classes=model.num_classes)
-    return {"mAP50": result.map50, "mAP50-95": result.map50_95, "mask_mAP50": result.mask_map50,
-            "mask_mAP50-95": result.mask_map50_95}
+    out = {"mAP50": result.map50, "mAP50-95": result.map50_95, "mask_mAP50": result.mask_map50,
+           "mask_mAP50-95": result.mask_map50_95}
+    if getattr(model.head, "end_to_end", False):              # YOLO26: its one-to-one branch too, without NMS
+        out["one-to-one mAP50-95"] = validate(model, loader, num_classes=model.num_classes, nms=False)[0].map50_95
+    return out
 
 
 def finished(run: Path, epochs: int) -> bool:
