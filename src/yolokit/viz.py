@@ -13,7 +13,7 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -73,10 +73,9 @@ def draw_detections(
     det = detections.numpy()
     h, w = canvas.shape[:2]
     if det.masks is not None and len(det.masks):   # a segmentation model's: each mask filled, half opaque
-        if det.masks.shape[-2:] != (h, w):
-            raise ValueError(f"masks of shape {det.masks.shape[-2:]} do not cover the {h}x{w} image")
-        for mask, label in zip(det.masks, det.labels, strict=True):
-            canvas[mask] = (canvas[mask] * 0.5 + np.array(class_colour(label), np.float32) * 0.5).astype(np.uint8)
+        for (x1, y1), mask, label in zip(*_mask_places(det.masks, h, w), det.labels, strict=True):
+            region = canvas[y1:y1 + mask.shape[0], x1:x1 + mask.shape[1]]
+            region[mask] = (region[mask] * 0.5 + np.array(class_colour(label), np.float32) * 0.5).astype(np.uint8)
     for box, score, label in zip(det.boxes, det.scores, det.labels, strict=True):
         x1, y1, x2, y2 = (int(round(float(v))) for v in box)
         x1, x2 = max(0, min(x1, w - 1)), max(0, min(x2, w - 1))
@@ -92,6 +91,20 @@ def draw_detections(
         text = (0, 0, 0) if sum(colour) > 380 else (255, 255, 255)
         cv2.putText(canvas, caption, (x1, top + th), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text, 1, cv2.LINE_AA)
     return canvas
+
+
+def _mask_places(masks: Any, h: int, w: int) -> tuple[list[tuple[int, int]], list[np.ndarray]]:
+    """Each mask's top-left corner in the image and its bool array: whole masks [K, h, w] at (0, 0), or
+    ``ops.masks.MaskCrops``' crops at their windows (each checked to lie in the image)."""
+    if hasattr(masks, "windows"):                                        # ops.masks.MaskCrops
+        windows = masks.windows.tolist()
+        outside = [win for win in windows if win[0] < 0 or win[1] < 0 or win[2] > w or win[3] > h]
+        if outside:
+            raise ValueError(f"mask window {outside[0]} lies outside the {h}x{w} image")
+        return [(x1, y1) for x1, y1, _, _ in windows], [c.cpu().numpy().astype(bool) for c in masks.crops]
+    if masks.shape[-2:] != (h, w):
+        raise ValueError(f"masks of shape {masks.shape[-2:]} do not cover the {h}x{w} image")
+    return [(0, 0)] * len(masks), list(masks)
 
 
 def epoch_rows(source: str | Path) -> list[dict[str, float]]:

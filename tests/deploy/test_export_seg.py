@@ -49,6 +49,9 @@ def assert_same_masks(model, exported, *, nms):
     for batch in images():
         want = model.predict(batch, conf=0.0, max_det=10, nms=nms)
         got = exported.predict(batch, conf=0.0, max_det=10, nms=nms)
+        cropped = exported.predict(batch, conf=0.0, max_det=10, nms=nms, mask_form="crops")    # predict()'s form
+        for c, g in zip(cropped, got, strict=True):
+            assert torch.equal(c.masks.dense(batch.shape[-2:]), g.masks)
         for w, g in zip(want, got, strict=True):
             assert torch.equal(w.labels, g.labels) and torch.allclose(w.boxes, g.boxes, atol=1e-3)
             assert g.masks.shape == w.masks.shape == (10, *batch.shape[-2:])

@@ -148,3 +148,30 @@ def test_peak_memory_does_not_grow_with_the_folder(tmp_path):
         peaks[count] = float(out[1])
     print(f"peak RSS: 40 images {peaks[40]:.1f} MB, 200 images {peaks[200]:.1f} MB")
     assert abs(peaks[200] - peaks[40]) < 12, peaks
+
+
+def test_a_segmentation_models_results_keep_masks_in_their_boxes_until_read(tmp_path):
+    """predict asks a segmentation model for its masks as crops: each result holds ``MaskCrops`` (the memory of
+    its boxes) and gives the masks ``Detector.predict`` gives whole, when read; ``--save-txt`` rows from them."""
+    import dataclasses
+
+    from _models import TINY_SEG, lively
+
+    from yolokit.ops.masks import MaskCrops
+
+    torch.manual_seed(0)
+    seg = lively(yolokit.create_model(TINY_SEG, num_classes=3)).eval()
+    rng = np.random.default_rng(0)
+    images = [torch.from_numpy(rng.integers(0, 255, (3, h, w), dtype=np.uint8)) for h, w in ((90, 140), (64, 64))]
+    results = predict(seg, images, imgsz=96, conf=0.0, max_det=5)
+    assert [len(r) for r in results] == [5, 5]
+    filled = 0
+    for image, r in zip(images, results, strict=True):
+        assert isinstance(r.__dict__["_masks"], MaskCrops)
+        lines = r.txt_lines()
+        boxed, ratio_pad = letterbox_batch([image], 96, 32)
+        want = seg.predict(boxed, orig_shapes=[tuple(image.shape[-2:])], ratio_pad=ratio_pad, conf=0.0, max_det=5)[0]
+        assert torch.equal(r.masks, want.masks) and r.masks.shape == (5, *image.shape[-2:])
+        filled += int(r.masks.flatten(1).any(1).sum())
+        assert lines == dataclasses.replace(r, masks=want.masks).txt_lines()
+    assert filled >= 2                                                  # outlines of real masks, not boxes

@@ -156,3 +156,27 @@ def test_masks_give_polygon_rows_coco_rles_and_filled_drawings():
     assert (drawn[5, 5] == plain[5, 5]).all() and (drawn[90, 30] == plain[90, 30]).all()   # elsewhere as before
     with pytest.raises(ValueError, match="has no masks"):
         make_result().polygons()
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")   # pycocotools' decode, NumPy 2
+def test_a_result_of_mask_crops_writes_and_draws_what_its_whole_masks_give_without_making_them():
+    """``predict``'s results hold each mask inside its box (``MaskCrops``): outlines (a crop filled to its edges
+    included), label rows, COCO RLEs and the drawing equal those of the whole masks, and ``masks`` makes the
+    whole masks only when read."""
+    pytest.importorskip("pycocotools")
+    from yolokit.ops.masks import MaskCrops
+
+    whole = make_seg_result()
+    windows = torch.tensor([[20, 15, 60, 45], [130, 40, 172, 82]])      # the rectangle's own bounds; the disc's box
+    crops = [whole.masks[k, y1:y2, x1:x2].clone() for k, (x1, y1, x2, y2) in enumerate(windows.tolist())]
+    result = make_result()
+    result.masks = MaskCrops(windows, crops)
+    assert [p.tolist() for p in result.polygons()] == [p.tolist() for p in whole.polygons()]
+    assert result.txt_lines(save_conf=True) == whole.txt_lines(save_conf=True)
+    assert result.coco(image_id=3) == whole.coco(image_id=3)
+    assert np.array_equal(result.plot(), whole.plot())
+    assert isinstance(result.__dict__["_masks"], MaskCrops)               # none of the above made whole masks
+    assert torch.equal(result.masks, whole.masks) and isinstance(result.__dict__["_masks"], torch.Tensor)
+    result.masks = MaskCrops(torch.tensor([[190, 90, 210, 100]]), [torch.ones(10, 20, dtype=torch.bool)])
+    with pytest.raises(ValueError, match=r"mask window \[190, 90, 210, 100\] lies outside the 100x200 image"):
+        result.plot()

@@ -145,10 +145,13 @@ class ExportedModel:
     def predict(self, images: Tensor, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
                 classes: Sequence[int] | None = None, agnostic: bool = False, multi_label: bool = False,
                 orig_shapes: Sequence[tuple[int, int]] | None = None, ratio_pad: Sequence[Any] | None = None,
-                nms: bool = True) -> list[Detections]:
-        """``Detector.predict`` on the exported file: the same padding, NMS (or top-k) and boxes mapped
-        back. A file with NMS in its graph gives its own detections (its ``conf``, ``iou`` and
-        ``max_det`` from the export; ``conf``, ``classes`` and ``max_det`` here filter them further)."""
+                nms: bool = True, mask_form: str = "whole") -> list[Detections]:
+        """``Detector.predict`` on the exported file: the same padding, NMS (or top-k), boxes mapped
+        back, and a segmentation file's masks in the same ``mask_form``. A file with NMS in its graph gives
+        its own detections (its ``conf``, ``iou`` and ``max_det`` from the export; ``conf``, ``classes`` and
+        ``max_det`` here filter them further)."""
+        if mask_form not in ("whole", "crops"):
+            raise ValueError(f"mask_form must be 'whole' or 'crops', got {mask_form!r}")
         if self.info["output"] != "detections":
             self.check_nms(nms)
         batch, orig_shapes, ratio_pad = input_batch(images, int(max(self.strides)), "cpu", torch.float32,
@@ -159,7 +162,8 @@ class ExportedModel:
         if self.info["output"] == "predictions":
             return detections_of(out, orig_shapes, ratio_pad, nms=True, conf=conf, iou=iou, max_det=max_det,
                                  classes=classes, agnostic=agnostic, multi_label=multi_label,
-                                 seg=None if coefficients is None else (coefficients, protos, size))
+                                 seg=None if coefficients is None else (coefficients, protos, size),
+                                 mask_form=mask_form)
         if self.info["output"] == "end_to_end":
             rows = list(out)
         else:   # detections [K, 7]: image, box, score, label
@@ -176,7 +180,8 @@ class ExportedModel:
         dets = mapped_back(dets, orig_shapes, ratio_pad)
         if coefficients is None:
             return dets
-        return with_masks(dets, kept, (coefficients, protos, size), orig_shapes, ratio_pad)   # a row's: its point's
+        return with_masks(dets, kept, (coefficients, protos, size), orig_shapes, ratio_pad,   # a row's: its point's
+                          mask_form=mask_form)
 
 
 def load_exported(path: str | Path, *, device: str | torch.device = "cpu") -> ExportedModel:

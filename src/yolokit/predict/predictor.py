@@ -8,6 +8,7 @@ saving into a run folder and, with ``stream=False``, collects the results into a
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -115,6 +116,8 @@ def predict_iter(
         0 2 circle, 1 star
     """
     names, stride = model.names, int(max(model.strides))
+    # a segmentation model's masks stay in their boxes (Result makes whole masks only when they are read)
+    crops = {"mask_form": "crops"} if "mask_form" in inspect.signature(model.predict).parameters else {}
     square = getattr(model, "fixed_imgsz", None) is not None   # an exported file that takes one size only
 
     def prepared(chunk: list[Frame]) -> tuple[list[Frame], Tensor, list[Any]]:
@@ -123,7 +126,7 @@ def predict_iter(
     for chunk, boxed, ratio_pad in read_ahead(map(prepared, batches(frames(source, vid_stride=vid_stride), batch))):
         dets = model.predict(boxed, orig_shapes=[tuple(f.image.shape[-2:]) for f in chunk], ratio_pad=ratio_pad,
                              conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic,
-                             multi_label=multi_label, nms=nms)
+                             multi_label=multi_label, nms=nms, **crops)
         for f, d in zip(chunk, dets, strict=True):
             yield _result(f, d.to("cpu"), names)
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolokit.ops.masks import MaskCrops
 from yolokit.ops.nms import Detections
 from yolokit.viz import draw_detections
 
@@ -35,7 +36,10 @@ class Result:
         frame: index of the frame in its video or stream; None for a still image.
         fps: the video's frame rate; None for a still image.
         masks: a segmentation model's: Tensor[K, H, W] bool, each detection's mask in original pixels
-            (``polygons()`` gives their outlines); None for a detection model.
+            (``polygons()`` gives their outlines); None for a detection model. A result may be made with
+            ``ops.masks.MaskCrops`` (each mask inside its box, as ``predict`` makes them): its outlines, label
+            rows, JSON records and drawing are made from the crops, and ``masks`` makes the whole masks
+            when first read (K x H x W: a 4000 x 3000 photo's 50 masks take 600 MB).
 
     Printed, it is one line (``Result(path='a.jpg', 640x480, 3 detections: 2 circle, 1 square)``, width
     first); in a notebook, its drawn image (``_repr_png_``); ``show()`` shows that anywhere.
@@ -60,14 +64,28 @@ class Result:
     def detections(self) -> Detections:
         return Detections(self.boxes, self.scores, self.labels, self.masks)
 
+    def _mask_parts(self) -> list[tuple[int, int, np.ndarray]] | None:
+        """Each mask as ``(x1, y1, bool array)``: its crop at its window's corner (whole masks: at 0, 0), without
+        making whole masks of crops; None without masks."""
+        stored = self.__dict__.get("_masks")
+        if stored is None:
+            return None
+        if isinstance(stored, MaskCrops):
+            stored = stored.to("cpu")
+            return [(x1, y1, c.numpy()) for (x1, y1, _, _), c in zip(stored.windows.tolist(), stored.crops,
+                                                                        strict=True)]
+        return [(0, 0, m) for m in stored.detach().cpu().bool().numpy()]
+
     def polygons(self) -> list[np.ndarray]:
         """Each detection's mask outline: float32 [N, 2] (x, y) in original pixels, its largest outer contour
         (OpenCV's, corners kept); an empty mask gives its box's four corners. Raises ValueError without masks."""
-        if self.masks is None:
+        parts = self._mask_parts()
+        if parts is None:
             raise ValueError(f"the result of {self.path} has no masks (a detection model's)")
         out = []
-        for mask, (x1, y1, x2, y2) in zip(self.masks.cpu().numpy().astype(np.uint8), self.boxes.tolist(), strict=True):
-            contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        for (left, top, mask), (x1, y1, x2, y2) in zip(parts, self.boxes.tolist(), strict=True):
+            contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE,
+                                           offset=(left, top))
             if contours:
                 out.append(max(contours, key=len).reshape(-1, 2).astype(np.float32))
             else:
@@ -94,7 +112,8 @@ class Result:
         """
         h, w = self.orig_shape
         width = line_width or max(2, round((h + w) / 2 * 0.003))
-        return draw_detections(self.orig_img, self.detections, self.names, thickness=width,
+        drawn = Detections(self.boxes, self.scores, self.labels, self.__dict__.get("_masks"))   # crops as they are
+        return draw_detections(self.orig_img, drawn, self.names, thickness=width,
                                font_scale=max(0.4, width / 4), show_scores=scores)
 
     def records(self) -> list[dict[str, Any]]:
@@ -112,7 +131,7 @@ class Result:
         masks, YOLO segmentation rows ``class x1 y1 x2 y2 ...`` (``polygons()``, normalized)."""
         h, w = self.orig_shape
         lines = []
-        if self.masks is not None:
+        if self.__dict__.get("_masks") is not None:
             for poly, s, c in zip(self.polygons(), self.scores.tolist(), self.labels.tolist(), strict=True):
                 points = " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in poly.tolist())
                 lines.append(f"{c} {points}" + (f" {s:.6g}" if save_conf else ""))
@@ -133,11 +152,15 @@ class Result:
                 "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], "score": round(s, 5)}
                for (x1, y1, x2, y2), s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
                                                  strict=True)]
-        if self.masks is not None:          # COCO's segm results: each mask as an uncompressed-counts RLE
+        parts = self._mask_parts()
+        if parts is not None:               # COCO's segm results: each mask as an uncompressed-counts RLE
             from pycocotools import mask as mask_utils
 
-            for row, mask in zip(out, self.masks.cpu().numpy(), strict=True):
-                rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+            h, w = self.orig_shape
+            for row, (left, top, crop) in zip(out, parts, strict=True):
+                whole = np.zeros((h, w), np.uint8, order="F")     # one whole mask at a time
+                whole[top:top + crop.shape[0], left:left + crop.shape[1]] = crop
+                rle = mask_utils.encode(whole)
                 row["segmentation"] = {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode()}
         return out
 
@@ -190,3 +213,18 @@ class Result:
         plt.axis("off")
         plt.title(self.path if self.frame is None else f"{self.path} frame {self.frame}", fontsize=9)
         plt.show()
+
+
+def _masks(result: Result) -> Tensor | None:
+    """``Result.masks``: whole masks, made from crops when first read (then kept)."""
+    stored = result.__dict__.get("_masks")
+    if isinstance(stored, MaskCrops):
+        stored = result.__dict__["_masks"] = stored.to("cpu").dense(result.orig_shape)
+    return stored
+
+
+def _set_masks(result: Result, value: Tensor | MaskCrops | None) -> None:
+    result.__dict__["_masks"] = value
+
+
+Result.masks = property(_masks, _set_masks, doc=_masks.__doc__)   # the dataclass's field, read through it

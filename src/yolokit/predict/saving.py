@@ -145,6 +145,7 @@ class ResultWriter:
                             masks=getattr(det, "masks", None))
             self.write(result, None if ids is None else ids[index])
 
+        write.takes_mask_crops = True     # validation passes a segmentation model's masks as crops (ops.masks)
         return write
 
     def _imwrite(self, path: Path, bgr: np.ndarray) -> None:

@@ -71,7 +71,9 @@ def validate(
             image this rank runs, as its batch is predicted (loader order): its dataset
             index, file and original shape, and the detections it is scored with (CPU,
             original pixels). Under several processes each rank calls it for its own shard
-            only. ``ResultWriter.validation_sink`` writes them as COCO results and labels.
+            only. ``ResultWriter.validation_sink`` writes them as COCO results and labels. A
+            segmentation model's masks come whole ([K, H, W]), or as ``ops.masks.MaskCrops`` to a
+            callable whose ``takes_mask_crops`` is True (as that sink's).
         world_size: the processes sharing the split; default: the process group's.
         nms: False scores an end-to-end model's (YOLO26's) one-to-one detections (a top-``max_det``
             without NMS; ``iou`` and ``multi_label`` do not apply).
@@ -143,8 +145,9 @@ def _run(model: Any, batches: Iterable[dict[str, Any]], loader: Any, device: tor
             masks = mask_record(det.masks, dataset, int(indices[i]), tuple(shape))   # cropped: kept compact
             boxes_only = Detections(det.boxes, det.scores, det.labels)   # [K, H, W] masks are not kept per image
             records.append((int(indices[i]), boxes_only, (boxes.numpy(), labels.numpy()), tuple(shape), masks))
-            if on_image is not None:
-                on_image(int(indices[i]), batch["paths"][i], tuple(shape), _whole(det, shape))
+            if on_image is not None:          # a sink that says it takes crops (predict's writer) gets them
+                on_image(int(indices[i]), batch["paths"][i], tuple(shape),
+                         det if getattr(on_image, "takes_mask_crops", False) else _whole(det, shape))
             if len(samples) < keep_samples:
                 samples.append((_original_rgb(dataset, int(indices[i]), batch["paths"][i], shape),
                                 *_sample_detections(det, boxes_only, boxes.float(), labels, masks, dataset,
