@@ -39,6 +39,12 @@ def test_a_training_checkpoint_rebuilds_from_its_model_config(tmp_path):
     x = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
         assert all(torch.equal(a, b) for a, b in zip(model.eval()(x), loaded(x), strict=True))
+    ema = yolokit.create_model("yolo11n.yaml", num_classes=2)          # other weights: the EMA's are read
+    torch.save({"epoch": 3, "model": model.state_dict(), "model_config": asdict(model.config), "names": ["x", "y"],
+                "ema": {"module": ema.state_dict(), "updates": 9}, "optimizer": {}}, tmp_path / "last.pt")
+    loaded = yolokit.load(tmp_path / "last.pt")
+    assert_weights_equal(ema, loaded)
+    assert loaded.names == ["x", "y"]
     fused = yolokit.create_model("yolo11n.yaml", num_classes=2).eval().fuse(channels_last=False)
     yolokit.save(fused, tmp_path / "fused.safetensors")
     assert_weights_equal(fused, yolokit.load(tmp_path / "fused.safetensors"))   # fused files rebuild fused

@@ -187,7 +187,8 @@ def native_config(obj_or_metadata: Mapping[str, Any], *, source: str) -> dict[st
 
 def is_training_checkpoint(obj: Any) -> bool:
     """True for a yolokit training checkpoint (``last.pt``): the model's ``state_dict`` under "model" and
-    ``asdict(model.config)`` under "model_config"."""
+    ``asdict(model.config)`` under "model_config" (and, read in their place when there, the EMA's under
+    "ema"/"module" and the class names under "names")."""
     return (isinstance(obj, Mapping) and isinstance(obj.get("model_config"), Mapping)
             and isinstance(obj.get("model"), Mapping) and all(isinstance(v, Tensor) for v in obj["model"].values()))
 
@@ -231,8 +232,10 @@ def from_torch_object(obj: Any, *, model: str | Detector | None, source: str, wh
     """
     if is_native(obj):
         return from_native_object(obj, model=model, source=source)
-    if is_training_checkpoint(obj):
-        return from_contents(obj["model"], obj["model_config"], model=model, source=source)
+    if is_training_checkpoint(obj):     # its EMA weights (what the run validated and best.pt holds), as the reference's
+        ema = obj.get("ema")
+        state = ema["module"] if isinstance(ema, Mapping) and isinstance(ema.get("module"), Mapping) else obj["model"]
+        return attach_names(from_contents(state, obj["model_config"], model=model, source=source), obj.get("names"))
     found = other(obj) if other is not None else None
     if found is not None:
         return found

@@ -187,7 +187,7 @@ def run_state(parts: Parts, progress: Progress, metrics: dict, ranks: list[dict]
     config = parts.model.config   # the architecture as data (None for a model given as an instance)
     return {
         **progress.state_dict(), "model": parts.model.state_dict(),
-        "model_config": asdict(config) if config is not None else None,
+        "model_config": asdict(config) if config is not None else None, "names": list(parts.names),
         "ema": parts.ema.state_dict() if parts.ema else None, "optimizer": parts.optimizer.state_dict(),
         "precision": parts.precision.state_dict(), "accumulator": parts.accumulator.state_dict(),
         "batch": parts.plan.batch, "plan": parts.plan.as_dict(), "train_config": parts.config.to_dict(),
