@@ -62,8 +62,9 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
         assigner = {k.partition(".")[2]: preset.pop(k) for k in [k for k in preset if k.startswith("assigner.")]}
         if assigner:
             patch_assigner(assigner, out)
-        train(TrainConfig(**{**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed, out=str(out),
-                                    workers=args.workers, plots=False, device=args.device), **preset}))
+        train(TrainConfig.from_dict({**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed,
+                                             out=str(out), workers=args.workers, plots=False, device=args.device),
+                                     **preset}))   # from_dict: flat augmentation keys too (--set yolokit.hsv_h=0)
         return
     import os
 

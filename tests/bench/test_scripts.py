@@ -408,7 +408,8 @@ def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path)
     data = make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64, segments=True)
     args = [sys.executable, str(BENCHMARKS / "parity.py"), "--model", TINY, "--data", str(data), "--seeds", "0", "1",
             "--sides", "yolokit", "--epochs", "1", "--imgsz", "64", "--batch", "4", "--nbs", "4", "--workers", "0",
-            "--out", str(tmp_path / "out"), "--set", "yolokit.warmup_min_steps=0", "--set", "reference.warmup_epochs=2"]
+            "--out", str(tmp_path / "out"), "--set", "yolokit.warmup_min_steps=0", "--set", "reference.warmup_epochs=2",
+            "--set", "yolokit.hue_mode=shift"]                               # a flat augmentation key too
     done = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads((tmp_path / "out" / "runs.json").read_text())
@@ -420,6 +421,7 @@ def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path)
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
     config = (tmp_path / "out" / "yolokit-0" / "config.yaml").read_text()
     assert "warmup_min_steps: 0\n" in config and "warmup_epochs: 1.0\n" in config     # one side's setting only
+    assert "hue_mode: shift\n" in config
     assert re.fullmatch(rf"\| yolokit \| mean \(min-max\) \| {NUMBER} \({NUMBER}-{NUMBER}\) \| .*", table[-1])
     stamp = (tmp_path / "out" / "yolokit-0" / "weights" / "last.pt").stat().st_mtime_ns
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)

@@ -200,3 +200,19 @@ def test_scale_translate_fast_path_matches_a_warp():
         assert shown[ys.min():ys.max() + 1, xs.min():xs.max() + 1].all() and shown.sum() == (
             (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
         assert (bright[~shown] == 114).all() and (bright[shown] >= 120).all()
+
+
+def test_the_hue_moves_by_a_gain_or_by_the_reference_84s_shift_from_the_same_draws():
+    """``AugmentConfig.hue_mode``: "gain" (the default) multiplies the hue, "shift" adds to it as the reference
+    8.4's RandomHSV does (its formula in float64); saturation and value tables and the draws are the same."""
+    from yolokit.data.augment.transforms import hsv_lut
+
+    gain, shift = hsv_lut(np.random.default_rng(3), hue="gain"), hsv_lut(np.random.default_rng(3), hue="shift")
+    r = np.random.default_rng(3).uniform(-1, 1, 3) * [0.015, 0.7, 0.4]
+    x = np.arange(256, dtype=np.float64)
+    np.testing.assert_array_equal(shift[0], ((x + r[0] * 180) % 180).astype(np.uint8))
+    np.testing.assert_array_equal(gain[0], ((np.arange(256, dtype=np.float32) * (r[0] + 1)) % 180).astype(np.uint8))
+    np.testing.assert_array_equal(gain[1:], shift[1:])
+    assert (gain[0] != shift[0]).sum() > 100                          # the two modes move hues differently
+    with pytest.raises(ValueError, match="hue_mode must be 'gain' or 'shift'"):
+        AugmentConfig(hue_mode="add")

@@ -356,7 +356,7 @@ class DetectionDataset(Dataset):
             image, boxes, classes = mixup((image, boxes, classes), other[:3], rng)
         if self.albumentations is not None:
             image, boxes, classes = self.albumentations(image, boxes, classes, rng)
-        lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+        lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v, hue=hyp.hue_mode)
         if lut is not None and not self.hsv_in_batch:
             image, lut = apply_hsv_lut(image, lut), None
         image, boxes = random_flip(image, boxes, rng, fliplr=hyp.fliplr, flipud=hyp.flipud)   # commutes with HSV

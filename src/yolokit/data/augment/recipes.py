@@ -186,7 +186,7 @@ def train_recipe(ds, i: int, rng: np.random.Generator) -> dict:
         views.append(other[0])
         boxes = np.concatenate([boxes, other[1]]).astype(np.float32)
         classes = np.concatenate([classes, other[2]]).astype(np.int64)
-    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v, hue=hyp.hue_mode)
     shape = views[0]["plan"].out_shape
     flips = [False, False]
     if rng.random() < hyp.fliplr:

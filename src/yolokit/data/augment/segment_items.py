@@ -173,7 +173,7 @@ def _recipe_item(ds: Any, i: int, rng: np.random.Generator) -> dict:
         boxes = np.concatenate([boxes, other[1]]).astype(np.float32)
         classes = np.concatenate([classes, other[2]]).astype(np.int64)
         polys, has = np.concatenate([polys, other[3]]), np.concatenate([has, other[4]])
-    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v, hue=hyp.hue_mode)
     shape = view["plan"].out_shape
     flips = [False, False]
     for k, lr in enumerate((True, False)):                # random_flip's two draws
@@ -192,7 +192,7 @@ def _train_sample(ds: Any, i: int, rng: np.random.Generator):
         other = _view(ds, int(ds._anywhere(rng, i)), rng)
         image, boxes, classes = mixup((image, boxes, classes), other[:3], rng)
         polys, has = np.concatenate([polys, other[3]]), np.concatenate([has, other[4]])
-    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v)
+    lut = hsv_lut(rng, h=hyp.hsv_h, s=hyp.hsv_s, v=hyp.hsv_v, hue=hyp.hue_mode)
     if lut is not None and not ds.hsv_in_batch:
         image, lut = apply_hsv_lut(image, lut), None
     if rng.random() < hyp.fliplr:            # random_flip's two draws, the polygons mirrored with the image

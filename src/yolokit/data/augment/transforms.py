@@ -38,6 +38,7 @@ class AugmentConfig:
         mixup: probability of MixUp with a second image
         copy_paste: segmentation sets only: probability of pasting the image's objects mirrored
             left-right onto it, before the affine step (`polygons.copy_paste`)
+        hue_mode: "gain" (hue x (1 + g), up to Ultralytics 8.3.78) or "shift" (hue + 180 g, 8.4's); g in +-hsv_h
     """
 
     hsv_h: float = 0.015
@@ -54,10 +55,13 @@ class AugmentConfig:
     mixup: float = 0.0
     copy_paste: float = 0.0
     mosaic_tiles: int = 4
+    hue_mode: str = "gain"
 
     def __post_init__(self) -> None:
         if self.mosaic_tiles not in (4, 9):
             raise ValueError(f"mosaic_tiles must be 4 or 9, got {self.mosaic_tiles!r}")
+        if self.hue_mode not in ("gain", "shift"):
+            raise ValueError(f"hue_mode must be 'gain' or 'shift', got {self.hue_mode!r}")
 
 
 def scale_boxes(boxes: np.ndarray, ratio: tuple[float, float],
@@ -318,12 +322,14 @@ def _paste(image: np.ndarray, spans: tuple, out_shape: tuple[int, int], pad_valu
 
 
 def hsv_lut(rng: np.random.Generator, *, h: float = 0.015, s: float = 0.7,
-            v: float = 0.4) -> np.ndarray | None:
+            v: float = 0.4, hue: str = "gain") -> np.ndarray | None:
     """Draw random hue, saturation and value gains; their lookup tables.
 
     Args:
         rng: source of randomness (three numbers are drawn when any range is set).
         h, s, v: gain ranges; each gain is 1 + uniform(-range, range).
+        hue: ``"gain"``: the hue times its gain; ``"shift"``: the hue plus (gain - 1) x 180, in float64 (the
+            reference 8.4's ``RandomHSV``), the same draws.
 
     Returns:
         uint8 [3, 256]: the new OpenCV hue (0..179), saturation and value of each old one;
@@ -331,10 +337,12 @@ def hsv_lut(rng: np.random.Generator, *, h: float = 0.015, s: float = 0.7,
     """
     if not (h or s or v):
         return None
-    gain = rng.uniform(-1, 1, 3) * (h, s, v) + 1
+    draw = rng.uniform(-1, 1, 3) * (h, s, v)
+    gain = draw + 1
     x = np.arange(256, dtype=np.float32)
-    return np.stack([(x * gain[0]) % 180, np.clip(x * gain[1], 0, 255),
-                     np.clip(x * gain[2], 0, 255)]).astype(np.uint8)
+    hues = (x * gain[0]) % 180 if hue == "gain" else ((np.arange(256, dtype=np.float64) + draw[0] * 180) % 180)
+    return np.stack([hues.astype(np.uint8), np.clip(x * gain[1], 0, 255).astype(np.uint8),
+                     np.clip(x * gain[2], 0, 255).astype(np.uint8)])
 
 
 def apply_hsv_lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
