@@ -328,8 +328,7 @@ def hsv_lut(rng: np.random.Generator, *, h: float = 0.015, s: float = 0.7,
     Args:
         rng: source of randomness (three numbers are drawn when any range is set).
         h, s, v: gain ranges; each gain is 1 + uniform(-range, range).
-        hue: ``"gain"``: the hue times its gain; ``"shift"``: the hue plus (gain - 1) x 180, in float64 (the
-            reference 8.4's ``RandomHSV``), the same draws.
+        hue: ``"gain"`` multiplies the hue by its gain; ``"shift"`` adds (gain - 1) x 180 (the reference 8.4's).
 
     Returns:
         uint8 [3, 256]: the new OpenCV hue (0..179), saturation and value of each old one;
@@ -337,12 +336,10 @@ def hsv_lut(rng: np.random.Generator, *, h: float = 0.015, s: float = 0.7,
     """
     if not (h or s or v):
         return None
-    draw = rng.uniform(-1, 1, 3) * (h, s, v)
-    gain = draw + 1
+    gain = (draw := rng.uniform(-1, 1, 3) * (h, s, v)) + 1
     x = np.arange(256, dtype=np.float32)
-    hues = (x * gain[0]) % 180 if hue == "gain" else ((np.arange(256, dtype=np.float64) + draw[0] * 180) % 180)
-    return np.stack([hues.astype(np.uint8), np.clip(x * gain[1], 0, 255).astype(np.uint8),
-                     np.clip(x * gain[2], 0, 255).astype(np.uint8)])
+    hues = (x * gain[0]) % 180 if hue == "gain" else (np.arange(256, dtype=np.float64) + draw[0] * 180) % 180
+    return np.stack([hues, np.clip(x * gain[1], 0, 255), np.clip(x * gain[2], 0, 255)]).astype(np.uint8)
 
 
 def apply_hsv_lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
@@ -357,10 +354,9 @@ def apply_hsv_lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
     """
     # one row: OpenCV's vector code converts all of it (the last width % 32 pixels of each row would
     # go to its scalar code, which rounds where the vector code truncates; see data/augment/color.py)
-    row = np.ascontiguousarray(image).reshape(1, -1, 3)
-    hsv = cv2.cvtColor(row, cv2.COLOR_BGR2HSV)
-    out = cv2.cvtColor(cv2.LUT(hsv, np.ascontiguousarray(lut.T).reshape(1, 256, 3)), cv2.COLOR_HSV2BGR)
-    return out.reshape(image.shape)
+    hsv = cv2.cvtColor(np.ascontiguousarray(image).reshape(1, -1, 3), cv2.COLOR_BGR2HSV)
+    return cv2.cvtColor(cv2.LUT(hsv, np.ascontiguousarray(lut.T).reshape(1, 256, 3)), cv2.COLOR_HSV2BGR).reshape(
+        image.shape)
 
 
 def augment_hsv(image: np.ndarray, rng: np.random.Generator, *, h: float = 0.015,
@@ -375,8 +371,7 @@ def augment_hsv(image: np.ndarray, rng: np.random.Generator, *, h: float = 0.015
     Returns:
         a new image [H, W, 3] (the input when all ranges are 0).
     """
-    lut = hsv_lut(rng, h=h, s=s, v=v)
-    return image if lut is None else apply_hsv_lut(image, lut)
+    return image if (lut := hsv_lut(rng, h=h, s=s, v=v)) is None else apply_hsv_lut(image, lut)
 
 
 def flip_lr(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
