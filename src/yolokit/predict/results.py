@@ -64,10 +64,15 @@ class Result:
     def detections(self) -> Detections:
         return Detections(self.boxes, self.scores, self.labels, self.masks)
 
+    @property
+    def _stored_masks(self) -> Tensor | MaskCrops | None:
+        """The masks as given (crops stay crops; ``masks`` makes them whole)."""
+        return self.__dict__.get("_masks")
+
     def _mask_parts(self) -> list[tuple[int, int, np.ndarray]] | None:
         """Each mask as ``(x1, y1, bool array)``: its crop at its window's corner (whole masks: at 0, 0), without
         making whole masks of crops; None without masks."""
-        stored = self.__dict__.get("_masks")
+        stored = self._stored_masks
         if stored is None:
             return None
         if isinstance(stored, MaskCrops):
@@ -112,7 +117,7 @@ class Result:
         """
         h, w = self.orig_shape
         width = line_width or max(2, round((h + w) / 2 * 0.003))
-        drawn = Detections(self.boxes, self.scores, self.labels, self.__dict__.get("_masks"))   # crops as they are
+        drawn = Detections(self.boxes, self.scores, self.labels, self._stored_masks)   # crops as they are
         return draw_detections(self.orig_img, drawn, self.names, thickness=width,
                                font_scale=max(0.4, width / 4), show_scores=scores)
 
@@ -131,7 +136,7 @@ class Result:
         masks, YOLO segmentation rows ``class x1 y1 x2 y2 ...`` (``polygons()``, normalized)."""
         h, w = self.orig_shape
         lines = []
-        if self.__dict__.get("_masks") is not None:
+        if self._stored_masks is not None:
             for poly, s, c in zip(self.polygons(), self.scores.tolist(), self.labels.tolist(), strict=True):
                 points = " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in poly.tolist())
                 lines.append(f"{c} {points}" + (f" {s:.6g}" if save_conf else ""))
@@ -217,7 +222,7 @@ class Result:
 
 def _masks(result: Result) -> Tensor | None:
     """``Result.masks``: whole masks, made from crops when first read (then kept)."""
-    stored = result.__dict__.get("_masks")
+    stored = result._stored_masks
     if isinstance(stored, MaskCrops):
         stored = result.__dict__["_masks"] = stored.to("cpu").dense(result.orig_shape)
     return stored

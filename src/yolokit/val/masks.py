@@ -81,10 +81,10 @@ class MaskScores(NamedTuple):
     map50_95: float
     per_class_ap50: np.ndarray
     per_class_ap: np.ndarray
-    precision: float = 0.0
-    recall: float = 0.0
-    per_class_precision: np.ndarray | None = None
-    per_class_recall: np.ndarray | None = None
+    precision: float
+    recall: float
+    per_class_precision: np.ndarray
+    per_class_recall: np.ndarray
 
 
 def mask_matches(record: MaskRecord, scores: np.ndarray, labels: np.ndarray, threshold: float = 0.5) -> np.ndarray:
