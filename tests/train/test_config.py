@@ -15,7 +15,7 @@ def parse(argv):
 def test_yolov8_defaults():
     c = TrainConfig()
     assert (c.lr0, c.lrf, c.momentum, c.weight_decay) == (0.01, 0.01, 0.937, 5e-4)
-    assert (c.warmup_epochs, c.warmup_momentum, c.warmup_bias_lr, c.nbs) == (3.0, 0.8, 0.1, 64)
+    assert (c.warmup_epochs, c.warmup_momentum, c.warmup_bias_lr, c.nbs) == (3.0, 0.8, None, 64)  # None: by model
     assert (c.ema_decay, c.ema_tau, c.close_mosaic) == (0.9999, 2000.0, 10)
     a = c.augment
     assert ((a.hsv_h, a.hsv_s, a.hsv_v, a.translate, a.scale, a.fliplr, a.mosaic)
@@ -66,6 +66,7 @@ def _dump(tmp_path, config):
     ({"checkpointing": "head"}, "checkpointing"),
     ({"compile": "fast"}, "compile must be true, false or one of default, reduce-overhead"),
     ({"val_interval": 0}, "val_interval must be >= 1 epochs"),   # was a ZeroDivisionError after the first epoch
+    ({"warmup_bias_lr": -0.1}, "warmup_bias_lr must be >= 0, got -0.1"),
 ])
 def test_bad_values_are_named(bad, message):
     with pytest.raises(ValueError, match=message):

@@ -120,6 +120,8 @@ def test_auto_picks_musgd_for_yolo26_on_long_runs_and_the_bias_warmup_starts_at_
     short = Trainer(config(shapes, tiny, tmp_path / "short", optimizer="auto"))
     parts = short.setup()
     assert isinstance(parts.optimizer, torch.optim.AdamW) and parts.schedule.warmup_bias_lr == 0.0
+    given_lr = Trainer(config(shapes, tiny, tmp_path / "given_lr", optimizer="auto", warmup_bias_lr=0.1)).setup()
+    assert given_lr.schedule.warmup_bias_lr == 0.1                     # a value given is kept, YOLO26 or not
     v8 = Trainer(config(shapes, "yolov8n", tmp_path / "v8", optimizer="auto", epochs=3334)).setup()
     assert isinstance(v8.optimizer, torch.optim.SGD) and v8.schedule.warmup_bias_lr == 0.1   # as before
     given = yolokit.create_model(tiny, num_classes=4)                  # Trainer(config, model=...): a model of yours

@@ -62,7 +62,8 @@ class TrainConfig:
     warmup_epochs: float = 3.0    # epochs of linear warmup (fractions allowed), counted in optimizer steps
     warmup_min_steps: int = 100   # the warmup's floor in optimizer steps (0: warmup_epochs alone)
     warmup_momentum: float = 0.8  # momentum at the warmup's start
-    warmup_bias_lr: float = 0.1   # the biases' learning rate at the warmup's start
+    warmup_bias_lr: float | None = None  # the biases' learning rate at the warmup's start; None: 0.1, or 0 for an
+    #                                     end-to-end model (YOLO26) with optimizer auto (the reference's rule)
     cos_lr: bool = False          # a cosine schedule from lr0 to lr0 * lrf, else linear
     ema: bool = True              # keep an exponential moving average of the weights (validated and saved)
     ema_decay: float = 0.9999     # the EMA's decay once warmed up
@@ -190,6 +191,8 @@ class TrainConfig:
             (self.dist_timeout > 0, f"dist_timeout must be > 0 minutes, got {self.dist_timeout}"),
             (self.max_bad_steps >= 0, f"max_bad_steps must be >= 0, got {self.max_bad_steps}"),
             (self.clip_grad_norm >= 0, f"clip_grad_norm must be >= 0, got {self.clip_grad_norm}"),
+            (self.warmup_bias_lr is None or self.warmup_bias_lr >= 0,
+             f"warmup_bias_lr must be >= 0, got {self.warmup_bias_lr}"),
             (self.min_gt_side is None or self.min_gt_side >= 0, f"min_gt_side must be >= 0, got {self.min_gt_side}"),
             (not isinstance(self.freeze, int) or self.freeze >= 0, f"freeze must be >= 0, got {self.freeze}"),
         ]
