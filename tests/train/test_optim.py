@@ -4,7 +4,14 @@ import pytest
 import torch
 
 import yolokit
-from yolokit.train.optim import LRSchedule, build_optimizer, load_optimizer_state, parameter_groups, resolve_optimizer
+from yolokit.train.optim import (
+    LRSchedule,
+    build_optimizer,
+    load_optimizer_state,
+    parameter_groups,
+    resolve_bias_lr,
+    resolve_optimizer,
+)
 
 
 def test_groups_split_weights_norms_and_biases():
@@ -31,6 +38,14 @@ def test_auto_optimizer_rule():
     with pytest.raises(ValueError, match="lion"):
         resolve_optimizer("lion", 0.01, 0.9, num_classes=1, iterations=1)
 
+
+
+def test_the_bias_warmup_rate_is_the_given_one_else_zero_only_for_an_end_to_end_model_on_auto():
+    assert resolve_bias_lr(None, "Auto", end_to_end=True) == 0.0                 # the reference's rule for YOLO26
+    assert resolve_bias_lr(None, "auto", end_to_end=False) == 0.1                # YOLOv8 and the rest: 0.1
+    assert resolve_bias_lr(None, "SGD", end_to_end=True) == 0.1                  # a named optimizer: 0.1
+    assert resolve_bias_lr(0.05, "auto", end_to_end=True) == 0.05                # a value given wins
+    assert resolve_bias_lr(0.0, "SGD", end_to_end=False) == 0.0
 
 def test_schedule_warmup_and_decay():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))

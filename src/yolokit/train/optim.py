@@ -37,6 +37,15 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def resolve_bias_lr(given: float | None, optimizer: str, *, end_to_end: bool) -> float:
+    """The biases' learning rate at the warmup's start: ``given`` when set; else 0 for an end-to-end model (YOLO26)
+    with optimizer "auto", as the reference's trainer does, and ``LRSchedule``'s 0.1 for the rest (the reference
+    zeroes it for every model; on the demo that costs YOLOv8 0.09 of mAP50-95, BENCHMARKS.md)."""
+    if given is not None:
+        return float(given)
+    return 0.0 if end_to_end and optimizer.lower() == "auto" else LRSchedule.warmup_bias_lr
+
+
 def resolve_optimizer(name: str, lr0: float, momentum: float, *, num_classes: int,
                       iterations: int, end_to_end: bool = False) -> tuple[str, float, float]:
     """(name, lr, momentum) after resolving "auto"; names are case-insensitive (SGD, AdamW, MuSGD, auto).
