@@ -94,7 +94,7 @@ def test_bucket_is_the_next_power_of_two_from_eight():
 
 
 @pytest.mark.parametrize(("optimizer", "precision"), [("sgd", "fp32"), ("adamw", "fp32"), ("sgd", "fp16"),
-                                                       ("adamw", "bf16")])
+                                                       ("adamw", "bf16"), ("musgd", "fp32"), ("musgd", "bf16")])
 def test_replays_equal_eager_steps_bit_for_bit_and_a_new_learning_rate_is_a_new_graph(optimizer, precision):
     batches = _batches(9)
     lrs = [0.01] * 5 + [0.005] * 4           # a new epoch's rate after step 5
@@ -127,14 +127,6 @@ def test_the_stand_in_catches_state_replaced_instead_of_updated():
     assert graphs.stats.replays == 3
     assert tape.kept == ["Run.calls[0]"]
     assert int(graphed.calls) != int(eager.calls) == 6
-
-
-def test_musgd_cannot_be_recorded_its_step_is_decided_on_the_host():
-    """MuSGD is not a fused optimizer: whether to step is read back from the device (and it keeps a
-    new Muon momentum tensor each step). The recording fails and says why; the trainer runs MuSGD
-    steps eagerly."""
-    with pytest.raises(GraphCaptureError, match="_local_scalar_dense"):
-        _both(lambda: Run("musgd"), _batches(3), [0.01] * 3)
 
 
 def test_shapes_are_part_of_the_key_and_the_oldest_graphs_are_dropped():
@@ -190,11 +182,12 @@ def test_replayed_outputs_are_the_callers_own():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("optimizer", "precision"), [("sgd", "fp16"), ("adamw", "bf16"), ("sgd", "fp32")])
+@pytest.mark.parametrize(("optimizer", "precision"), [("sgd", "fp16"), ("adamw", "bf16"), ("sgd", "fp32"),
+                                                       ("musgd", "bf16")])
 def test_on_cuda_recorded_steps_train_as_the_eager_ones(optimizer, precision):
-    """torch.cuda.CUDAGraph through StepGraphs: fused SGD with the fp16 scaler, fused AdamW (capturable
-    while recorded), a new learning rate recorded anew; the replays' weights follow the eager run's
-    (cuDNN's backward need not be deterministic: within 1e-5 of each tensor's norm)."""
+    """torch.cuda.CUDAGraph through StepGraphs: fused SGD with the fp16 scaler, fused AdamW (made
+    capturable while recorded by Precision.step), MuSGD, a new learning rate recorded anew; the replays' weights
+    follow the eager run's (cuDNN's backward need not be deterministic: within 1e-5 of each tensor's norm)."""
     batches = [(x.cuda(), y.cuda()) for x, y in _batches(9)]
     lrs = [0.01] * 5 + [0.005] * 4
     eager, graphed = Run(optimizer, precision, device="cuda"), Run(optimizer, precision, device="cuda")

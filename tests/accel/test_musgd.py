@@ -329,3 +329,49 @@ def test_the_cpu_default_runs_newton_schulz_in_float32_close_to_the_reference():
         for name, expected in ref["after"][step].items():
             worst = max(worst, (params[ours(name)].detach() - expected).abs().max().item())
     assert 0 < worst < 3e-4
+
+
+def test_found_inf_skips_on_the_device_and_a_kept_step_is_the_plain_one():
+    """As torch's fused optimizers: ``found_inf`` set (what ``Precision.step`` and the fp16 scaler
+    pass, so that nothing is read back on CUDA) skips the step without a host decision; zero gives
+    the plain step bit for bit; ``grad_scale`` divides the gradients first."""
+    from yolokit.accel.amp import Precision
+
+    def run(flags, scale=1.0):
+        model = _tiny_with_grads(0)
+        optimizer = MuSGD(musgd_param_groups(model, 0.05, 0.9, 5e-4))
+        for step, flag in enumerate(flags):
+            g = torch.Generator().manual_seed(100 + step)
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=g) * scale
+                if flag == "nan":
+                    p.grad.view(-1)[0] = float("nan")
+            if flag is None:
+                optimizer.step()
+            else:
+                optimizer.grad_scale = None if scale == 1.0 else torch.tensor(scale)
+                optimizer.found_inf = torch.tensor(float(flag == "nan"))
+                optimizer.step()
+                del optimizer.grad_scale, optimizer.found_inf
+        return model, optimizer
+
+    def state(model, optimizer):
+        return [*model.parameters(), *(t for s in optimizer.state.values() for t in s.values())]
+
+    plain = state(*run([None, None]))
+    assert all(torch.equal(a, b) for a, b in zip(state(*run([0, 0])), plain, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(state(*run([0, 0], scale=1024.0)), plain, strict=True))
+    # a skipped step between two kept ones: the weights and buffers of the kept ones alone
+    first, _ = run([None])
+    skipped_first, opt = run(["nan", None])
+    assert all(torch.isfinite(t).all() for t in state(skipped_first, opt))
+    assert not all(torch.equal(a, b) for a, b in zip(skipped_first.parameters(), first.parameters(), strict=True))
+    model, optimizer = run([None])
+    before = [t.clone() for t in state(model, optimizer)]
+    g = torch.Generator().manual_seed(7)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("inf")) if p.ndim == 4 else torch.randn(p.shape, generator=g)
+    amp = Precision("fp32", "cpu")
+    stepped = amp.step(optimizer, clip_grad_norm=10.0, blocking=False)
+    assert not bool(stepped)
+    assert all(torch.equal(a, b) for a, b in zip(state(model, optimizer), before, strict=True))

@@ -99,12 +99,12 @@ def test_the_command_fits_the_device_tool_and_runs_every_step(gpu):
     assert set(re.findall(r"\$OUT/([\w.-]+)", cmd)) == set(FILES)
 
 
-def test_the_limits_fit_four_minutes(gpu):
+def test_the_limits_fit_five_minutes_and_a_half(gpu):
     steps = gpu.correct_steps()
     assert [s[0] for s in steps] == ["1-gpu-tests", "2-memcheck", "3-initcheck"] + [
         f"4-augment-run{k}" for k in range(1, gpu.AUGMENT_RUNS + 1)]
     total = sum(limit + grace for _, limit, grace in steps)
-    assert total <= 236 and gpu.CORRECT_TIMEOUT_S <= 240 and total < gpu.CORRECT_TIMEOUT_S
+    assert total <= 326 and gpu.CORRECT_TIMEOUT_S <= 330 and total < gpu.CORRECT_TIMEOUT_S
     # the augment shapes set is made in the background and waited for before the augment runs:
     # it ends before the sanitizers' limits do, so it adds nothing to the total
     sanitizers_end = sum(limit + grace for _, limit, grace in steps[:3])

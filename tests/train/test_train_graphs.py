@@ -147,10 +147,11 @@ def test_graphs_say_why_not_and_the_run_goes_on_eagerly(shapes, tmp_path):
     assert trainer.parts.graphs is None
 
 
-def test_musgd_steps_stay_eager(shapes, tmp_path, tape):
-    with pytest.warns(RuntimeWarning, match="MuSGD decides on the host whether to step"):
-        parts = Trainer(config(shapes, tmp_path / "run", epochs=1, model="yolo26n.yaml", optimizer="MuSGD")).setup()
-    assert parts.graphs is None
+def test_musgd_steps_are_recorded(shapes, tmp_path, tape):
+    """MuSGD skips on the device as the fused optimizers do (its replays against eager steps:
+    tests/accel/test_graphs.py), so a YOLO26 run records its steps; a foreach SGD still cannot."""
+    parts = Trainer(config(shapes, tmp_path / "run", epochs=1, model="yolo26n.yaml", optimizer="MuSGD")).setup()
+    assert parts.graphs is not None
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from yolokit.accel.devices import resolve_device
+from yolokit.accel.graphs import capturable
 
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -159,7 +160,7 @@ class Precision:
                 :meth:`clip_grad_norm_` (with ``clip_grad_norm``) run here first.
             clip_grad_norm: With ``grad_norm=None``, the maximum total norm (None: no clipping).
             blocking: ``False``: nothing is read back from the device. The step is skipped on
-                the device (fused optimizers and the fp16 scaler; other optimizers still read
+                the device (fused optimizers, MuSGD and the fp16 scaler; other optimizers still read
                 the norm), the skips are counted there, and :meth:`check` reads them when you
                 call it. ``True``: :meth:`check` runs after the step.
 
@@ -172,13 +173,15 @@ class Precision:
             grad_norm = self.clip_grad_norm_(optimizer, clip_grad_norm)
         _zero_momentum_before_first_step(optimizer)
         if self.scaler is not None:
-            self.scaler.step(optimizer)  # skips when unscale_ found inf/NaN (on the device for fused optimizers)
+            with capturable(optimizer):   # skips when unscale_ found inf/NaN (on the device: fused, MuSGD)
+                self.scaler.step(optimizer)
             self.scaler.update()
             self._unscaled.clear()
-        elif getattr(optimizer, "_step_supports_amp_scaling", False):   # fused: skips on the device
+        elif getattr(optimizer, "_step_supports_amp_scaling", False):   # fused, MuSGD: skip on the device
             optimizer.grad_scale, optimizer.found_inf = None, (~torch.isfinite(grad_norm)).float()
             try:
-                optimizer.step()
+                with capturable(optimizer):   # recorded as a CUDA graph: Adam(W) must say so
+                    optimizer.step()
             finally:
                 del optimizer.grad_scale, optimizer.found_inf
         elif bool(torch.isfinite(grad_norm)):   # other optimizers: the host decides

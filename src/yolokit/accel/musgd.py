@@ -213,6 +213,11 @@ class MuSGD(torch.optim.Optimizer):
                 raise ValueError(f"a use_muon group holds tensors of fewer than 2 dimensions {flat}; "
                                  "put them in an SGD group (musgd_param_groups does)")
 
+    # As torch's fused optimizers: a caller (``Precision.step``, ``torch.amp.GradScaler``) may set
+    # ``grad_scale`` (gradients still scaled) and ``found_inf`` (a 0-dim tensor, nonzero: skip) before
+    # ``step``, which then unscales and skips on the device: nothing is read back.
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step of every group; parameters without a gradient are skipped."""
@@ -220,6 +225,11 @@ class MuSGD(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        if grad_scale is not None:
+            torch._foreach_div_([p.grad for g in self.param_groups for p in g["params"] if p.grad is not None],
+                                grad_scale)
+        kept = None if found_inf is None else self._snapshot()
         work = []   # first everything Muon allocates, nothing changed yet
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
@@ -229,12 +239,38 @@ class MuSGD(torch.optim.Optimizer):
             lr = group["lr"]
             if muon is not None:
                 momentum, directions = muon
-                for p, m in zip(params, momentum, strict=True):
-                    self.state[p]["muon_momentum_buffer"] = m
+                for p, m in zip(params, momentum, strict=True):   # in place once there: a CUDA graph replays it
+                    state = self.state[p]
+                    if "muon_momentum_buffer" in state:
+                        state["muon_momentum_buffer"].copy_(m)
+                    else:
+                        state["muon_momentum_buffer"] = m
                 torch._foreach_add_(params, directions, alpha=-(lr * group["muon_scale"]))
                 lr *= group["sgd_scale"]
             self._sgd_part(group, params, lr)
+        if kept is not None:
+            self._keep_where(found_inf.bool(), kept)
         return loss
+
+    def _snapshot(self) -> list[tuple[Tensor, str | None, Tensor | None]]:
+        """Copies of what a step changes (parameters with a gradient, their buffers; None: none yet)."""
+        kept = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                kept.append((p, None, p.clone()))
+                for key in ("momentum_buffer", "muon_momentum_buffer") if group["use_muon"] else ("momentum_buffer",):
+                    old = self.state[p].get(key) if p in self.state else None
+                    kept.append((p, key, None if old is None else old.clone()))
+        return kept
+
+    def _keep_where(self, skip: Tensor, kept: list[tuple[Tensor, str | None, Tensor | None]]) -> None:
+        """Where ``skip`` (0-dim, on the device): the step's changes undone; a buffer the skipped step
+        created is zeros, which the next step treats as no buffer."""
+        for p, key, old in kept:
+            now = p if key is None else self.state[p][key]
+            now.copy_(torch.where(skip, torch.zeros_like(now) if old is None else old, now))
 
     def _muon_part(self, group: dict[str, Any], params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         """(new Muon momentum, scaled directions) of a group, computed out of place."""

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from yolokit.accel import Precision, distributed
 from yolokit.accel.agreement import first_failure
-from yolokit.accel.graphs import GraphCaptureError, StepGraphs, backend_for, bucket, capturable
+from yolokit.accel.graphs import GraphCaptureError, StepGraphs, backend_for, bucket
 from yolokit.accel.oom import free_memory, is_oom_error, retry_step, run_batch
 from yolokit.data import to_device
 from yolokit.data.store.remote import StoreError, StoreStopped, one_line
@@ -196,8 +196,7 @@ class GraphStep:
         if last:
             self.precision.unscale_(self.optimizer)
             norm = self.precision.clip_grad_norm_(self.optimizer, self.clip_grad_norm)
-            with capturable(self.optimizer):
-                self.precision.step(self.optimizer, norm, blocking=False)
+            self.precision.step(self.optimizer, norm, blocking=False)   # Adam(W): capturable while recorded
         return losses
 
 
