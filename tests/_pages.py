@@ -21,10 +21,11 @@ copies it, so a block finds what the page tells the reader to have:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -65,12 +66,37 @@ def _coco(small: Path, files: Path) -> None:
             json.dumps({"images": images, "annotations": annotations, "categories": categories}))
 
 
+@contextlib.contextmanager
+def _environ(**values: str):
+    """``os.environ`` with ``values`` set, as it was afterwards."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _train(*args: str, env: dict[str, str]) -> None:
+    """``yolokit train ARGS`` (one epoch at 64 px, no plots) in this process, with the blocks' cache."""
+    from yolokit.cli import main
+
+    with _environ(YOLOKIT_CACHE=env["YOLOKIT_CACHE"], MPLBACKEND="Agg"):
+        code = main(["train", *args, "--epochs", "1", "--imgsz", "64", "--batch", "8", "--workers", "0",
+                     "--no-plots", "--quiet"])
+    assert code == 0, f"yolokit train {' '.join(args)}: exit {code}"
+
+
 def stage(root: Path) -> tuple[Path, dict[str, str]]:
     """``root/files`` holding every placeholder file, and the environment the blocks run with."""
     env = {**subprocess_env(), "YOLOKIT_CACHE": str(root / "cache"), "MPLBACKEND": "Agg",
            "WANDB_MODE": "offline"}                   # no network here: W&B logs to the run folder
-    subprocess.run([sys.executable, "-c", "from yolokit.data import make_shapes; make_shapes()"], env=env,
-                   check=True, timeout=300)               # the built-in set, once
+    with _environ(YOLOKIT_CACHE=env["YOLOKIT_CACHE"]):      # in this process: no interpreter to start
+        make_shapes()                                        # the built-in set, once
     small = make_shapes(root / "small", n_train=16, n_val=8, imgsz=64)
     files = root / "files"
     for name in ("path/to/data.yaml", "data.yaml", "shared/data.yaml"):
@@ -99,18 +125,10 @@ def stage(root: Path) -> tuple[Path, dict[str, str]]:
     yolo11 = yolokit.create_model("yolo11n.yaml", num_classes=80)
     write_their_spec_checkpoint(files / "yolo11n.pt", yolo11, {**yolo11.config.spec, "scale": "n", "channels": 3,
                                                                 "yaml_file": "yolo11n.yaml"})
-    trained = subprocess.run([sys.executable, "-m", "yolokit", "train", "--data", str(small), "--epochs", "1",
-                              "--imgsz", "64", "--batch", "8", "--workers", "0", "--no-plots",
-                              "--out", str(files / "runs" / "train")], env=env, capture_output=True, text=True,
-                             timeout=300)
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    _train("--data", str(small), "--out", str(files / "runs" / "train"), env=env)
     shutil.copy(files / "runs" / "train" / "weights" / "model.pt", files / "model.pt")
     for name in ("v8n", "v8n-p2", "mine", "full"):
         shutil.copytree(files / "runs" / "train", files / "runs" / name)
     seg = make_shapes(files / "my-seg-set", n_train=32, n_val=8, imgsz=64, segments=True)   # as the guide's block
-    trained = subprocess.run([sys.executable, "-m", "yolokit", "train", "--model", "yolov8n-seg", "--data", str(seg),
-                              "--epochs", "1", "--imgsz", "64", "--batch", "8", "--workers", "0", "--no-plots",
-                              "--quiet", "--out", str(files / "runs" / "seg")], env=env, capture_output=True,
-                             text=True, timeout=300)
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    _train("--model", "yolov8n-seg", "--data", str(seg), "--out", str(files / "runs" / "seg"), env=env)
     return files, env

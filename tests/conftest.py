@@ -60,8 +60,10 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # Files with a `slow` test first, each file's tests together and in order: `-n` hands files to its
-    # processes in this order, so the long ones start early and short files fill the end of the run.
+    # Files with a `slow` test first, each file's tests together and in order. xdist's loadfile then sorts
+    # the files by their number of tests (most first), which interleaves the slow files with quick ones;
+    # handing them out in this order instead (--no-loadscope-reorder) ran both processes' multi-process
+    # files at once on 2 cores: 441 s against 396 s (2026-12-04, in place).
     first = {}
     for i, item in enumerate(items):
         first.setdefault(item.path, i)

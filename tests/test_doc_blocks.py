@@ -90,6 +90,12 @@ EXTENDED = {
     "print(len(dataset), dataset.names)": "README.md:44 (train on a data.yaml), tests/data/test_sources.py",
     'train(TrainConfig(weights="yolov8n.pt"': "tests/train/test_weights.py, tests/interop (their checkpoints)",
     'summary = write_shards("path/to/data.yaml", "shards"': "tests/train/test_train_shards.py, test_shards.py",
+    'model="yolov8n-seg", data=str(data), epochs=10': "tests/train/test_seg_training.py (train, resume, 1 = N)",
+    'print(batch["mask_rows"].shape)': "tests/data/test_segment_items.py (a seg batch's masks and rows)",
+    'TimmBackbone("resnet18", out_indices=(2, 3, 4)': "tests/models/test_timm_backbone.py, test_own_network.py",
+    "v3_loss = YOLOv3Loss(": "tests/losses (both losses, their parts and gradients)",
+    'run = read_results("runs/train")': "tests/test_notebooks.py, tests/test_viz.py, tests/train/test_compare.py",
+    'theirs = yolokit.load("yolo26n.pt")': "tests/interop/test_yolo26_interop.py (the checkpoint, both decodes)",
 }
 
 

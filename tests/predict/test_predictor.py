@@ -126,6 +126,7 @@ PEAK = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # the images streamed in batches, never stacked: test_predict_streams_lazily_and_saves
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc")
 def test_peak_memory_does_not_grow_with_the_folder(tmp_path):
     """40 vs 200 images of 128x128: stacking them all (the old way) would add ~40 MB (uint8 + float

@@ -262,6 +262,8 @@ def reference2(shapes21, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # a lost rank stops the run and is named: tests/train/test_faults.py; two processes
+# resume bit for bit: test_two_processes_stop_together_on_sigterm_and_resume_bit_for_bit
 def test_two_processes_resume_bit_for_bit_after_a_lost_rank(shapes21, reference2, tmp_path):
     reference, finished = reference2
     assert [r["ended"] for r in finished] == ["finished", "finished"] and finished[0]["rng"] != finished[1]["rng"]

@@ -129,6 +129,8 @@ def test_a_graphed_run_trains_as_the_eager_one(shapes, graphed_reference, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # the graphed run: test_a_graphed_run_trains_as_the_eager_one; a resume at a step,
+# bit for bit: tests/train/test_resume_iters.py (the graphs are recorded anew as after any first step)
 def test_a_graphed_run_resumes_bit_for_bit(shapes, graphed_reference, tmp_path, tape):
     """A crash in step 5 and a resume (the graphs recorded again in the new process): the uninterrupted
     graphed run's every tensor and results.csv."""
