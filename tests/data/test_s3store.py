@@ -71,6 +71,8 @@ def test_listens_only_on_its_own_ports(s3_store):
     assert ports and ports <= chosen, sorted(ports - chosen)
 
 
+@pytest.mark.extended   # the test store's own restart; its start and its ports: test_put_get_round_trip,
+# test_listens_only_on_its_own_ports (every s3_env test starts and stops it)
 def test_stop_then_start_keeps_the_objects(tmp_path):
     store = SeaweedS3(tmp_path / "s3")
     try:

@@ -56,8 +56,11 @@ def assert_same_run(reference, other):
     assert workers.timeless_rows(other) == workers.timeless_rows(reference)
 
 
-@pytest.mark.parametrize("name, strides", [pytest.param("yolov8n-p2.yaml", (4, 8, 16, 32), marks=pytest.mark.extended),
-                                           ("yolo11n.yaml", (8, 16, 32))])   # the P2 head builds in tests/models
+# extended: a model YAML (tests/fixtures/tiny.yaml) resumes bit for bit in test_resume_iters.py and trains the same
+# on 1 and N processes in test_distributed_training.py; yolo11n's blocks train a step in test_step_syncs.py, the P2
+# head builds in tests/models
+@pytest.mark.extended
+@pytest.mark.parametrize("name, strides", [("yolov8n-p2.yaml", (4, 8, 16, 32)), ("yolo11n.yaml", (8, 16, 32))])
 def test_a_yaml_model_resumes_bit_for_bit_and_trains_the_same_on_two_processes(shapes, tmp_path, one_thread,
                                                                                  name, strides):
     reference = tmp_path / "reference"
