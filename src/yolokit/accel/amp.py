@@ -152,7 +152,9 @@ class Precision:
         """``optimizer.step()`` unless a gradient is inf/NaN; fp16: then the loss scale is updated.
 
         Gradients are not zeroed: call ``optimizer.zero_grad()`` yourself. A call that raised
-        inside ``optimizer.step`` (out of memory) may be repeated.
+        inside ``optimizer.step`` (out of memory) may be repeated. Called while a CUDA graph records
+        (:class:`yolokit.accel.graphs.StepGraphs`), it makes Adam(W)'s groups ``capturable`` for the
+        recording, as torch requires.
 
         Args:
             optimizer: Optimizer whose parameters hold the accumulated gradients.

@@ -189,6 +189,11 @@ class MuSGD(torch.optim.Optimizer):
     Ultralytics' class itself defaults to ``muon=0.5, sgd=0.5`` and no Nesterov; the defaults
     here are those their trainer passes. The two scales are group keys, so they are saved
     with ``state_dict``.
+
+    As torch's fused optimizers, it takes ``found_inf`` and ``grad_scale`` from its caller
+    (:meth:`yolokit.accel.Precision.step`, ``torch.amp.GradScaler``): a step with inf/NaN gradients
+    is skipped on the device, nothing read back, and its buffers are updated in place, so its step
+    can be recorded as a CUDA graph.
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 0.01,
