@@ -127,7 +127,8 @@ def reference_version() -> str | None:
     return ref.version()
 
 
-CASES = (("yolov8s", 64, "fp16"), ("yolov8s", 64, "bf16"), ("yolov8n", 64, "fp16"))
+CASES = (("yolov8s", 64, "fp16"), ("yolov8s", 64, "bf16"), ("yolov8n", 64, "fp16"),
+         ("yolov8s-seg", 64, "bf16"))   # the seg step: the same masks (one index map an image) on both sides
 
 
 def reference(s: Settings, clock: Clock) -> list[Row]:
@@ -151,7 +152,7 @@ def reference(s: Settings, clock: Clock) -> list[Row]:
             theirs = ref.train_step(name, inputs.random_images(batch, s.imgsz),
                                     inputs.random_targets(batch, BOXES, s.imgsz), s.device,
                                     dtype=getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[precision]),
-                                    channels_last=ours.channels_last)
+                                    channels_last=ours.channels_last, masks=ours.masks)
             return images_per_second(s, [ours, theirs], batch)
 
         rates, note = attempt(measure)

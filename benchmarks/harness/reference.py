@@ -26,7 +26,7 @@ from yolokit.train.optim import parameter_groups
 # variant (YOLOv8 head and loss on the tiny backbone), not Darknet's anchor head.
 YAMLS = {"yolov8n": "yolov8n.yaml", "yolov8s": "yolov8s.yaml", "yolov8m": "yolov8m.yaml",
          "yolov3": "yolov3u.yaml", "yolov3-tiny": "yolov3-tinyu.yaml", "yolo26n.yaml": "yolo26n.yaml",
-         "yolov8n-seg": "yolov8n-seg.yaml"}
+         "yolov8n-seg": "yolov8n-seg.yaml", "yolov8s-seg": "yolov8s-seg.yaml"}
 NOTES = {"yolov3": "reference is yolov3u (anchor-free YOLOv8 head and loss)",
          "yolov3-tiny": "reference is yolov3-tinyu (anchor-free YOLOv8 head and loss)"}
 
