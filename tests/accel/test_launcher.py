@@ -154,3 +154,26 @@ def test_forked_ranks_are_stopped_once_by_a_ctrl_c(clean_env, tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert err.value.signum == signal.SIGINT and sorted(p.name for p in Path(tmp_path).iterdir()) == ["0", "1"]
+
+
+def test_a_ctrl_c_while_the_ranks_start_stops_them_once_they_run(clean_env, tmp_path, monkeypatch):
+    """A SIGINT that lands while the ranks are being forked (here: the moment the last one is started)
+    is recorded by the launcher's handler and passed on once they run: Interrupted, every rank
+    stopped. Under the default handler it raised KeyboardInterrupt inside fork's hooks, where Python
+    drops it, and the ranks slept on until the timeout (seen once in the default run)."""
+    start = launcher.tmp.start_processes
+
+    def start_then_ctrl_c(*args, **kwargs):
+        ctx = start(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return ctx
+
+    monkeypatch.setattr(launcher.tmp, "start_processes", start_then_ctrl_c)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    began = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as err:
+            launch(sent.ready_then_sleep, 2, str(tmp_path), start_method="fork", timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert err.value.signum == signal.SIGINT and time.monotonic() - began < 30

@@ -89,6 +89,7 @@ def _entry(local_rank: int, call: bytes | tuple, nprocs: int, port: int, results
     # wrapper makes the launcher's death a SIGINT here.
     os.setsid()
     signal.signal(signal.SIGTERM, raise_interrupted)   # a stop before training installs its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # forked: not the launcher's forwarding handler
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -153,35 +154,44 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
         return [fn(*args)]
     method, call = _start(fn, args, start_method)
     results = multiprocessing.get_context(method).SimpleQueue()
-    ctx = tmp.start_processes(
-        _entry, args=(call, nprocs, free_port(), results), nprocs=nprocs, join=False, start_method=method
-    )
     collected: dict[int, Any] = {}
     errors: dict[int, str] = {}
     stopped: dict[int, tuple[int, bool]] = {}
     signals: list[int] = []
+    ranks: list[Any] = []     # the processes, once all are started
 
     def drain() -> None:
         while not results.empty():
             r, status, value = results.get()
             {"ok": collected, "error": errors, "interrupted": stopped}[status][r] = value
 
-    def forward(signum: int, frame: Any) -> None:
-        signals.append(signum)
-        for p in ctx.processes:
+    def pass_on(signum: int, count: int) -> None:
+        for p in ranks:
             if p.is_alive():
                 with contextlib.suppress(ProcessLookupError):
-                    if len(signals) == 1:
+                    if count == 1:
                         os.kill(p.pid, signum)
                     else:                        # the second signal: now, loader workers included
                         os.killpg(p.pid, signal.SIGKILL)
 
+    def forward(signum: int, frame: Any) -> None:
+        signals.append(signum)
+        pass_on(signum, len(signals))
+
+    # Installed before the ranks start: a Ctrl-C while they are forked is recorded here and passed on once
+    # they run (the default handler's KeyboardInterrupt, raised inside fork's hooks, was lost there).
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     deadline = None if timeout is None else time.monotonic() + timeout
     first: int | None = None
     try:
+        ctx = tmp.start_processes(
+            _entry, args=(call, nprocs, free_port(), results), nprocs=nprocs, join=False, start_method=method
+        )
+        ranks.extend(ctx.processes)
+        if signals:
+            pass_on(signals[-1], len(signals))
         while True:
             drain()
             first = _first_failure(ctx.processes) if first is None else first   # before join stops the rest
