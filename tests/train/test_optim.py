@@ -41,11 +41,9 @@ def test_auto_optimizer_rule():
 
 
 def test_the_bias_warmup_rate_is_the_given_one_else_zero_only_for_an_end_to_end_model_on_auto():
-    assert resolve_bias_lr(None, "Auto", end_to_end=True) == 0.0                 # the reference's rule for YOLO26
-    assert resolve_bias_lr(None, "auto", end_to_end=False) == 0.1                # YOLOv8 and the rest: 0.1
-    assert resolve_bias_lr(None, "SGD", end_to_end=True) == 0.1                  # a named optimizer: 0.1
-    assert resolve_bias_lr(0.05, "auto", end_to_end=True) == 0.05                # a value given wins
-    assert resolve_bias_lr(0.0, "SGD", end_to_end=False) == 0.0
+    assert resolve_bias_lr(None) == 0.1                # every model, YOLO26 too (the reference's auto: 0)
+    assert resolve_bias_lr(0.05) == 0.05               # a value given wins
+    assert resolve_bias_lr(0.0) == 0.0
 
 def test_schedule_warmup_and_decay():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))

@@ -113,15 +113,15 @@ def test_yolo26_trains_with_its_loss_and_musgd_resumes_bit_for_bit_and_on_two_pr
     assert len(det) == 10
 
 
-def test_auto_picks_musgd_for_yolo26_on_long_runs_and_the_bias_warmup_starts_at_zero(shapes, tiny, tmp_path):
+def test_auto_picks_musgd_for_yolo26_on_long_runs_and_the_bias_warmup_starts_at_its_rate(shapes, tiny, tmp_path):
     long = Trainer(config(shapes, tiny, tmp_path / "long", optimizer="auto", epochs=3334))   # 10,002 steps
     parts = long.setup()
-    assert isinstance(parts.optimizer, MuSGD) and parts.schedule.warmup_bias_lr == 0.0
+    assert isinstance(parts.optimizer, MuSGD) and parts.schedule.warmup_bias_lr == 0.1
     short = Trainer(config(shapes, tiny, tmp_path / "short", optimizer="auto"))
     parts = short.setup()
-    assert isinstance(parts.optimizer, torch.optim.AdamW) and parts.schedule.warmup_bias_lr == 0.0
-    given_lr = Trainer(config(shapes, tiny, tmp_path / "given_lr", optimizer="auto", warmup_bias_lr=0.1)).setup()
-    assert given_lr.schedule.warmup_bias_lr == 0.1                     # a value given is kept, YOLO26 or not
+    assert isinstance(parts.optimizer, torch.optim.AdamW) and parts.schedule.warmup_bias_lr == 0.1
+    given_lr = Trainer(config(shapes, tiny, tmp_path / "given_lr", optimizer="auto", warmup_bias_lr=0.0)).setup()
+    assert given_lr.schedule.warmup_bias_lr == 0.0                     # a value given is kept (the reference's 0)
     v8 = Trainer(config(shapes, "yolov8n", tmp_path / "v8", optimizer="auto", epochs=3334)).setup()
     assert isinstance(v8.optimizer, torch.optim.SGD) and v8.schedule.warmup_bias_lr == 0.1   # as before
     given = yolokit.create_model(tiny, num_classes=4)                  # Trainer(config, model=...): a model of yours

@@ -135,7 +135,7 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     end_to_end = bool(getattr(model.head, "end_to_end", False))
     opt_name, lr0, momentum = resolve_optimizer(cfg.optimizer, cfg.lr0, cfg.momentum, num_classes=len(names),
                                                 iterations=plan.steps_per_epoch * cfg.epochs, end_to_end=end_to_end)
-    bias_lr = resolve_bias_lr(cfg.warmup_bias_lr, cfg.optimizer, end_to_end=end_to_end)
+    bias_lr = resolve_bias_lr(cfg.warmup_bias_lr)
     decay = cfg.weight_decay * plan.images_per_step / cfg.nbs
     optimizer = build_optimizer(model, opt_name, lr0, momentum, decay, fused=settings.fused_optimizer)
     schedule = LRSchedule(lr0, cfg.lrf, cfg.epochs, plan.steps_per_epoch, cfg.warmup_epochs,

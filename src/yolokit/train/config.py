@@ -62,8 +62,8 @@ class TrainConfig:
     warmup_epochs: float = 3.0    # epochs of linear warmup (fractions allowed), counted in optimizer steps
     warmup_min_steps: int = 100   # the warmup's floor in optimizer steps (0: warmup_epochs alone)
     warmup_momentum: float = 0.8  # momentum at the warmup's start
-    warmup_bias_lr: float | None = None  # the biases' learning rate at the warmup's start; None: 0.1, or 0 for an
-    #                                     end-to-end model (YOLO26) with optimizer auto (the reference's rule)
+    warmup_bias_lr: float | None = None  # the biases' learning rate at the warmup's start; None: 0.1 for every model
+    #                                     (train.optim.resolve_bias_lr; YOLO26 with auto took 0 until 2026-12-04)
     cos_lr: bool = False          # a cosine schedule from lr0 to lr0 * lrf, else linear
     ema: bool = True              # keep an exponential moving average of the weights (validated and saved)
     ema_decay: float = 0.9999     # the EMA's decay once warmed up
