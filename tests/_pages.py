@@ -21,13 +21,13 @@ copies it, so a block finds what the page tells the reader to have:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import sys
 from pathlib import Path
+from unittest import mock
 
 import cv2
 import numpy as np
@@ -66,26 +66,11 @@ def _coco(small: Path, files: Path) -> None:
             json.dumps({"images": images, "annotations": annotations, "categories": categories}))
 
 
-@contextlib.contextmanager
-def _environ(**values: str):
-    """``os.environ`` with ``values`` set, as it was afterwards."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _train(*args: str, env: dict[str, str]) -> None:
     """``yolokit train ARGS`` (one epoch at 64 px, no plots) in this process, with the blocks' cache."""
     from yolokit.cli import main
 
-    with _environ(YOLOKIT_CACHE=env["YOLOKIT_CACHE"], MPLBACKEND="Agg"):
+    with mock.patch.dict(os.environ, YOLOKIT_CACHE=env["YOLOKIT_CACHE"], MPLBACKEND="Agg"):
         code = main(["train", *args, "--epochs", "1", "--imgsz", "64", "--batch", "8", "--workers", "0",
                      "--no-plots", "--quiet"])
     assert code == 0, f"yolokit train {' '.join(args)}: exit {code}"
@@ -95,7 +80,7 @@ def stage(root: Path) -> tuple[Path, dict[str, str]]:
     """``root/files`` holding every placeholder file, and the environment the blocks run with."""
     env = {**subprocess_env(), "YOLOKIT_CACHE": str(root / "cache"), "MPLBACKEND": "Agg",
            "WANDB_MODE": "offline"}                   # no network here: W&B logs to the run folder
-    with _environ(YOLOKIT_CACHE=env["YOLOKIT_CACHE"]):      # in this process: no interpreter to start
+    with mock.patch.dict(os.environ, YOLOKIT_CACHE=env["YOLOKIT_CACHE"]):   # here: no interpreter to start
         make_shapes()                                        # the built-in set, once
     small = make_shapes(root / "small", n_train=16, n_val=8, imgsz=64)
     files = root / "files"

@@ -337,11 +337,11 @@ def test_found_inf_skips_on_the_device_and_a_kept_step_is_the_plain_one():
     the plain step bit for bit; ``grad_scale`` divides the gradients first."""
     from yolokit.accel.amp import Precision
 
-    def run(flags, scale=1.0):
+    def run(flags, scale=1.0, seeds=None):
         model = _tiny_with_grads(0)
         optimizer = MuSGD(musgd_param_groups(model, 0.05, 0.9, 5e-4))
-        for step, flag in enumerate(flags):
-            g = torch.Generator().manual_seed(100 + step)
+        for flag, seed in zip(flags, seeds or range(100, 100 + len(flags)), strict=True):
+            g = torch.Generator().manual_seed(seed)
             for p in model.parameters():
                 p.grad = torch.randn(p.shape, generator=g) * scale
                 if flag == "nan":
@@ -361,11 +361,13 @@ def test_found_inf_skips_on_the_device_and_a_kept_step_is_the_plain_one():
     plain = state(*run([None, None]))
     assert all(torch.equal(a, b) for a, b in zip(state(*run([0, 0])), plain, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(state(*run([0, 0], scale=1024.0)), plain, strict=True))
-    # a skipped step between two kept ones: the weights and buffers of the kept ones alone
-    first, _ = run([None])
-    skipped_first, opt = run(["nan", None])
-    assert all(torch.isfinite(t).all() for t in state(skipped_first, opt))
-    assert not all(torch.equal(a, b) for a, b in zip(skipped_first.parameters(), first.parameters(), strict=True))
+    # a first step skipped (its buffers left as zeros), then a kept one: the kept step alone, bit for bit
+    alone = state(*run([None], seeds=[101]))
+    after_skip = state(*run(["nan", 0], seeds=[100, 101]))
+    assert all(torch.equal(a, b) for a, b in zip(after_skip, alone, strict=True))
+    # a skipped step between kept ones changes nothing: the steps before it and after it alone
+    assert all(torch.equal(a, b) for a, b in zip(state(*run([None, "nan", None], seeds=[100, 7, 101])), plain,
+                                                 strict=True))
     model, optimizer = run([None])
     before = [t.clone() for t in state(model, optimizer)]
     g = torch.Generator().manual_seed(7)

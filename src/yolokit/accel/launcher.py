@@ -83,6 +83,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}   # what launch() passes on to the ranks
+
+
 def _entry(local_rank: int, call: bytes | tuple, nprocs: int, port: int, results: Any) -> None:
     # A session of its own, as torchrun gives its ranks: Ctrl-C in the terminal reaches the launcher
     # alone, which passes each signal on once (the second one it sends is a hard stop). PyTorch's
@@ -90,6 +93,7 @@ def _entry(local_rank: int, call: bytes | tuple, nprocs: int, port: int, results
     os.setsid()
     signal.signal(signal.SIGTERM, raise_interrupted)   # a stop before training installs its own
     signal.signal(signal.SIGINT, signal.default_int_handler)   # forked: not the launcher's forwarding handler
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)   # held by launch() while it started us: they arrive now
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -159,6 +163,7 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
     stopped: dict[int, tuple[int, bool]] = {}
     signals: list[int] = []
     ranks: list[Any] = []     # the processes, once all are started
+    missed: list[int] = []    # signals that came before them
 
     def drain() -> None:
         while not results.empty():
@@ -176,22 +181,31 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout: float | Non
 
     def forward(signum: int, frame: Any) -> None:
         signals.append(signum)
-        pass_on(signum, len(signals))
+        if ranks:
+            pass_on(signum, len(signals))
+        else:
+            missed.append(signum)
 
-    # Installed before the ranks start: a Ctrl-C while they are forked is recorded here and passed on once
-    # they run (the default handler's KeyboardInterrupt, raised inside fork's hooks, was lost there).
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Installed, and the stop signals held, before the ranks start: a Ctrl-C while they are forked arrives
+    # once they run (the default handler's KeyboardInterrupt, raised inside fork's hooks, was lost there),
+    # and the ranks hold them until their own handlers are in place (_entry).
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in _STOPS} if main else {}
     deadline = None if timeout is None else time.monotonic() + timeout
     first: int | None = None
     try:
-        ctx = tmp.start_processes(
-            _entry, args=(call, nprocs, free_port(), results), nprocs=nprocs, join=False, start_method=method
-        )
-        ranks.extend(ctx.processes)
-        if signals:
-            pass_on(signals[-1], len(signals))
+        if main:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        try:
+            ctx = tmp.start_processes(
+                _entry, args=(call, nprocs, free_port(), results), nprocs=nprocs, join=False, start_method=method
+            )
+            ranks.extend(ctx.processes)
+        finally:
+            if main:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+        if missed:
+            pass_on(missed[-1], len(signals))
         while True:
             drain()
             first = _first_failure(ctx.processes) if first is None else first   # before join stops the rest

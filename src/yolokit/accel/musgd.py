@@ -218,10 +218,7 @@ class MuSGD(torch.optim.Optimizer):
                 raise ValueError(f"a use_muon group holds tensors of fewer than 2 dimensions {flat}; "
                                  "put them in an SGD group (musgd_param_groups does)")
 
-    # As torch's fused optimizers: a caller (``Precision.step``, ``torch.amp.GradScaler``) may set
-    # ``grad_scale`` (gradients still scaled) and ``found_inf`` (a 0-dim tensor, nonzero: skip) before
-    # ``step``, which then unscales and skips on the device: nothing is read back.
-    _step_supports_amp_scaling = True
+    _step_supports_amp_scaling = True   # ``grad_scale`` (still scaled) and ``found_inf`` (0-dim, nonzero: skip)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

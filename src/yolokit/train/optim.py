@@ -40,7 +40,7 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def resolve_bias_lr(given: float | None) -> float:
     """The biases' learning rate at the warmup's start: ``given`` when set, else ``LRSchedule``'s 0.1 for every
     model. The reference's automatic optimizer starts them at 0; on the demo that costs YOLOv8n 0.092 and
-    YOLO26n 0.06 of mean mAP50-95 over five seeds (BENCHMARKS.md)."""
+    YOLO26n 0.066 of mean mAP50-95 over five seeds (BENCHMARKS.md)."""
     return LRSchedule.warmup_bias_lr if given is None else float(given)
 
 
