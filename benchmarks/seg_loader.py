@@ -1,11 +1,13 @@
 """The training loader with masks against the same set read for boxes only: wall and CPU time per image.
 
-    python benchmarks/seg_loader.py [--runs 7] [--imgsz 640] [--workers 2] [--interleaved 9]
+    python benchmarks/seg_loader.py [--runs 7] [--imgsz 640] [--workers 2] [--interleaved 9] [--warm] [--persistent]
 
 Both loaders as the trainer builds them (``harness.pipeline.yolokit_loader``) on a generated shapes-seg set, in
 alternating runs of 16 batches after 3 on fresh workers; the CPU time counts the main process and the workers
 (steadier than the wall clock on a shared machine). Prints the medians (and minimums) per image, their ratio,
 and the median of the ratios of each pair of runs (run side by side: the steadiest figure on a noisy machine).
+``--persistent``: the trainer's persistent workers, each loader's first epoch untimed, so that every run is a later
+epoch (the outlines its workers resampled kept).
 ``--interleaved N``: also N passes over the set in this process (1 thread), the two datasets' batches (items and
 collate) alternating, each pass's CPU time summed per form: the items' own cost without the workers' spread;
 each pass on fresh datasets (a first epoch), and, with ``--warm``, also N epochs of the same two datasets after
@@ -34,6 +36,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--interleaved", type=int, default=0, metavar="PASSES")
     parser.add_argument("--warm", action="store_true", help="with --interleaved: also later epochs of one set")
+    parser.add_argument("--persistent", action="store_true",
+                        help="the trainer's persistent workers: each loader's first epoch untimed, then its later ones")
     args = parser.parse_args()
     from yolokit.data import make_shapes
 
@@ -41,8 +45,11 @@ def main() -> int:
 
     batch, warmup = 16, 3
     yaml = make_shapes(n_train=(args.batches + warmup) * batch, n_val=16, imgsz=args.imgsz, seed=0, segments=True)
-    loaders = {masks: yolokit_loader(yaml, imgsz=args.imgsz, batch=batch, workers=args.workers, segments=masks)[0]
-               for masks in (True, False)}
+    loaders = {masks: yolokit_loader(yaml, imgsz=args.imgsz, batch=batch, workers=args.workers, segments=masks,
+                                     persistent=args.persistent and args.workers > 0)[0] for masks in (True, False)}
+    if args.persistent:                       # the first epoch (outlines resampled, buffers filled) untimed
+        for run in loaders.values():
+            run(args.batches, warmup)
     times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     for _ in range(args.runs):
         for masks, run in loaders.items():
@@ -52,7 +59,9 @@ def main() -> int:
     for masks, values in times.items():
         wall, cpu = (sorted(v[k] for v in values) for k in (0, 1))
         stats[masks] = (wall[len(wall) // 2], wall[0], cpu[len(cpu) // 2], cpu[0])
-    print(f"| loader at {args.imgsz} px, batch {batch}, {args.workers} workers | wall ms/image, median (min) "
+    workers = f"{args.workers} persistent workers, epochs 2-{args.runs + 1}" if args.persistent else \
+        f"{args.workers} workers"
+    print(f"| loader at {args.imgsz} px, batch {batch}, {workers} | wall ms/image, median (min) "
           "| CPU ms/image, median (min) |\n|---|---:|---:|")
     for masks, label in ((True, "with masks"), (False, "boxes only")):
         w, w0, c, c0 = stats[masks]

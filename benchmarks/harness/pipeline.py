@@ -131,13 +131,14 @@ def epochs(loader: Iterable[dict]) -> Iterator[dict]:
 
 
 def yolokit_loader(yaml: Path, *, imgsz: int, batch: int, workers: int, uint8: bool = True,
-                   hsv_on_device: bool = False, segments: bool = False):
+                   hsv_on_device: bool = False, segments: bool = False, persistent: bool = False):
     """yolokit's training loader as the trainer builds it (``uint8_images`` by default; on CUDA
     the trainer also passes ``hsv_on_device``), and a function timing ``count`` batches after
-    ``warmup`` on fresh workers. ``segments``: a segmentation set's items, masks drawn."""
+    ``warmup`` on fresh workers. ``segments``: a segmentation set's items, masks drawn. ``persistent``:
+    the trainer's persistent workers, each run on the workers (and what they keep) of the runs before."""
     dataset = DetectionDataset(yaml, "train", imgsz=imgsz, augment=True, segments=segments)
     loader = build_dataloader(dataset, batch, workers=workers, seed=0, uint8_images=uint8,
-                              persistent_workers=False, pin_memory=False, hsv_on_device=hsv_on_device)
+                              persistent_workers=persistent, pin_memory=False, hsv_on_device=hsv_on_device)
 
     def run(count: int, warmup: int) -> Timed:
         batches = iter(loader)

@@ -360,7 +360,8 @@ SCRIPTS = {
     "demo_split.py": (["--epochs", "1", "--imgsz", "64"],
                       [rf"^\| epoch \| {NUMBER} \|$", rf"^\| steps \| {NUMBER} \|$", rf"^\| the rest \| {NUMBER} \|$",
                        rf"^\| callbacks: CSVLogger.on_epoch_end \| {NUMBER} \|$"]),
-    "seg_loader.py": (["--runs", "1", "--imgsz", "64", "--batches", "1", "--workers", "0", "--interleaved", "1"],
+    "seg_loader.py": (["--runs", "1", "--imgsz", "64", "--batches", "1", "--workers", "0", "--interleaved", "1",
+                       "--persistent"],
                       [rf"^\| with masks \| {NUMBER} \({NUMBER}\) \| {NUMBER} \({NUMBER}\) \|$",
                        rf"^\| ratio, median of the 1 pairs of runs \| \*\*{NUMBER}x\*\* \| \*\*{NUMBER}x\*\* \|$",
                        rf"^\| in one process, batches alternating, 1 pass, each a first epoch \| "

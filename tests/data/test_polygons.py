@@ -106,3 +106,37 @@ def test_polygons_resampled_together_equal_each_resampled_alone():
         alone = resample_polygon(row) * np.float32([0.5, 2.0]) if row is not None else \
             resample_polygon(np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32))
         assert np.array_equal(polygons[k], alone) and has[k] == (row is not None)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_masks_of_points_without_their_repeats_equal_the_masks_of_all_points(overlap):
+    """``instance_masks`` fills each polygon without the points that repeat the one before (after truncation to
+    whole pixels, most of a small outline's 1,000 points): the same masks as ``polygon_mask`` of all its points,
+    for small, thin and one-pixel outlines, ones partly off the image, and a box row (no pixel)."""
+    from yolokit.data.augment.polygons import instance_masks, polygon_mask, resample_polygons
+
+    rng = np.random.default_rng(7)
+    shape, ratio = (96, 128), 4
+    rows = [np.array([[10.2, 10.7], [10.9, 10.1], [10.5, 10.4]]),                    # one pixel
+            np.array([[3.5, 40.2], [90.7, 41.1], [91.3, 41.9], [4.1, 41.6]]),         # thin
+            np.array([[-20.0, -8.0], [30.0, -5.0], [25.0, 30.0]]),                    # partly off
+            np.array([[50.0, 50.0], [50.0, 50.0], [50.0, 50.0]])]                     # all one point
+    for _ in range(30):
+        centre = rng.uniform(0, 1, 2) * (128, 96)
+        angles = np.sort(rng.uniform(0, 2 * np.pi, int(rng.integers(3, 12))))
+        rows.append(centre + rng.uniform(1, 25) * np.stack([np.cos(angles), np.sin(angles)], 1))
+    polygons = np.concatenate([resample_polygons(np.asarray(p, np.float32)[None]) for p in rows])   # [G, 1000, 2]
+    has = np.ones(len(polygons), bool)
+    has[5] = False
+    masks, order = instance_masks(polygons, has, shape, ratio, overlap=overlap)
+    expected = np.stack([polygon_mask(p, shape, ratio) if k else np.zeros((24, 32), np.uint8)
+                         for p, k in zip(polygons, has, strict=True)])
+    repeats = (polygons.astype(np.int32)[:, 1:] == polygons.astype(np.int32)[:, :-1]).all(2).sum(1)
+    assert repeats.min() > 500                                          # most points repeat the one before
+    if overlap:
+        assert np.array_equal(masks > 0, expected[has].any(0))
+        for value, k in enumerate(order, 1):                            # each object where no later one is
+            later = (masks > value)
+            assert np.array_equal((masks == value), expected[k].astype(bool) & ~later)
+    else:
+        assert np.array_equal(masks, expected) and expected.any((1, 2)).sum() >= 30

@@ -330,7 +330,10 @@ def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int,
 
     Box rows (``has_mask`` False) get no pixel. With ``overlap``, one index map (:func:`overlap_mask`; the rows
     are to be put in the returned order, row k then being value k + 1); else uint8 [G, h, w] and the rows as they
-    are (``order`` is ``arange(G)``). Each mask is :func:`polygon_crop`'s.
+    are (``order`` is ``arange(G)``). Each mask is :func:`polygon_crop`'s, of the polygon's points without their
+    repeats: 1,000 points truncated to whole pixels repeat many a pixel one after another, and the fill draws each
+    edge, where an edge of no length draws the pixel its neighbours end on; the same masks, the fills in about
+    half the time.
     """
     has_mask = np.asarray(has_mask, bool).reshape(-1)
     h, w, r = int(shape[0]), int(shape[1]), int(ratio)
@@ -338,8 +341,12 @@ def instance_masks(polygons: np.ndarray, has_mask: np.ndarray, shape: tuple[int,
     polygons = np.asarray(polygons)
     ints = (polygons if polygons.dtype == np.float32 else polygons.astype(np.float64)).astype(np.int32)
     ints = ints.reshape(len(has_mask), -1, 2) if len(has_mask) else np.zeros((0, 1, 2), np.int32)   # [G, K, 2]
+    ints = np.ascontiguousarray(ints)
+    new = np.ones(ints.shape[:2], bool)              # a point's first of its repeats (one int64 per point: its x and y)
+    np.not_equal(ints.view(np.int64)[:, 1:, 0], ints.view(np.int64)[:, :-1, 0], out=new[:, 1:])
     empty = MaskCrop(0, 0, np.zeros((0, 0), np.uint8))
-    crops = [polygon_crop(p, shape, r) if has else empty for p, has in zip(ints, has_mask.tolist(), strict=True)]
+    crops = [polygon_crop(p[n], shape, r) if has else empty
+             for p, n, has in zip(ints, new, has_mask.tolist(), strict=True)]
     if overlap:
         return overlap_of_crops(crops, size)
     masks = np.zeros((len(crops), *size), np.uint8)
