@@ -109,6 +109,8 @@ def _resampled(ds: Any, i: int, rows: np.ndarray | None = _NO_ROWS) -> tuple[np.
         if ds._resampled_bytes > OUTLINE_CACHE_BYTES:
             _evict(ds, cache, i)
     resampled, has, extents, done = entry
+    if rows is not None and not len(rows):
+        return resampled, has, extents
     need = np.flatnonzero(~done) if rows is None else rows[~done[rows]]
     if len(need):
         polygons = ds.index.segments.image(i)
