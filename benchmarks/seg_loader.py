@@ -45,8 +45,9 @@ def main() -> int:
 
     batch, warmup = 16, 3
     yaml = make_shapes(n_train=(args.batches + warmup) * batch, n_val=16, imgsz=args.imgsz, seed=0, segments=True)
+    persistent = args.persistent and args.workers > 0          # no workers: nothing to keep, one process
     loaders = {masks: yolokit_loader(yaml, imgsz=args.imgsz, batch=batch, workers=args.workers, segments=masks,
-                                     persistent=args.persistent and args.workers > 0)[0] for masks in (True, False)}
+                                     persistent=persistent)[0] for masks in (True, False)}
     if args.persistent:                       # the first epoch (outlines resampled, buffers filled) untimed
         for run in loaders.values():
             run(args.batches, warmup)
@@ -59,7 +60,7 @@ def main() -> int:
     for masks, values in times.items():
         wall, cpu = (sorted(v[k] for v in values) for k in (0, 1))
         stats[masks] = (wall[len(wall) // 2], wall[0], cpu[len(cpu) // 2], cpu[0])
-    workers = f"{args.workers} persistent workers, epochs 2-{args.runs + 1}" if args.persistent else \
+    workers = f"{args.workers} persistent workers, epochs 2-{args.runs + 1}" if persistent else \
         f"{args.workers} workers"
     print(f"| loader at {args.imgsz} px, batch {batch}, {workers} | wall ms/image, median (min) "
           "| CPU ms/image, median (min) |\n|---|---:|---:|")

@@ -40,10 +40,11 @@ def test_auto_optimizer_rule():
 
 
 
-def test_the_bias_warmup_rate_is_the_given_one_else_zero_only_for_an_end_to_end_model_on_auto():
+def test_the_bias_warmup_rate_is_the_given_one_else_point_one_for_every_model():
     assert resolve_bias_lr(None) == 0.1                # every model, YOLO26 too (the reference's auto: 0)
     assert resolve_bias_lr(0.05) == 0.05               # a value given wins
     assert resolve_bias_lr(0.0) == 0.0
+
 
 def test_schedule_warmup_and_decay():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
