@@ -7,22 +7,24 @@ per seed and its mean, min and max.
         [--set yolokit.warmup_min_steps=0 --set reference.warmup_bias_lr=0.1 ...] \
         [--set yolokit.assigner.contested=any]
 
-Run with an interpreter where both yolokit and ultralytics import (the bench environment). Each run is a
-process of its own (``--one SIDE SEED``), one after the other, so that neither trainer's settings (threads,
-OpenCV, seeds) reach the other. Both sides get the set's preset of `yolokit train` (``cli.PRESETS``: epochs,
-image size, batch, nominal batch, warmup epochs, close_mosaic) where flags give none; the rest is each side's
-default. Every run's ``results.csv`` is kept (its curves); the final weights (``last.pt``) of both sides are
-scored with ``yolokit.val.validate`` (box and, for a -seg model, mask mAP; the reference's checkpoints load
-weights-only) and, where ultralytics imports, with the reference validator too (its defaults: rect batches padded
-by half a stride; yolokit's weights copied into an Ultralytics model by ``val_parity.ultralytics_checkpoint``).
-Each run's curve is read from its own ``results.csv``: mAP50 and mAP50-95 per epoch, and the first epoch whose
-mAP50 reaches 0.5. ``table.md``, ``runs.json`` and ``curves.png`` (every run's curves, each side's mean bold) are
-written to ``--out``; a run that finished already (``last.pt`` and a row per epoch) is scored, not trained again.
-``--set yolokit.assigner.KEY=VALUE``: an option of yolokit's ``TaskAlignedAssigner`` that the trainer has no setting
-for (``contested``: the reference's handling of a point several GTs kept), given to every loss's assigner of the
-run and written to its folder (``assigner.yaml``): an ablation's switch. ``--set reference.albumentations=false``:
-the reference's run without its albumentations step (blur, median blur, gray, CLAHE at p 0.01), as where the
-package is not installed.
+Run with an interpreter where both yolokit and ultralytics import (the bench environment). Each run is a process of
+its own (``--one SIDE SEED``), one after the other, so that neither trainer's settings (threads, OpenCV, seeds) reach
+the other; each starts with this command's environment as it was at its start (importing ultralytics, as the
+reference validator does, sets ``OMP_NUM_THREADS=1``, which a later yolokit run would otherwise inherit: one thread
+instead of the machine's). Both sides get the set's preset of `yolokit train` (``cli.PRESETS``: epochs, image size,
+batch, nominal batch, warmup epochs, close_mosaic) where flags give none; the rest is each side's default. Every
+run's ``results.csv`` is kept (its curves); the final weights (``last.pt``) of both sides are scored with
+``yolokit.val.validate`` (box and, for a -seg model, mask mAP; the reference's checkpoints load weights-only) and,
+where ultralytics imports, with the reference validator too (its defaults: rect batches padded by half a stride;
+yolokit's weights copied into an Ultralytics model by ``val_parity.ultralytics_checkpoint``). Each run's curve is
+read from its own ``results.csv``: mAP50 and mAP50-95 per epoch, and the first epoch whose mAP50 reaches 0.5.
+``table.md``, ``runs.json`` and ``curves.png`` (every run's curves, each side's mean bold) are written to ``--out``;
+a run that finished already (``last.pt`` and a row per epoch) is scored, not trained again. ``--set
+yolokit.assigner.KEY=VALUE``: an option of yolokit's ``TaskAlignedAssigner`` that the trainer has no setting for
+(``contested``: the reference's handling of a point several GTs kept), given to every loss's assigner of the run and
+written to its folder (``assigner.yaml``): an ablation's switch. ``--set reference.albumentations=false``: the
+reference's run without its albumentations step (blur, median blur, gray, CLAHE at p 0.01), as where the package is
+not installed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+START_ENV = dict(os.environ)   # each run's environment: this command's, before any import changes it
 KEYS = ("mAP50", "mAP50-95", "mask_mAP50", "mask_mAP50-95", "one-to-one mAP50-95")
 
 
@@ -66,8 +70,6 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
                                              out=str(out), workers=args.workers, plots=False, device=args.device),
                                      **preset}))   # from_dict: flat augmentation keys too (--set yolokit.hsv_h=0)
         return
-    import os
-
     if preset.pop("albumentations", True) is False:   # its Albumentations step skips itself when the import fails
         sys.modules["albumentations"] = None
         out.mkdir(parents=True, exist_ok=True)
@@ -265,7 +267,8 @@ def main() -> int:
             start = time.perf_counter()
             if not finished(run, args.epochs):
                 shutil.rmtree(run, ignore_errors=True)           # a run cut short: from its start again
-                subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", side, str(seed)], check=True)
+                subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", side, str(seed)], check=True,
+                               env=START_ENV)
             seconds = time.perf_counter() - start
             weights = run / "weights" / "last.pt"
             runs.append({"side": side, "seed": seed, "seconds": round(seconds, 1), "curve": curve(side, run),

@@ -43,7 +43,7 @@ def test_progress_bar_shows_the_running_means_then_the_epoch_row(capsys):
 
 SUMMARY = dict(model="yolov8n", data="shapes", classes=4, world=1, device="cpu", batch=8, per_process=8,
                accumulate=8, step_batch=64, optimizer="adamw", lr0=0.00125, precision="fp32", layout="nchw",
-               sync_bn=False, workers=2, config="model: yolov8n\n" * 80, config_file="runs/a/config.yaml",
+               sync_bn=False, workers=2, threads=1, config="model: yolov8n\n" * 80, config_file="runs/a/config.yaml",
                changed="epochs=2, imgsz=64", notes=["resuming at epoch 2"], shard_cache=False)
 ROW = {"epoch": 1, "train/box": 2.5, "train/cls": 1.25, "data%": 40.0, "precision": 0.5, "recall": 0.25,
        "mAP50": 0.4, "mAP50-95": 0.2, "seconds": 12.34}
@@ -63,6 +63,7 @@ def test_the_header_is_two_lines_and_names_the_config_file(capsys):
     _epoch(ProgressBar(notebook=False), batches=2)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("yolokit train: yolov8n on shapes (4 classes)")
+    assert out[0].endswith("2 loader workers and 1 torch thread per process")   # a CPU run's speed and sums
     assert out[1:3] == ["config: runs/a/config.yaml (epochs=2, imgsz=64)", "resuming at epoch 2"]
     assert "model: yolov8n" not in "\n".join(out)
 

@@ -161,7 +161,8 @@ def build_run(config: TrainConfig, *, user_callbacks: list[Callback], model: Det
     summary = dict(model=cfg.model, data=cfg.data, classes=len(names), world=plan.world, device=str(plan.device),
                    batch=batch, per_process=plan.per_rank, accumulate=plan.accumulate,
                    step_batch=plan.images_per_step, optimizer=opt_name, lr0=lr0, precision=precision.precision,
-                   layout=perf.describe(train_net), workers=settings.workers, sync_bn=settings.sync_bn,
+                   layout=perf.describe(train_net), workers=settings.workers,
+                   threads=torch.get_num_threads(), sync_bn=settings.sync_bn,
                    config=cfg.to_yaml(), config_file=str(run_dir / "config.yaml"), changed=changes_line(cfg),
                    notes=notes,
                    shard_cache=CacheUse([d.index.store for d in (train_set, val_set) if d.index.store is not None]))

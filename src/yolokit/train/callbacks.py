@@ -59,7 +59,8 @@ class Callback:
     def on_setup_end(self, summary: dict[str, Any]) -> None:
         """What setup built: ``model``, ``data``, ``classes``, ``world``, ``device``, ``batch``,
         ``per_process``, ``accumulate``, ``step_batch``, ``optimizer``, ``lr0``, ``precision``,
-        ``layout``, ``sync_bn``, ``workers``, ``config`` (YAML text), ``config_file`` (its path in the run
+        ``layout``, ``sync_bn``, ``workers``, ``threads`` (torch's CPU threads),
+        ``config`` (YAML text), ``config_file`` (its path in the run
         folder), ``changed`` (the fields set away from their defaults, one line), ``notes`` (lines from the batch
         finder, pretrained weights and resume) and ``shard_cache`` (data from remote shards: a callable
         that says what their local cache holds against its cap, "1.2G/25.0G"; false otherwise)."""
@@ -159,7 +160,8 @@ class ProgressBar(Callback):
                     f"{s['device']}, batch {s['batch']} ({s['per_process']} per process) x {s['accumulate']} "
                     f"accumulation = {s['step_batch']} per step, {s['optimizer']} lr {s['lr0']:g}, "
                     f"{s['precision']}, {s['layout']}{', SyncBatchNorm' if s['sync_bn'] else ''}, "
-                    f"{s['workers']} loader workers per process")
+                    f"{s['workers']} loader workers and {s['threads']} torch thread{'s' * (s['threads'] != 1)} "
+                    "per process")
         self._write(f"config: {s['config_file']}" + (f" ({s['changed']})" if s.get("changed") else ""))
         for note in s["notes"]:
             self._write(note)
