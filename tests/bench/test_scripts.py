@@ -368,10 +368,14 @@ SCRIPTS = {
                        rf"with masks {NUMBER} ms/image .* "
                        rf"median \*\*{NUMBER}x\*\* \|$"]),
     "parity_table.py": (["--row", "as they are", "benchmarks/parity-runs/shapes-yolov8n.json",
-                          "--row", "again", "benchmarks/parity-runs/shapes-yolov8n.json"],
+                          "--row", "again", "benchmarks/parity-runs/shapes-yolov8n.json",
+                          "--base-row", "another day", "benchmarks/parity-runs/shapes-yolov8n-yolokit-2026-12-04.json",
+                          "--row", "that day again", "benchmarks/parity-runs/shapes-yolov8n-yolokit-2026-12-04.json"],
                          [rf"^\| as they are \| reference \| 0, 1, 2, 3, 4 \| {NUMBER} \({NUMBER}-{NUMBER}\) "
                           r"\| baseline \|",
-                          r"^\| again \| yolokit \| 0, 1, 2, 3, 4 \| .* \| \+0\.000 \|"]),
+                          r"^\| again \| yolokit \| 0, 1, 2, 3, 4 \| .* \| \+0\.000 \|",
+                          r"^\| another day \| yolokit \| 0, 1, 2, 3, 4 \| .* \| baseline \|",   # its own baseline
+                          r"^\| that day again \| yolokit \| 0, 1, 2, 3, 4 \| .* \| \+0\.000 \|"]),
     "predict_memory.py": (["--counts", "3", "--size", "64", "--imgsz", "64", "--batch", "2", "--modes", "streamed"],
                           [rf"^\| 3 \| streamed \| {NUMBER} \| {NUMBER} \|$"]),
 }
