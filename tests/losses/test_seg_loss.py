@@ -58,6 +58,24 @@ def test_each_part_and_every_gradient_is_the_references(case, padded):
         assert float(parts["seg"]) == float(parts["sem"]) == 0.0 and float(out["protos"].grad.abs().max()) == 0.0
 
 
+def test_the_references_widening_of_tiny_objects_is_min_gt_side_16_with_contested_any():
+    """The fixture's reference (8.4) widens the 2 x 3 px object and the 40 x 2 px line to 16 px for its inside
+    test, and still gives them no positive: their widened boxes' points align 0 with them. yolokit's assigner
+    with the widening and ``contested="any"`` gives the reference's loss; with the widening alone it keeps those
+    points as positives of weight 0, and the mask term trains them."""
+    ref = REFERENCE["cases"]["overlap"]
+    parts = {}
+    for contested in ("any", "kept"):
+        loss = YOLOv8SegLoss(REFERENCE["num_classes"], REFERENCE["strides"], reg_max=REFERENCE["reg_max"],
+                             num_masks=REFERENCE["num_masks"], min_gt_side=16, contested=contested,
+                             **REFERENCE["gains"])
+        parts[contested] = loss(inputs("overlap"), REFERENCE["objects"], masks=ref["masks"])[1]
+    for k, v in ref["items"].items():
+        if k != "sem":
+            assert_relative(parts["any"][k], v, k)
+    assert abs(float(parts["kept"]["seg"]) - float(ref["items"]["seg"])) > 0.1 * float(ref["items"]["seg"])
+
+
 def test_padded_targets_with_per_object_masks_in_slots_give_the_same_loss():
     ref = REFERENCE["cases"]["per_instance_semantic"]
     objects = REFERENCE["objects"]

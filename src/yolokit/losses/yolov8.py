@@ -43,9 +43,13 @@ class YOLOv8Loss(DetectionLoss):
 
     A GT box that holds no grid point (a tiny one between cell centres) gets no positives and
     only shapes the class loss as background, as in Ultralytics before 8.4; 8.4 widens a GT's
-    sides shorter than its second level's stride (16 px) to it for the assigner's inside test
-    (``min_gt_side=16`` here; off by default). All loss arithmetic runs in float32 with autocast
-    disabled, whatever the maps' dtype.
+    sides shorter than its second level's stride (16 px) to it for the assigner's inside test and
+    gives a point several GTs kept to the best of all the GTs that hold it: ``min_gt_side=16,
+    contested="any"`` here (off by default: five seeds a side on the demo's preset learn alike
+    with and without them, BENCHMARKS "The assigner's two details"). Widening alone
+    (``contested="kept"``) keeps a widened GT's inside points of alignment 0 as positives of weight
+    0, which the mask term of :class:`YOLOv8SegLoss` then trains; 8.4 does not. All loss arithmetic
+    runs in float32 with autocast disabled, whatever the maps' dtype.
 
     Args:
         num_classes: number of classes C.
@@ -59,6 +63,8 @@ class YOLOv8Loss(DetectionLoss):
         beta: assigner's IoU exponent.
         min_gt_side: the assigner's inside test widens GT sides shorter than this (pixels) to it about the
             box's centre (``TaskAlignedAssigner``'s); 0: the box as it is.
+        contested: who gets a point several GTs kept (``TaskAlignedAssigner``'s): ``"kept"``, the best of
+            those; ``"any"``, the best of all that hold it (Ultralytics 8.4's).
 
     Examples:
         >>> loss_fn = YOLOv8Loss(num_classes=3, strides=(8, 16, 32))
@@ -81,13 +87,15 @@ class YOLOv8Loss(DetectionLoss):
         alpha: float = 0.5,
         beta: float = 6.0,
         min_gt_side: float = 0.0,
+        contested: str = "kept",
     ):
         super().__init__()
         if reg_max < 2:
             raise ValueError(f"reg_max must be >= 2, got {reg_max}")
         self.num_classes, self.strides, self.reg_max = num_classes, tuple(int(s) for s in strides), reg_max
         self.gains = {"box": box, "cls": cls, "dfl": dfl}
-        self.assigner = TaskAlignedAssigner(topk=topk, alpha=alpha, beta=beta, min_gt_side=min_gt_side)
+        self.assigner = TaskAlignedAssigner(topk=topk, alpha=alpha, beta=beta, min_gt_side=min_gt_side,
+                                            contested=contested)
 
     def extra_repr(self) -> str:
         gains = ", ".join(f"{k}={v}" for k, v in self.gains.items())
