@@ -69,6 +69,7 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
         train(TrainConfig.from_dict({**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed,
                                              out=str(out), workers=args.workers, plots=False, device=args.device),
                                      **preset}))   # from_dict: flat augmentation keys too (--set yolokit.hsv_h=0)
+        record_threads(out)
         return
     if preset.pop("albumentations", True) is False:   # its Albumentations step skips itself when the import fails
         sys.modules["albumentations"] = None
@@ -83,6 +84,15 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
     YOLO(model).train(**{**dict(data=str(data_yaml(args.data)), seed=seed, deterministic=True,
                                                device=device, workers=args.workers, project=str(out.parent),
                                                name=out.name, exist_ok=True, plots=False, verbose=False), **preset})
+    record_threads(out)
+
+
+def record_threads(out: Path) -> None:
+    """The torch threads the run trained on, into ``out/threads.txt`` (``runs.json``'s ``threads``): the same seed
+    on another number of threads is another run (another order of the same sums)."""
+    import torch
+
+    (out / "threads.txt").write_text(f"{torch.get_num_threads()}\n")
 
 
 def patch_assigner(options: dict, out: Path) -> None:
@@ -271,7 +281,9 @@ def main() -> int:
                                env=START_ENV)
             seconds = time.perf_counter() - start
             weights = run / "weights" / "last.pt"
+            threads = run / "threads.txt"
             runs.append({"side": side, "seed": seed, "seconds": round(seconds, 1), "curve": curve(side, run),
+                         "threads": int(threads.read_text()) if threads.exists() else None,
                          "scores": score(weights, args), "reference_val": reference_score(side, weights, args)})
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), flush=True)
     (out / "runs.json").write_text(json.dumps(runs, indent=1))

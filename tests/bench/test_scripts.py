@@ -3,6 +3,7 @@
 The numbers are meaningless at these sizes; what is checked is that they are there."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -412,14 +413,24 @@ def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path)
     from yolokit.data import make_shapes
 
     data = make_shapes(tmp_path / "set", n_train=8, n_val=4, imgsz=64, segments=True)
+    # a stand-in for ultralytics: its import sets OMP_NUM_THREADS=1 when unset, as the real one's does, then fails
+    # (so no reference validator): the runs after the first scoring must not inherit it
+    (tmp_path / "fake" / "ultralytics").mkdir(parents=True)
+    (tmp_path / "fake" / "ultralytics" / "__init__.py").write_text(
+        "import os\nos.environ.setdefault('OMP_NUM_THREADS', '1')\nraise ImportError('a stand-in')\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), *filter(None, [env.get("PYTHONPATH")])])
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                           capture_output=True, text=True, timeout=120)
     args = [sys.executable, str(BENCHMARKS / "parity.py"), "--model", TINY, "--data", str(data), "--seeds", "0", "1",
             "--sides", "yolokit", "--epochs", "1", "--imgsz", "64", "--batch", "4", "--nbs", "4", "--workers", "0",
             "--out", str(tmp_path / "out"), "--set", "yolokit.warmup_min_steps=0", "--set", "reference.warmup_epochs=2",
             "--set", "yolokit.hue_mode=shift"]                               # a flat augmentation key too
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads((tmp_path / "out" / "runs.json").read_text())
     assert [(r["side"], r["seed"]) for r in runs] == [("yolokit", 0), ("yolokit", 1)]
+    assert [r["threads"] for r in runs] == [int(fresh.stdout)] * 2       # each run on the threads of a fresh process
     assert all(len(r["curve"]["box"]) == 1 and 0 <= r["scores"]["mAP50-95"] <= 1 for r in runs)
     table = (tmp_path / "out" / "table.md").read_text().splitlines()
     assert table[0] == "| side | seed | mAP50 | mAP50-95 | epoch at mAP50 0.5 |" and len(table) == 2 + 2 + 1
@@ -430,7 +441,7 @@ def test_parity_py_trains_each_seed_in_its_own_process_and_tables_them(tmp_path)
     assert "hue_mode: shift\n" in config
     assert re.fullmatch(rf"\| yolokit \| mean \(min-max\) \| {NUMBER} \({NUMBER}-{NUMBER}\) \| .*", table[-1])
     stamp = (tmp_path / "out" / "yolokit-0" / "weights" / "last.pt").stat().st_mtime_ns
-    again = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     last = tmp_path / "out" / "yolokit-0" / "weights" / "last.pt"
     assert again.returncode == 0 and last.stat().st_mtime_ns == stamp
 
