@@ -64,7 +64,8 @@ class YOLOv8Loss(DetectionLoss):
         min_gt_side: the assigner's inside test widens GT sides shorter than this (pixels) to it about the
             box's centre (``TaskAlignedAssigner``'s); 0: the box as it is.
         contested: who gets a point several GTs kept (``TaskAlignedAssigner``'s): ``"kept"``, the best of
-            those; ``"any"``, the best of all that hold it (Ultralytics 8.4's).
+            those; ``"any"``, the best of all that hold it (Ultralytics 8.4's); None: the assigner's default
+            (``"kept"``).
 
     Examples:
         >>> loss_fn = YOLOv8Loss(num_classes=3, strides=(8, 16, 32))
@@ -87,15 +88,15 @@ class YOLOv8Loss(DetectionLoss):
         alpha: float = 0.5,
         beta: float = 6.0,
         min_gt_side: float = 0.0,
-        contested: str = "kept",
+        contested: str | None = None,
     ):
         super().__init__()
         if reg_max < 2:
             raise ValueError(f"reg_max must be >= 2, got {reg_max}")
         self.num_classes, self.strides, self.reg_max = num_classes, tuple(int(s) for s in strides), reg_max
         self.gains = {"box": box, "cls": cls, "dfl": dfl}
-        self.assigner = TaskAlignedAssigner(topk=topk, alpha=alpha, beta=beta, min_gt_side=min_gt_side,
-                                            contested=contested)
+        given = {} if contested is None else {"contested": contested}
+        self.assigner = TaskAlignedAssigner(topk=topk, alpha=alpha, beta=beta, min_gt_side=min_gt_side, **given)
 
     def extra_repr(self) -> str:
         gains = ", ".join(f"{k}={v}" for k, v in self.gains.items())
