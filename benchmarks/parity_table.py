@@ -50,7 +50,7 @@ def table(all_rows: list[dict]) -> list[str]:
     lines = ["| setting | side | seeds | mAP50-95 | change of the mean (same seeds) | mAP50 | epoch at mAP50 0.5 |",
              "|---|---|---|---|---:|---|---|"]
     for row in all_rows:
-        first = base[row["side"]] = row if row.get("base") else base.get(row["side"], row)
+        first = base[row["side"]] = row if row["base"] else base.get(row["side"], row)   # --base-row: anew
         change = "baseline" if first is row else _change(first, row)
         lines.append(f"| {row['label']} | {row['side']} | {', '.join(map(str, row['seeds']))} | {spread(row['box'])} | "
                      f"{change} | {spread(row['box50'])} | {spread(row['first'], 1)} |")

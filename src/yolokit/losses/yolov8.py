@@ -45,7 +45,7 @@ class YOLOv8Loss(DetectionLoss):
     only shapes the class loss as background, as in Ultralytics before 8.4; 8.4 widens a GT's
     sides shorter than its second level's stride (16 px) to it for the assigner's inside test and
     gives a point several GTs kept to the best of all the GTs that hold it: ``min_gt_side=16,
-    contested="any"`` here (off by default: five seeds a side on the demo's preset learn alike
+    contested="any"`` here (off by default: five seeds a row on the demo's preset learn alike
     with and without them, BENCHMARKS "The assigner's two details"). Widening alone
     (``contested="kept"``) keeps a widened GT's inside points of alignment 0 as positives of weight
     0, which the mask term of :class:`YOLOv8SegLoss` then trains; 8.4 does not. All loss arithmetic
