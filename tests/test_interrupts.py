@@ -93,7 +93,8 @@ def assert_resumes(shapes: str, run: Path, tmp_path: Path, *extra: str) -> None:
     done = subprocess.run(yolokit("train", "--resume", str(run), *extra), capture_output=True, text=True,
                           cwd=tmp_path, env=subprocess_env(), timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "resuming at" in done.stdout
+    # a slow machine may take the signal at an epoch's end, where the stop is an epoch's checkpoint
+    assert "resuming at optimizer step" in done.stdout or "resuming after epoch 1" in done.stdout, done.stdout[-2000:]
     rows = list(csv.DictReader((run / "results.csv").open()))
     assert [r["epoch"] for r in rows] == ["1", "2"] and (run / "weights" / "model.pt").is_file()
 
