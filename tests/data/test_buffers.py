@@ -138,3 +138,55 @@ def test_the_pin_thread_copies_a_kept_buffer_before_it_is_freed(shapes_yaml, mon
         assert torch.equal(b["images_uint8"], images) and torch.equal(b["targets"], targets)
     assert list(loader._buffers.table) == [0] * 8        # every buffer free while the copies are still held
     loader.close()
+
+
+def test_tensors_of_one_buffer_lie_apart_and_keep_their_values():
+    """``buffers._layout``: each part at a multiple of 64 bytes after the one before; written one after another,
+    no part changes another's bytes (dtypes of 1, 4 and 1 bytes, sizes not multiples of 64)."""
+    from yolokit.data.buffers import _in, _layout
+
+    parts = [((3, 5, 7), torch.uint8), ((11, 6), torch.float32), ((13,), torch.bool), ((2, 3), torch.int32)]
+    offsets, nbytes = _layout(parts)
+    assert offsets == [0, 128, 448, 512] and nbytes == 536
+    tensors = _in(torch.UntypedStorage(nbytes), parts, offsets)
+    values = [torch.arange(t.numel()).reshape(t.shape).to(t.dtype) if t.dtype != torch.bool else
+              torch.arange(t.numel()) % 3 == 0 for t in tensors]
+    for t, v in zip(tensors, values, strict=True):
+        t.copy_(v)
+    for (shape, _), t, v in zip(parts, tensors, values, strict=True):
+        assert t.shape == shape and torch.equal(t, v)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["index-map", "mask-per-row"])
+def test_a_segmentation_batch_crosses_as_one_buffer_and_what_is_kept_is_never_written_over(tmp_path, overlap):
+    """A worker's batch: images, targets, masks and mask rows in one shared buffer (one file to hand over, not
+    four); the targets and masks a user keeps, without the images, stay as they were two epochs later, and the
+    buffer is freed once nothing uses it. The rows of targets, masks and mask_rows agree."""
+    from yolokit.data import make_shapes
+
+    root = make_shapes(tmp_path / "seg", n_train=16, n_val=2, imgsz=64, segments=True)
+    ds = DetectionDataset(root, "train", imgsz=64, augment=True, segments=True, overlap_mask=overlap)
+    loader = build_dataloader(ds, 3, workers=2, seed=0, uint8_images=True, multiprocessing_context="fork")
+    kept = []
+    for epoch in range(3):
+        for k, batch in enumerate(loader):
+            storages = {batch[key].untyped_storage().data_ptr() for key in
+                        ("images_uint8", "targets", "masks", "mask_rows")}
+            assert len(storages) == 1
+            n = len(batch["targets"])
+            assert len(batch["mask_rows"]) == n and len(batch["masks"]) == (len(batch["images_uint8"]) if overlap
+                                                                            else n)
+            if overlap:                                  # each image's values 1..rows, its rows in order
+                counts = torch.bincount(batch["targets"][:, 0].long(), minlength=len(batch["masks"]))
+                assert all(int(m.max()) <= int(c) for m, c in zip(batch["masks"], counts, strict=True))
+            if epoch == 0 and k in (1, 3):
+                held = (batch["targets"], batch["masks"], batch["mask_rows"])
+                kept.append((held, tuple(t.clone() for t in held)))
+    assert len(kept) == 2
+    for held, copy in kept:
+        assert all(torch.equal(a, b) for a, b in zip(held, copy, strict=True))
+    del batch, held
+    kept.clear()
+    loader._buffers.release_unused()
+    assert list(loader._buffers.table) == [0] * 8
+    loader.close()

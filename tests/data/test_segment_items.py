@@ -450,6 +450,30 @@ def test_rows_a_warp_cannot_show_are_skipped_without_changing_an_item(seg_many, 
         assert (item["boxes"][box_rows, 2:] > item["boxes"][box_rows, :2]).all()
 
 
+def test_a_warp_shows_a_box_unless_all_its_corners_land_a_pixel_beyond_one_edge():
+    """``segment_items._shown`` (each box's warped extent in one product) against the definition: the four
+    corners through the plan, a box hidden when all four lie more than a pixel beyond one edge; plans that
+    rotate by any angle (coefficients of either sign), shear and scale, boxes around and across the edges."""
+    from yolokit.data.augment.segment_items import _shown
+    from yolokit.data.augment.transforms import affine_plan
+
+    rng = np.random.default_rng(0)
+    hidden = 0
+    for _ in range(40):
+        plan = affine_plan(rng, (128, 128), (64, 64), degrees=180.0, translate=0.5, scale=0.9, shear=20.0,
+                           perspective=0.0)
+        lo = rng.uniform(-80, 200, (300, 2))
+        boxes = np.concatenate([lo, lo + rng.uniform(0, 60, (300, 2))], 1)
+        corners = np.stack([boxes[:, [0, 1]], boxes[:, [2, 1]], boxes[:, [0, 3]], boxes[:, [2, 3]]], 1)
+        xy = corners @ plan.box_m[:2, :2].T + plan.box_m[:2, 2]
+        h, w = plan.out_shape
+        want = ~((xy[..., 0] < -1).all(1) | (xy[..., 1] < -1).all(1) | (xy[..., 0] > w + 1).all(1) |
+                 (xy[..., 1] > h + 1).all(1))
+        np.testing.assert_array_equal(_shown(boxes, plan), want)
+        hidden += int((~want).sum())
+    assert 0.2 < hidden / (40 * 300) < 0.9
+
+
 def test_a_nine_image_item_carries_each_mask_with_its_object(seg):
     """Items of nine images through a rotating, scaling warp and flips: every mask covers one object's colour,
     and items hold rows of several samples."""
@@ -535,7 +559,8 @@ def test_a_set_within_the_outline_cache_is_resampled_once_for_all_epochs(tmp_pat
     ds.set_epoch(1)
     second = [ds[i] for i in range(len(ds))]
     kept = ds.__dict__["_resampled_rows"].values()
-    assert len(kept) == len(ds) and sum(calls) == sum(int((done & has).sum()) for _, has, _, done in kept)
+    assert len(kept) == len(ds) and sum(calls) == sum(int((done & has).sum()) for _, has, _, done, _ in kept)
+    assert all(left == int((has & ~done).sum()) for _, has, _, done, left in kept)   # the count of rows to come
     assert 0 < sum(calls) - once < once                                        # each row once, in either epoch
     calls.clear()
     monkeypatch.setattr(segment_items, "OUTLINE_CACHE_BYTES", 0)

@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader
 from yolokit.data.augment.color import apply_hsv_lut_batch
 from yolokit.data.augment.device_augment import augment_batch
 from yolokit.data.augment.recipes import RECIPE_KEY, collate_recipes
-from yolokit.data.augment.segment_items import collate_masks
-from yolokit.data.buffers import SLOT_KEY, BatchBuffers, Returning, fresh_shared
+from yolokit.data.augment.segment_items import collate_masks, mask_parts
+from yolokit.data.buffers import SLOT_KEY, BatchBuffers, Returning, fresh_shared_parts
 from yolokit.data.dataset import DetectionDataset
 from yolokit.data.samplers import (  # noqa: F401 (epoch_steps re-exported)
     AspectRatioBatchSampler,
@@ -57,7 +57,12 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
     h = max(it["image"].shape[1] for it in items)
     w = max(it["image"].shape[2] for it in items)
     shape, dtype = (b, 3, h, w), torch.float32 if as_float else torch.uint8
-    images, slot = (fresh_shared(shape, dtype), None) if buffers is None else buffers.empty(shape, dtype)
+    # the batch's tensors in one buffer: the images, the targets, a segmentation batch's masks and their rows
+    parts = [(shape, dtype), ((sum(len(it["classes"]) for it in items), 6), torch.float32)]
+    if items and "masks" in items[0]:
+        parts += mask_parts(items, h, w)
+    tensors, slot = (fresh_shared_parts(parts), None) if buffers is None else buffers.empty_parts(parts)
+    images, targets = tensors[:2]
     pad = PAD_VALUE / 255 if as_float else PAD_VALUE
     rows = []
     for i, it in enumerate(items):
@@ -74,10 +79,12 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
             rows.append(torch.cat([torch.full((g, 1), float(i)),
                                    it["classes"].reshape(g, 1).float(), it["boxes"].float()], 1))
     luts = [it.get("hsv_lut") for it in items]
-    masks = collate_masks(items, h, w) if items and "masks" in items[0] else {}
+    if rows:
+        torch.cat(rows, out=targets)
+    masks = collate_masks(items, h, w, out=tensors[2:]) if len(tensors) > 2 else {}
     batch = {
         "images" if as_float else "images_uint8": images,
-        "targets": torch.cat(rows) if rows else torch.zeros((0, 6)),
+        "targets": targets,
         "paths": [it["path"] for it in items],
         "orig_shapes": [tuple(it["orig_shape"]) for it in items],
         "ratio_pad": [it["ratio_pad"] for it in items],

@@ -19,6 +19,7 @@ without a polygon keeps its box and class, and its mask has no pixel.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -102,20 +103,21 @@ def _resampled(ds: Any, i: int, rows: np.ndarray | None = _NO_ROWS) -> tuple[np.
     if entry is None:
         extents = ds.index.segments.extents(i).astype(np.float64)
         has = ~np.isnan(extents[:, 0])
-        entry = cache[i] = np.zeros((len(has), POINTS, 2), np.float32), has, extents, ~has
+        entry = cache[i] = [np.zeros((len(has), POINTS, 2), np.float32), has, extents, ~has, int(has.sum())]
         has.setflags(write=False)                        # shared by later items
         extents.setflags(write=False)
         ds._resampled_bytes = getattr(ds, "_resampled_bytes", 0) + entry[0].nbytes
         if ds._resampled_bytes > OUTLINE_CACHE_BYTES:
             _evict(ds, cache, i)
-    resampled, has, extents, done = entry
-    if rows is not None and not len(rows):
+    resampled, has, extents, done, left = entry
+    if not left or (rows is not None and not len(rows)):     # left: the rows with a polygon not yet resampled
         return resampled, has, extents
     need = np.flatnonzero(~done) if rows is None else rows[~done[rows]]
     if len(need):
         polygons = ds.index.segments.image(i)
         resampled[need] = resampled_rows([polygons[k] for k in need])[0]
         done[need] = True
+        entry[4] = left - len(need)
     return resampled, has, extents
 
 
@@ -289,12 +291,8 @@ def _mosaic_polygons(ds: Any, rows: list, canvas: Any, plan: Any = None) -> tupl
         extents = np.concatenate([c[2][k] for c, (*_, k) in zip(cached, rows, strict=True)])  # NaN: a box row
         e = np.where(np.isnan(extents), boxes, extents * frame[:, [0, 1, 0, 1]]) + frame[:, [2, 3, 2, 3]]
         e = e.clip(frame[:, [4, 5, 4, 5]], frame[:, [6, 7, 6, 7]])
-        corners = np.stack([e[:, [0, 1]], e[:, [2, 1]], e[:, [0, 3]], e[:, [2, 3]]], 1)    # [G, 4, 2]
-        xy = corners @ plan.box_m[:2, :2].T + plan.box_m[:2, 2]
-        h, w = plan.out_shape
-        shown = ~((xy[..., 0] < -1).all(1) | (xy[..., 1] < -1).all(1) | (xy[..., 0] > w + 1).all(1) |
-                  (xy[..., 1] > h + 1).all(1))
-    starts = np.cumsum([0, *counts])
+        shown = _shown(e, plan)
+    starts = list(itertools.accumulate(counts, initial=0))
     takes = [k[shown[a:b]] for (*_, k), a, b in zip(rows, starts[:-1], starts[1:], strict=True)]
     cached = [_resampled(ds, j, t) for (j, *_), t in zip(rows, takes, strict=True)]
     polygons = np.concatenate([np.take(c[0], t, 0) for c, t in zip(cached, takes, strict=True)])  # f32 [G', K, 2]
@@ -306,24 +304,46 @@ def _mosaic_polygons(ds: Any, rows: list, canvas: Any, plan: Any = None) -> tupl
     return place_in_tiles(polygons, canvas, [len(t) for t in takes]), has, shown
 
 
-def collate_masks(items: list[dict], h: int, w: int) -> dict:
-    """A segmentation batch's ``masks`` and ``mask_rows`` (the images ``h`` x ``w``, each item's masks at the same
-    ratio, padded with background as the images are with grey): index maps [B, h/r, w/r] (int32 when an item's
-    is), or per-row masks [N, h/r, w/r] in the order of ``targets``' rows; ``mask_rows`` bool [N] likewise."""
+def _shown(extents: np.ndarray, plan: Any) -> np.ndarray:
+    """Which boxes (float64 [G, 4] xyxy) an affine ``plan`` (no perspective) leaves within a pixel of its output:
+    not wholly beyond one of its edges by more. Each warped corner's extent in one product: the lowest x of a
+    box's warped corners takes each coefficient's lower end (x1 for a positive coefficient of x, x2 for a
+    negative one), the highest its higher end."""
+    (a, b, c), (d, f, g) = plan.box_m[:2].tolist()
+    pick = np.zeros((4, 4))                     # columns: the lowest x and y, the highest x and y
+    for row, (cx, cy) in enumerate(((a, b), (d, f))):
+        pick[0 if cx >= 0 else 2, row], pick[1 if cy >= 0 else 3, row] = cx, cy
+        pick[2 if cx >= 0 else 0, row + 2], pick[3 if cy >= 0 else 1, row + 2] = cx, cy
+    span = extents @ pick + (c, g, c, g)
+    h, w = plan.out_shape
+    return (span[:, 2:] >= -1).all(1) & (span[:, 0] <= w + 1) & (span[:, 1] <= h + 1)
+
+
+def mask_parts(items: list[dict], h: int, w: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """The shapes and dtypes of :func:`collate_masks`' two tensors, ``masks`` and ``mask_rows``."""
     first = items[0]
     ratio = (first["image"].shape[1] if "image" in first else first[RECIPE_KEY]["shape"][0]) // first["masks"].shape[-2]
-    mh, mw = h // ratio, w // ratio
     overlap = first["masks"].ndim == 2
     dtype = torch.int32 if any(it["masks"].dtype == torch.int32 for it in items) else torch.uint8
     n = len(items) if overlap else sum(len(it["masks"]) for it in items)
-    out = torch.zeros((n, mh, mw), dtype=dtype)
+    return [((n, h // ratio, w // ratio), dtype), ((sum(len(it["mask_rows"]) for it in items),), torch.bool)]
+
+
+def collate_masks(items: list[dict], h: int, w: int, out: list[torch.Tensor] | None = None) -> dict:
+    """A segmentation batch's ``masks`` and ``mask_rows`` (the images ``h`` x ``w``, each item's masks at the same
+    ratio, padded with background as the images are with grey): index maps [B, h/r, w/r] (int32 when an item's
+    is), or per-row masks [N, h/r, w/r] in the order of ``targets``' rows; ``mask_rows`` bool [N] likewise.
+    ``out``: the two tensors to write, of :func:`mask_parts`' shapes (the loader's: in the images' buffer)."""
+    masks, rows = out if out is not None else [torch.empty(shape, dtype=dtype)
+                                               for shape, dtype in mask_parts(items, h, w)]
+    masks.zero_()
     row = 0
     for i, it in enumerate(items):
         m = it["masks"]
-        if overlap:
-            out[i, :m.shape[0], :m.shape[1]] = m
+        if m.ndim == 2:                                # an index map an item
+            masks[i, :m.shape[0], :m.shape[1]] = m
         else:
-            out[row:row + len(m), :m.shape[1], :m.shape[2]] = m
+            masks[row:row + len(m), :m.shape[1], :m.shape[2]] = m
             row += len(m)
-    return {"masks": out, "mask_rows": torch.cat([it["mask_rows"] for it in items]) if items else
-            torch.zeros(0, dtype=torch.bool)}
+    torch.cat([it["mask_rows"] for it in items], out=rows)
+    return {"masks": masks, "mask_rows": rows}
