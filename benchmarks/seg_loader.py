@@ -68,16 +68,22 @@ def main() -> int:
         w, w0, c, c0 = stats[masks]
         print(f"| {label} | {w:.2f} ({w0:.2f}) | {c:.2f} ({c0:.2f}) |")
     (w1, w10, c1, c10), (w2, w20, c2, c20) = stats[True], stats[False]
-    print(f"| ratio of the medians (of the minimums) | {w1 / w2:.2f}x ({w10 / w20:.2f}x) | {c1 / c2:.2f}x "
-          f"({c10 / c20:.2f}x) |")
-    pairs = [[a[k] / b[k] for a, b in zip(times[True], times[False], strict=True)] for k in (0, 1)]
-    print(f"| ratio, median of the {args.runs} pairs of runs | **{np.median(pairs[0]):.2f}x** | "
-          f"**{np.median(pairs[1]):.2f}x** |")
+    print(f"| ratio of the medians (of the minimums) | {ratio(w1, w2)} ({ratio(w10, w20)}) | {ratio(c1, c2)} "
+          f"({ratio(c10, c20)}) |")
+    pairs = [[a[k] / b[k] for a, b in zip(times[True], times[False], strict=True) if b[k]] for k in (0, 1)]
+    medians = [f"**{np.median(p):.2f}x**" if p else "n/a" for p in pairs]
+    print(f"| ratio, median of the {args.runs} pairs of runs | {medians[0]} | {medians[1]} |")
     if args.interleaved:
         print(interleaved(yaml, args.imgsz, batch, args.interleaved))
         if args.warm:
             print(interleaved(yaml, args.imgsz, batch, args.interleaved, warm=True))
     return 0
+
+
+def ratio(a: float, b: float) -> str:
+    """``a / b`` as a table's ratio; n/a where ``b`` is 0 (CPU time is read in the clock's ticks, 10 ms here: a
+    tiny run can take none)."""
+    return f"{a / b:.2f}x" if b else "n/a"
 
 
 def interleaved(yaml, imgsz: int, batch: int, passes: int, warm: bool = False) -> str:
