@@ -59,7 +59,7 @@ def _collate(items: list[dict], as_float: bool, buffers: BatchBuffers | None = N
     shape, dtype = (b, 3, h, w), torch.float32 if as_float else torch.uint8
     # the batch's tensors in one buffer: the images, the targets, a segmentation batch's masks and their rows
     parts = [(shape, dtype), ((sum(len(it["classes"]) for it in items), 6), torch.float32)]
-    if items and "masks" in items[0]:
+    if "masks" in items[0]:
         parts += mask_parts(items, h, w)
     tensors, slot = (fresh_shared_parts(parts), None) if buffers is None else buffers.empty_parts(parts)
     images, targets = tensors[:2]

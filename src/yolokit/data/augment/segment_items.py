@@ -340,7 +340,7 @@ def collate_masks(items: list[dict], h: int, w: int, out: list[torch.Tensor] | N
     row = 0
     for i, it in enumerate(items):
         m = it["masks"]
-        if m.ndim == 2:                                # an index map an item
+        if m.ndim == 2:                                # overlap_mask: one index map per item
             masks[i, :m.shape[0], :m.shape[1]] = m
         else:
             masks[row:row + len(m), :m.shape[1], :m.shape[2]] = m
