@@ -24,7 +24,8 @@ yolokit.assigner.KEY=VALUE``: an option of yolokit's ``TaskAlignedAssigner`` tha
 (``contested``: the reference's handling of a point several GTs kept), given to every loss's assigner of the run and
 written to its folder (``assigner.yaml``): an ablation's switch. ``--set reference.albumentations=false``: the
 reference's run without its albumentations step (blur, median blur, gray, CLAHE at p 0.01), as where the package is
-not installed.
+not installed. A command with the reference's side stops before its first run where ultralytics or polars (which
+the reference imports at its first checkpoint save) does not import.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ import numpy as np
 
 START_ENV = dict(os.environ)   # each run's environment: this command's, before any import changes it
 KEYS = ("mAP50", "mAP50-95", "mask_mAP50", "mask_mAP50-95", "one-to-one mAP50-95")
+
+
+# what the reference imports only once it trains: 8.4 reads its results.csv with polars at every checkpoint save,
+# so a run without it fails an epoch in (and a command of several runs an hour in); a command checks first
+REFERENCE_IMPORTS = ("ultralytics", "polars")
+
+
+def reference_unready() -> list[str]:
+    """The modules of ``REFERENCE_IMPORTS`` this interpreter cannot import."""
+    import importlib.util
+
+    return [name for name in REFERENCE_IMPORTS if importlib.util.find_spec(name) is None]
 
 
 def data_yaml(data: str) -> Path:
@@ -268,6 +281,11 @@ def main() -> int:
     if args.one:
         train_one(args.one[0], int(args.one[1]), args)
         return 0
+    missing = reference_unready() if "reference" in args.sides else []
+    if missing:
+        raise SystemExit(f"--sides reference: {sys.executable} cannot import {', '.join(missing)}, which the "
+                         f"reference's runs need (the bench venv: pip install ultralytics==8.4.190 brings them); "
+                         f"or --sides yolokit")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []

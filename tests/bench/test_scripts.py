@@ -470,3 +470,25 @@ def test_parity_py_gives_an_assigner_option_to_every_loss_of_its_run(tmp_path, m
     assert YOLOv8Loss(2, (8, 16, 32), min_gt_side=16).assigner.min_gt_side == 16.0   # the loss's own still count
     assert YOLO26Loss(2, (8, 16, 32)).one2one.assigner.topk2 == 1
     assert (tmp_path / "run" / "assigner.yaml").read_text() == "contested: any\n"
+
+
+def test_parity_py_refuses_a_reference_run_it_cannot_finish_before_training(tmp_path, monkeypatch):
+    """The reference imports polars only when it first saves a checkpoint: a command whose interpreter lacks it
+    (or ultralytics) stops before any run, naming what is missing, and leaves no folder; yolokit's side alone
+    is not asked for either."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("parity_cmd", BENCHMARKS / "parity.py")
+    parity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "polars" else real(name, *a))
+    trained = []
+    monkeypatch.setattr(parity.subprocess, "run", lambda *a, **k: trained.append(a))
+    out = tmp_path / "runs"
+    monkeypatch.setattr(sys, "argv", ["parity.py", "--seeds", "0", "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"cannot import (ultralytics, )?polars, which the reference"):
+        parity.main()
+    assert not out.exists() and not trained
+    assert parity.reference_unready() in (["polars"], ["ultralytics", "polars"])
+    assert "polars" in parity.REFERENCE_IMPORTS
