@@ -19,7 +19,9 @@ where ultralytics imports, with the reference validator too (its defaults: rect 
 yolokit's weights copied into an Ultralytics model by ``val_parity.ultralytics_checkpoint``). Each run's curve is
 read from its own ``results.csv``: mAP50 and mAP50-95 per epoch, and the first epoch whose mAP50 reaches 0.5.
 ``table.md``, ``runs.json`` and ``curves.png`` (every run's curves, each side's mean bold) are written to ``--out``;
-a run that finished already (``last.pt`` and a row per epoch) is scored, not trained again. ``--set
+a run that finished already (``last.pt`` and a row per epoch) is scored, not trained again; after a Ctrl-C (exit
+130, one line) the same command goes on: a yolokit run cut short resumes from its checkpoint, a reference run
+starts again. ``--set
 yolokit.assigner.KEY=VALUE``: an option of yolokit's ``TaskAlignedAssigner`` that the trainer has no setting for
 (``contested``: the reference's handling of a point several GTs kept), given to every loss's assigner of the run and
 written to its folder (``assigner.yaml``): an ablation's switch. ``--set reference.albumentations=false``: the
@@ -79,9 +81,13 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
         assigner = {k.partition(".")[2]: preset.pop(k) for k in [k for k in preset if k.startswith("assigner.")]}
         if assigner:
             patch_assigner(assigner, out)
-        train(TrainConfig.from_dict({**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed,
-                                             out=str(out), workers=args.workers, plots=False, device=args.device),
-                                     **preset}))   # from_dict: flat augmentation keys too (--set yolokit.hsv_h=0)
+        if (out / "weights" / "last.pt").is_file():      # a run a stop cut short: on from its step (exact)
+            train(TrainConfig(resume=str(out)))
+        else:
+            train(TrainConfig.from_dict({**dict(model=args.model, data=str(data_yaml(args.data)), seed=seed,
+                                                 out=str(out), workers=args.workers, plots=False,
+                                                 device=args.device),
+                                         **preset}))   # from_dict: flat augmentation keys too (--set yolokit.hsv_h=0)
         record_threads(out)
         return
     if preset.pop("albumentations", True) is False:   # its Albumentations step skips itself when the import fails
@@ -98,6 +104,23 @@ def train_one(side: str, seed: int, args: argparse.Namespace) -> None:
                                                device=device, workers=args.workers, project=str(out.parent),
                                                name=out.name, exist_ok=True, plots=False, verbose=False), **preset})
     record_threads(out)
+
+
+def train_process(cmd: list[str]) -> int:
+    """Run ``cmd`` (one run) and return its exit code. A Ctrl-C reaches the run too (one process group): this one
+    waits while the run stops at its own pace (yolokit's saves its checkpoint whole), and passes the signal on
+    only where the run did not get it (a ``kill -INT`` of this process alone)."""
+    import signal
+
+    with subprocess.Popen(cmd, env=START_ENV) as child:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            try:
+                return child.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                child.send_signal(signal.SIGINT)
+                return child.wait()
 
 
 def record_threads(out: Path) -> None:
@@ -164,6 +187,21 @@ def finished(run: Path, epochs: int) -> bool:
     if not (run / "weights" / "last.pt").is_file() or not results.is_file():
         return False
     return len(list(csv.DictReader(results.open()))) >= epochs
+
+
+def run_settings(side: str, args: argparse.Namespace) -> dict:
+    """What a run of ``side`` is trained with (the seed aside: its folder's name): a run cut short goes on only
+    under the same, written to its folder as ``parity.json`` when it starts."""
+    keys = ("model", "data", "epochs", "imgsz", "batch", "nbs", "warmup_epochs", "close_mosaic", "workers", "device")
+    return {**{k: getattr(args, k) for k in keys}, "set": overrides(args.set, side)}
+
+
+def resumable(side: str, run: Path, args: argparse.Namespace) -> bool:
+    """Whether a run cut short goes on from its checkpoint: yolokit's, started by a command of the same settings
+    (its resume is exact at any step: the run is the one it would have been); the reference's starts again."""
+    record = run / "parity.json"
+    return side == "yolokit" and (run / "weights" / "last.pt").is_file() and record.is_file() and \
+        json.loads(record.read_text()) == json.loads(json.dumps(run_settings(side, args)))
 
 
 def reference_score(side: str, weights: Path, args: argparse.Namespace) -> dict | None:
@@ -279,7 +317,10 @@ def main() -> int:
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.one:
-        train_one(args.one[0], int(args.one[1]), args)
+        try:
+            train_one(args.one[0], int(args.one[1]), args)
+        except KeyboardInterrupt as exc:                     # Ctrl-C or SIGTERM: the command says where, once
+            return getattr(exc, "exit_code", 130)            # yolokit's stop: 128 + its signal
         return 0
     missing = reference_unready() if "reference" in args.sides else []
     if missing:
@@ -294,9 +335,19 @@ def main() -> int:
             run = out / f"{side}-{seed}"
             start = time.perf_counter()
             if not finished(run, args.epochs):
-                shutil.rmtree(run, ignore_errors=True)           # a run cut short: from its start again
-                subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", side, str(seed)], check=True,
-                               env=START_ENV)
+                if not resumable(side, run, args):
+                    shutil.rmtree(run, ignore_errors=True)       # a run cut short: from its start again
+                    run.mkdir(parents=True)
+                    (run / "parity.json").write_text(json.dumps(run_settings(side, args)))
+                code = train_process([sys.executable, __file__, *sys.argv[1:], "--one", side, str(seed)])
+                if code in (130, 143, -2, -15):                  # stopped by Ctrl-C or SIGTERM
+                    again = "on from where it stopped" if resumable(side, run, args) else "from its start"
+                    print(f"parity.py: stopped during {side} seed {seed}; the runs finished in {out} are kept: "
+                          f"the same command scores them and trains the rest ({run.name} {again})",
+                          file=sys.stderr, flush=True)
+                    return 130
+                if code:
+                    raise SystemExit(f"parity.py: {side} seed {seed} failed (exit {code}): its output is above")
             seconds = time.perf_counter() - start
             weights = run / "weights" / "last.pt"
             threads = run / "threads.txt"

@@ -10,6 +10,7 @@ left, and, for training, that ``--resume`` finishes the run.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -107,6 +108,29 @@ def test_train_stops_at_a_step_saves_and_resumes(shapes, tmp_path, sig):
     assert took < 30, took
     if sig == "INT":   # resuming does not depend on the signal (the other tests resume too)
         assert_resumes(shapes, run, tmp_path)
+
+
+@pytest.mark.extended   # ~25 s: the comparison's command (benchmarks/parity.py), its runs processes of their own
+def test_parity_command_stops_in_one_line_and_the_same_command_goes_on_from_the_step(shapes, tmp_path):
+    """A Ctrl-C during benchmarks/parity.py's first run: exit 130, one line naming the run, no traceback and no
+    process left; the same command again resumes that run from its checkpoint and trains the next seed."""
+    from _models import TINY
+
+    out = tmp_path / "parity"
+    cmd = [sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "parity.py"), "--model", TINY,
+           "--data", shapes, "--sides", "yolokit", "--seeds", "0", "1", "--epochs", "2", "--imgsz", "64",
+           "--batch", "4", "--nbs", "4", "--workers", "0", "--out", str(out),
+           "--set", "yolokit.save_period_iters=2"]
+    code, text, _ = interrupt(cmd, checkpointed(out / "yolokit-0"), "INT", cwd=tmp_path)
+    assert_stopped_cleanly(code, text, "INT", "parity.py: stopped during yolokit seed 0;")
+    assert "(yolokit-0 on from where it stopped)" in text and not (out / "yolokit-1").exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=subprocess_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "resuming at optimizer step" in done.stdout or "resuming after epoch 1" in done.stdout, done.stdout[-2000:]
+    rows = list(csv.DictReader((out / "yolokit-0" / "results.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    runs = json.loads((out / "runs.json").read_text())
+    assert [(r["side"], r["seed"], len(r["curve"]["box"])) for r in runs] == [("yolokit", 0, 2), ("yolokit", 1, 2)]
 
 
 def test_a_second_ctrl_c_stops_at_once(shapes, tmp_path):
