@@ -364,4 +364,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:              # between runs (while one is scored): nothing is cut short
+        print("parity.py: stopped; the runs finished are kept: the same command scores them and trains the rest",
+              file=sys.stderr)
+        sys.exit(130)
