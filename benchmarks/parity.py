@@ -190,10 +190,11 @@ def finished(run: Path, epochs: int) -> bool:
 
 
 def run_settings(side: str, args: argparse.Namespace) -> dict:
-    """What a run of ``side`` is trained with (the seed aside: its folder's name): a run cut short goes on only
-    under the same, written to its folder as ``parity.json`` when it starts."""
-    keys = ("model", "data", "epochs", "imgsz", "batch", "nbs", "warmup_epochs", "close_mosaic", "workers", "device")
-    return {**{k: getattr(args, k) for k in keys}, "set": overrides(args.set, side)}
+    """What a run of ``side`` is trained with: the command's flags but those that only choose runs or where to
+    write them (the seed is the folder's name), and ``side``'s own settings. A run cut short goes on only under
+    the same, written to its folder as ``parity.json`` when it starts."""
+    chosen = {"seeds", "sides", "out", "set", "one"}
+    return {**{k: v for k, v in vars(args).items() if k not in chosen}, "set": overrides(args.set, side)}
 
 
 def resumable(side: str, run: Path, args: argparse.Namespace) -> bool:

@@ -472,23 +472,72 @@ def test_parity_py_gives_an_assigner_option_to_every_loss_of_its_run(tmp_path, m
     assert (tmp_path / "run" / "assigner.yaml").read_text() == "contested: any\n"
 
 
+def _parity_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("parity_cmd", BENCHMARKS / "parity.py")
+    parity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+    return parity
+
+
 def test_parity_py_refuses_a_reference_run_it_cannot_finish_before_training(tmp_path, monkeypatch):
     """The reference imports polars only when it first saves a checkpoint: a command whose interpreter lacks it
     (or ultralytics) stops before any run, naming what is missing, and leaves no folder; yolokit's side alone
     is not asked for either."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("parity_cmd", BENCHMARKS / "parity.py")
-    parity = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(parity)
+    parity = _parity_script()
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "polars" else real(name, *a))
-    trained = []
-    monkeypatch.setattr(parity.subprocess, "run", lambda *a, **k: trained.append(a))
+
+    class Started(Exception):
+        pass
+
+    def train_process(cmd):
+        raise Started(cmd)
+
+    monkeypatch.setattr(parity, "train_process", train_process)
     out = tmp_path / "runs"
     monkeypatch.setattr(sys, "argv", ["parity.py", "--seeds", "0", "--out", str(out)])
     with pytest.raises(SystemExit, match=r"cannot import (ultralytics, )?polars, which the reference"):
         parity.main()
-    assert not out.exists() and not trained
-    assert parity.reference_unready() in (["polars"], ["ultralytics", "polars"])
-    assert "polars" in parity.REFERENCE_IMPORTS
+    assert not out.exists()
+    monkeypatch.setattr(sys, "argv", ["parity.py", "--seeds", "0", "--sides", "yolokit", "--out", str(out)])
+    with pytest.raises(Started) as started:                       # yolokit's side alone: its first run starts
+        parity.main()
+    assert started.value.args[0][-3:] == ["--one", "yolokit", "0"]
+
+
+def test_parity_py_resumes_only_yolokit_runs_of_the_same_settings(tmp_path, monkeypatch):
+    """A yolokit run cut short goes on from its checkpoint only when the command's settings are those it started
+    with (its ``parity.json``); another epoch count, another setting of its side or no record: from its start.
+    The reference's runs always start again; the other side's settings and the seeds do not count."""
+    parity = _parity_script()
+
+    def args(*flags):
+        return parity_args(parity, list(flags), monkeypatch)
+
+    run = tmp_path / "yolokit-0"
+    (run / "weights").mkdir(parents=True)
+    (run / "weights" / "last.pt").write_bytes(b"")
+    first = args("--epochs", "3", "--set", "yolokit.hue_mode=shift")
+    assert not parity.resumable("yolokit", run, first)                                 # no record
+    (run / "parity.json").write_text(json.dumps(parity.run_settings("yolokit", first)))
+    assert parity.resumable("yolokit", run, first)
+    assert parity.resumable("yolokit", run, args("--epochs", "3", "--set", "yolokit.hue_mode=shift", "--seeds", "0",
+                                                 "--set", "reference.warmup_epochs=4"))
+    assert not parity.resumable("yolokit", run, args("--epochs", "4", "--set", "yolokit.hue_mode=shift"))
+    assert not parity.resumable("yolokit", run, args("--epochs", "3"))
+    assert not parity.resumable("reference", run, first)
+    (run / "weights" / "last.pt").unlink()
+    assert not parity.resumable("yolokit", run, first)                                 # nothing to resume from
+
+
+def parity_args(parity, flags: list[str], monkeypatch):
+    """parity.py's parsed arguments for ``flags`` (its preset filled in), as its ``main`` makes them."""
+    seen = []
+    monkeypatch.setattr(parity, "train_one", lambda side, seed, args: seen.append(args))
+    monkeypatch.setattr(sys, "argv", ["parity.py", *flags, "--one", "yolokit", "0"])
+    assert parity.main() == 0
+    return seen[0]
